@@ -1,0 +1,1 @@
+"""Platform connectors: the only place platform SDKs are imported."""

@@ -1,0 +1,493 @@
+"""The configuration contract: one YAML file, `${VAR}` interpolation, validated once.
+
+`load_config(path)` returns a frozen `Config` or raises `ConfigError` whose path names
+the field (`bots.0.token`) and whose reason says how to fix it. Secrets are `SecretStr`
+and never printed. Channel rules are deep-merged over `policy` when a channel's
+effective policy is resolved (`resolve_policy`); the merge is validated at load time so
+a bad rule fails before anything connects.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from gateway.errors import ConfigError
+
+Respond = Literal["all", "mentions", "none"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StateConfig(_Frozen):
+    """Where budgets, cooldowns and receipts live."""
+
+    backend: Literal["memory", "sqlite", "redis"] = "memory"
+    path: str = "loopwarden.sqlite3"
+    url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
+    on_error: Literal["allow", "deny"] = "allow"
+    key_prefix: str = "lw:"
+
+
+class HttpConfig(_Frozen):
+    """The gateway's own aiohttp server: health, metrics, webhooks, admin API, demo room."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8787, ge=0, le=65535)
+    admin_token: SecretStr | None = None
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value in ("", None) else value
+
+
+class ScriptedRule(_Frozen):
+    """`match` is a regex tried with `re.search`; `reply` a template with {text} and {sender}."""
+
+    match: str
+    reply: str
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc})") from exc
+        return value
+
+
+class ScriptedAgentConfig(_Frozen):
+    """Deterministic regex rules; first match wins, else `default` (None: stay silent)."""
+
+    kind: Literal["scripted"]
+    rules: tuple[ScriptedRule, ...] = ()
+    default: str | None = None
+    delay: float = Field(default=0.0, ge=0)
+
+
+class PythonAgentConfig(_Frozen):
+    """`function` is `module:function`, called with the turn, returning text (or None)."""
+
+    kind: Literal["python"]
+    function: str = Field(pattern=r"^[\w.]+:[\w]+$")
+
+
+class OpenAIAgentConfig(_Frozen):
+    """Any OpenAI-compatible chat-completions endpoint, with tools as `module:function`."""
+
+    kind: Literal["openai"]
+    base_url: str = "https://api.openai.com/v1"
+    model: str
+    api_key: SecretStr | None = None
+    system_prompt: str | None = None
+    tools: tuple[str, ...] = ()
+    max_tool_rounds: int = Field(default=8, ge=1)
+    timeout: float = Field(default=60.0, gt=0)
+    temperature: float | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_refs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for ref in value:
+            if not re.fullmatch(r"[\w.]+:[\w]+", ref):
+                raise ValueError(f"tool {ref!r} must be written module:function")
+        return value
+
+
+AgentConfig = Annotated[
+    ScriptedAgentConfig | PythonAgentConfig | OpenAIAgentConfig, Field(discriminator="kind")
+]
+
+
+class _BotBase(_Frozen):
+    id: str = Field(min_length=1, pattern=r"^[\w.-]+$")
+    agent: str
+
+
+class DiscordBotConfig(_BotBase):
+    """A Discord bot: a bot token, the REST base and (optionally) the gateway URL."""
+
+    platform: Literal["discord"]
+    token: SecretStr
+    api_base_url: str = "https://discord.com/api/v10"
+    gateway_url: str | None = None
+    reply_in_thread: bool = False
+
+
+class TelegramBotConfig(_BotBase):
+    """A Telegram bot: long polling by default, or a webhook on the gateway's server."""
+
+    platform: Literal["telegram"]
+    token: SecretStr
+    api_base_url: str = "https://api.telegram.org"
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    poll_timeout: float = Field(default=10.0, ge=0)
+
+    @model_validator(mode="after")
+    def _webhook_needs_secret(self) -> TelegramBotConfig:
+        if self.mode == "webhook" and self.webhook_secret is None:
+            raise ValueError(
+                "webhook_secret: required with mode: webhook (Telegram sends it back in "
+                "X-Telegram-Bot-Api-Secret-Token so forged updates can be refused)"
+            )
+        return self
+
+
+class SlackBotConfig(_BotBase):
+    """A Slack app: Socket Mode with `app_token`, else the Events API on our HTTP server."""
+
+    platform: Literal["slack"]
+    bot_token: SecretStr
+    signing_secret: SecretStr | None = None
+    app_token: SecretStr | None = None
+    api_base_url: str = "https://slack.com/api/"
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> SlackBotConfig:
+        if self.app_token is None and self.signing_secret is None:
+            raise ValueError(
+                "signing_secret: required unless app_token is set (Events API requests "
+                "are verified with it; Socket Mode needs app_token instead)"
+            )
+        return self
+
+
+class RoomBotConfig(_BotBase):
+    """A bot in the embedded local web room (the demo platform)."""
+
+    platform: Literal["room"]
+    name: str | None = None
+
+
+BotConfig = Annotated[
+    DiscordBotConfig | TelegramBotConfig | SlackBotConfig | RoomBotConfig,
+    Field(discriminator="platform"),
+]
+
+
+class AdminsConfig(_Frozen):
+    """Platform user ids allowed to run `/loop` commands, per platform."""
+
+    discord: tuple[str, ...] = ()
+    telegram: tuple[str, ...] = ()
+    slack: tuple[str, ...] = ()
+    room: tuple[str, ...] = ()
+
+    @field_validator("discord", "telegram", "slack", "room", mode="before")
+    @classmethod
+    def _ids_as_text(cls, value: object) -> object:
+        if isinstance(value, list | tuple):
+            return tuple(str(v) for v in value)
+        return value
+
+    def for_platform(self, platform: str) -> tuple[str, ...]:
+        """The admin ids of one platform (none for an unknown platform)."""
+        ids: tuple[str, ...] = getattr(self, platform, ())
+        return ids
+
+
+class RespondToPolicy(_Frozen):
+    """Who a bot answers: `all`, only when addressed (`mentions`), or `none`."""
+
+    humans: Respond = "all"
+    bots: Respond = "all"
+
+
+class BotLoopSettings(_Frozen):
+    """Pair budget, cooldown, the consecutive-bot-turn cap and the cooldown notice."""
+
+    enabled: bool = True
+    max_events_per_window: int = Field(default=20, ge=1)
+    window_seconds: float = Field(default=60.0, gt=0)
+    cooldown_seconds: float = Field(default=60.0, ge=0)
+    max_consecutive_bot_turns: int = Field(default=30, ge=0)
+    announce_cooldown: bool = True
+
+
+class SilenceSettings(_Frozen):
+    """Silence tokens and what to do when an addressed human gets silence."""
+
+    enabled: bool = True
+    tokens: tuple[str, ...] = ("NO_REPLY",)
+    strip_trailing: bool = True
+    drop_narration: bool = True
+    on_addressed_human_turn: Literal["notice", "silent"] = "notice"
+
+
+class ToolLoopSettings(_Frozen):
+    """LoopGuardConfig fields (validated by the guard itself)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+
+class Policy(_Frozen):
+    """The effective policy of a channel."""
+
+    respond_to: RespondToPolicy = RespondToPolicy()
+    bot_loop: BotLoopSettings = BotLoopSettings()
+    silence: SilenceSettings = SilenceSettings()
+    tool_loop: ToolLoopSettings = ToolLoopSettings()
+
+    @field_validator("tool_loop")
+    @classmethod
+    def _tool_loop_fields(cls, value: ToolLoopSettings) -> ToolLoopSettings:
+        from guards.loop_guard import LoopGuardConfig
+
+        LoopGuardConfig.from_dict(value.model_dump())
+        return value
+
+
+class ChannelMatch(_Frozen):
+    """Which channels a rule applies to: platform, channel glob, optional thread glob."""
+
+    platform: str | None = None
+    channel: str = "*"
+    thread: str | None = None
+
+    def matches(self, platform: str, channel: str, thread: str | None) -> bool:
+        """True when this rule covers the given room (globs with fnmatch, case-sensitive)."""
+        if self.platform is not None and self.platform != platform:
+            return False
+        if not fnmatch.fnmatchcase(channel, self.channel):
+            return False
+        return self.thread is None or (
+            thread is not None and fnmatch.fnmatchcase(thread, self.thread)
+        )
+
+
+class ChannelRule(_Frozen):
+    """A per-channel policy: a partial policy deep-merged over the defaults."""
+
+    match: ChannelMatch = ChannelMatch()
+    policy: dict[str, object] = Field(default_factory=dict)
+
+
+class PipelineConfig(_Frozen):
+    """Stages that can be switched off, and dedupe receipt lifetime."""
+
+    dedupe: bool = True
+    dedupe_ttl_seconds: float = Field(default=600.0, gt=0)
+    admin_commands: bool = True
+    typing_indicator: bool = True
+    turn_timeout_seconds: float = Field(default=120.0, gt=0)
+    drain_seconds: float = Field(default=10.0, gt=0)
+
+
+class Config(_Frozen):
+    """The whole gateway configuration."""
+
+    state: StateConfig = StateConfig()
+    http: HttpConfig = HttpConfig()
+    agents: dict[str, AgentConfig] = Field(default_factory=dict)
+    bots: tuple[BotConfig, ...] = ()
+    admins: AdminsConfig = AdminsConfig()
+    policy: Policy = Policy()
+    channels: tuple[ChannelRule, ...] = ()
+    pipeline: PipelineConfig = PipelineConfig()
+
+    @model_validator(mode="after")
+    def _cross_references(self) -> Config:
+        seen: set[str] = set()
+        for index, bot in enumerate(self.bots):
+            if bot.id in seen:
+                raise _FieldError(f"bots.{index}.id", f"duplicate bot id {bot.id!r}")
+            seen.add(bot.id)
+            if bot.agent not in self.agents:
+                known = ", ".join(sorted(self.agents)) or "none defined"
+                raise _FieldError(
+                    f"bots.{index}.agent",
+                    f"unknown agent {bot.agent!r} (agents: {known}); define it under agents:",
+                )
+        base = self.policy.model_dump()
+        for index, rule in enumerate(self.channels):
+            try:
+                Policy.model_validate(deep_merge(base, rule.policy))
+            except ValidationError as exc:
+                path, reason = _first_error(exc)
+                raise _FieldError(f"channels.{index}.policy.{path}", reason) from None
+        return self
+
+    def bot(self, bot_id: str) -> BotConfig:
+        """The bot with this id (KeyError when absent)."""
+        for bot in self.bots:
+            if bot.id == bot_id:
+                return bot
+        raise KeyError(bot_id)
+
+
+class _FieldError(ValueError):
+    """A cross-field error that knows its own path (raised inside model validators)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+def deep_merge(base: Mapping[str, object], override: Mapping[str, object]) -> dict[str, object]:
+    """Merge `override` into a copy of `base`, recursing into nested mappings."""
+    merged = dict(base)
+    for key, value in override.items():
+        current = merged.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            merged[key] = deep_merge(current, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def resolve_policy(
+    config: Config,
+    platform: str,
+    channel: str,
+    thread: str | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> Policy:
+    """Defaults, then the first matching channel rule, then dotted runtime overrides."""
+    layer: dict[str, object] = {}
+    for rule in config.channels:
+        if rule.match.matches(platform, channel, thread):
+            layer = rule.policy
+            break
+    if not layer and not overrides:
+        return config.policy
+    merged = deep_merge(config.policy.model_dump(), layer)
+    for dotted, value in (overrides or {}).items():
+        merged = deep_merge(merged, _nest(dotted, value))
+    return Policy.model_validate(merged)
+
+
+def _nest(dotted: str, value: object) -> dict[str, object]:
+    """`a.b.c`, v → {"a": {"b": {"c": v}}}."""
+    nested: dict[str, object] = {}
+    node = nested
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        child: dict[str, object] = {}
+        node[part] = child
+        node = child
+    node[leaf] = value
+    return nested
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+_PLACEHOLDER = re.compile(r"lwvar(\d+)lw")
+
+
+def _shield(text: str) -> tuple[str, list[re.Match[str]]]:
+    """Swap each `${...}` for a YAML-safe placeholder so `{a: ${X:-}}` still parses."""
+    found: list[re.Match[str]] = []
+
+    def swap(match: re.Match[str]) -> str:
+        found.append(match)
+        return f"lwvar{len(found) - 1}lw"
+
+    return _VAR.sub(swap, text), found
+
+
+def interpolate(
+    value: object, env: Mapping[str, str], refs: list[re.Match[str]], path: str = ""
+) -> object:
+    """Fill the placeholders of a parsed YAML tree from the environment, by field path."""
+    if isinstance(value, str):
+
+        def substitute(placeholder: re.Match[str]) -> str:
+            match = refs[int(placeholder.group(1))]
+            name, default = match.group(1), match.group(2)
+            found = env.get(name)
+            if found:
+                return found
+            if default is not None:
+                return default
+            raise ConfigError(
+                path,
+                f"environment variable {name} is not set (export it, or write "
+                f"${{{name}:-default}} to give a default)",
+            )
+
+        return _PLACEHOLDER.sub(substitute, value)
+    if isinstance(value, Mapping):
+        return {
+            k: interpolate(v, env, refs, f"{path}.{k}" if path else str(k))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [
+            interpolate(v, env, refs, f"{path}.{i}" if path else str(i))
+            for i, v in enumerate(value)
+        ]
+    return value
+
+
+def _first_error(exc: ValidationError) -> tuple[str, str]:
+    """The dotted location and message of a pydantic error, without echoing input values."""
+    error = exc.errors(include_url=False, include_input=False)[0]
+    loc = [str(part) for part in error["loc"]]
+    # Discriminated unions put the tag in the location (bots.0.discord.token): drop it.
+    loc = [part for part in loc if part not in _UNION_TAGS]
+    ctx_error = (error.get("ctx") or {}).get("error")
+    if isinstance(ctx_error, _FieldError):
+        return ctx_error.path, ctx_error.reason
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "missing":
+        message = "required field is missing"
+    elif error["type"] == "extra_forbidden":
+        message = "unknown field (check the spelling; see the README's config reference)"
+    return ".".join(loc), message
+
+
+_UNION_TAGS = frozenset(
+    {"scripted", "python", "openai", "discord", "telegram", "slack", "room", "function-after"}
+)
+
+
+def parse_config(text: str, env: Mapping[str, str] | None = None) -> Config:
+    """Parse, interpolate and validate the text of a YAML config."""
+    shielded, refs = _shield(text)
+    try:
+        data = yaml.safe_load(shielded)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError("", f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("", "the config file must be a YAML mapping at the top level")
+    resolved = interpolate(data, os.environ if env is None else env, refs)
+    try:
+        return Config.model_validate(resolved)
+    except ValidationError as exc:
+        path, reason = _first_error(exc)
+        raise ConfigError(path, reason) from None
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read, interpolate and validate a YAML config file."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("", f"cannot read config file {file}: {exc.strerror}") from None
+    return parse_config(text, env)

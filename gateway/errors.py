@@ -1,0 +1,37 @@
+"""The one error hierarchy of loopwarden: every error we raise derives from LoopwardenError."""
+
+from __future__ import annotations
+
+
+class LoopwardenError(Exception):
+    """Root of every loopwarden error."""
+
+
+class ConfigError(LoopwardenError):
+    """The configuration is invalid; `path` names the field (dotted, list indexes as numbers)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+
+class ConnectorError(LoopwardenError):
+    """A platform connector failed; `platform` names it. Messages never carry tokens."""
+
+    def __init__(self, platform: str, message: str) -> None:
+        self.platform = platform
+        super().__init__(f"{platform}: {message}")
+
+
+class DeliveryError(LoopwardenError):
+    """A reply could not be delivered after every retry."""
+
+    def __init__(self, message: str, *, retryable: bool = False, retry_after: float | None = None):
+        self.retryable = retryable
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
+class StateError(LoopwardenError):
+    """The state backend is unreachable or answered with an error."""

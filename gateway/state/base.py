@@ -1,0 +1,82 @@
+"""The StateStore seam: every piece of state that must survive restarts or be shared.
+
+Each method is one decision or one fact, so a backend can make it atomic (the Redis
+backend runs each decision as one server-side script). Durations are relative seconds,
+never wall-clock instants, so replicas with skewed clocks agree: the backend owns time.
+Scopes are room keys such as `discord:1100123`; `"*"` is the global scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot
+
+GLOBAL_SCOPE = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One admin-command attempt: who, where, what, and whether it was allowed."""
+
+    at: float
+    platform: str
+    room: str
+    user_id: str
+    user_name: str
+    command: str
+    allowed: bool
+    outcome: str
+
+
+class StateStore(Protocol):
+    """Budgets, cooldowns, counters, receipts, overrides, pauses and the audit log."""
+
+    async def start(self) -> None:
+        """Open connections and create schemas; called once before the first message."""
+
+    async def aclose(self) -> None:
+        """Flush and close."""
+
+    async def pair_decide(
+        self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
+    ) -> PairDecision:
+        """Record one bot-authored exchange of a pair in a room and decide it atomically."""
+
+    async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
+        """Forget pairs: all, one room's, or one bot's; returns how many were dropped."""
+
+    async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
+        """The pairs held (optionally in one room) with counts and cooldown time left."""
+
+    async def bot_turn(self, scope: str, *, is_bot: bool) -> int:
+        """Count consecutive bot turns in a room; a human turn resets to 0. Returns the count."""
+
+    async def claim(self, key: str, ttl: float) -> bool:
+        """Claim a once-only key for `ttl` seconds: True for the first claimant only."""
+
+    async def get_overrides(self, scope: str) -> Mapping[str, object]:
+        """Runtime policy overrides (`bot_loop.max_events_per_window` → value) for a scope."""
+
+    async def set_override(self, scope: str, field: str, value: object) -> None:
+        """Set one runtime override (a JSON-able value) for a scope."""
+
+    async def clear_overrides(self, scope: str) -> None:
+        """Drop every runtime override of a scope."""
+
+    async def pause(self, scope: str, seconds: float | None) -> None:
+        """Pause a room for `seconds` (None: until resumed)."""
+
+    async def resume(self, scope: str) -> None:
+        """Lift a pause."""
+
+    async def pause_remaining(self, scope: str) -> float | None:
+        """Seconds a pause has left (`inf` when indefinite), None when not paused."""
+
+    async def audit(self, entry: AuditEntry) -> None:
+        """Append one entry to the audit log."""
+
+    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
+        """The newest audit entries first, optionally for one room."""

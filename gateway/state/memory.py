@@ -1,0 +1,116 @@
+"""In-process state: the default backend, fast and lost on restart."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from gateway.state.base import AuditEntry
+from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
+
+_AUDIT_KEEP = 1000
+
+
+class MemoryStateStore:
+    """A StateStore held in this process; one BotLoopGuard per distinct policy."""
+
+    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or time.monotonic
+        self._guards: dict[BotLoopPolicy, BotLoopGuard] = {}
+        self._bot_turns: dict[str, int] = {}
+        self._claims: dict[str, float] = {}
+        self._overrides: dict[str, dict[str, object]] = {}
+        self._pauses: dict[str, float] = {}
+        self._audit: deque[AuditEntry] = deque(maxlen=_AUDIT_KEEP)
+
+    async def start(self) -> None:
+        """Nothing to open."""
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+    def _guard(self, policy: BotLoopPolicy) -> BotLoopGuard:
+        guard = self._guards.get(policy)
+        if guard is None:
+            guard = self._guards[policy] = BotLoopGuard(policy, clock=self._clock)
+        return guard
+
+    async def pair_decide(
+        self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
+    ) -> PairDecision:
+        """Decide with the guard that holds this policy's budgets."""
+        return self._guard(policy).decide(
+            self_bot_id=self_bot_id, sender_bot_id=sender_bot_id, scope=scope
+        )
+
+    async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
+        """Reset in every guard; count what was dropped."""
+        dropped = 0
+        for guard in self._guards.values():
+            before = len(guard)
+            guard.reset(scope=scope, bot_id=bot_id)
+            dropped += before - len(guard)
+        return dropped
+
+    async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
+        """Pairs of every guard, optionally in one room."""
+        return [snap for guard in self._guards.values() for snap in guard.snapshot(scope)]
+
+    async def bot_turn(self, scope: str, *, is_bot: bool) -> int:
+        """Count consecutive bot turns; a human resets."""
+        count = self._bot_turns.get(scope, 0) + 1 if is_bot else 0
+        self._bot_turns[scope] = count
+        return count
+
+    async def claim(self, key: str, ttl: float) -> bool:
+        """First claimant wins until the TTL runs out; expired receipts are swept lazily."""
+        now = self._clock()
+        expires = self._claims.get(key)
+        if expires is not None and expires > now:
+            return False
+        self._claims[key] = now + ttl
+        if len(self._claims) > 4096 and len(self._claims) % 4096 == 0:
+            self._claims = {k: v for k, v in self._claims.items() if v > now}
+        return True
+
+    async def get_overrides(self, scope: str) -> Mapping[str, object]:
+        """A copy of the scope's overrides."""
+        return dict(self._overrides.get(scope, {}))
+
+    async def set_override(self, scope: str, field: str, value: object) -> None:
+        """Set one override."""
+        self._overrides.setdefault(scope, {})[field] = value
+
+    async def clear_overrides(self, scope: str) -> None:
+        """Drop a scope's overrides."""
+        self._overrides.pop(scope, None)
+
+    async def pause(self, scope: str, seconds: float | None) -> None:
+        """Pause until now + seconds, or forever."""
+        self._pauses[scope] = math.inf if seconds is None else self._clock() + seconds
+
+    async def resume(self, scope: str) -> None:
+        """Lift the pause."""
+        self._pauses.pop(scope, None)
+
+    async def pause_remaining(self, scope: str) -> float | None:
+        """Time left, inf when indefinite, None when not paused."""
+        until = self._pauses.get(scope)
+        if until is None:
+            return None
+        left = until - self._clock()
+        if left <= 0:
+            del self._pauses[scope]
+            return None
+        return left
+
+    async def audit(self, entry: AuditEntry) -> None:
+        """Append to the bounded log."""
+        self._audit.append(entry)
+
+    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
+        """Newest first."""
+        entries = (e for e in reversed(self._audit) if scope is None or e.room == scope)
+        return [e for _, e in zip(range(limit), entries, strict=False)]

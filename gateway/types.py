@@ -1,0 +1,86 @@
+"""The data that flows through the gateway: inbound messages, replies, agent results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class InboundMessage:
+    """One message seen by one hosted bot, translated from a platform event.
+
+    `bot_id` is the hosted bot's config id and `bot_user_id` its platform user id (the
+    identity used for the self filter and the bot-loop pair key). `event_id` is the
+    platform's delivery id when it has one (Telegram update_id, Slack event_id); dedupe
+    falls back to `message_id`.
+    """
+
+    platform: str
+    bot_id: str
+    channel_id: str
+    thread_id: str | None
+    message_id: str
+    sender_id: str
+    sender_name: str
+    sender_is_bot: bool
+    text: str
+    mentions_bot: bool = False
+    reply_to_bot: bool = False
+    is_direct: bool = False
+    received_at: float = 0.0
+    raw: object = field(default=None, repr=False, compare=False)
+    bot_user_id: str = ""
+    event_id: str | None = None
+
+    @property
+    def room(self) -> str:
+        """The room scope, `platform:channel`, that budgets and policies are kept per."""
+        return f"{self.platform}:{self.channel_id}"
+
+    @property
+    def message_key(self) -> str:
+        """Identity of the message itself, the same for every hosted bot that sees it."""
+        return f"{self.platform}:{self.channel_id}:{self.message_id}"
+
+    @property
+    def delivery_key(self) -> str:
+        """Identity of this delivery to this bot: what dedupe receipts are kept for."""
+        return f"{self.platform}:{self.bot_id}:{self.event_id or self.message_key}"
+
+    @property
+    def addressed(self) -> bool:
+        """True when the sender spoke to this bot directly (mention, reply, DM)."""
+        return self.mentions_bot or self.reply_to_bot or self.is_direct
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A reply to send into a room.
+
+    `ephemeral_to` asks for a message only that user sees (Slack), where the platform
+    supports it; other connectors post it normally.
+    """
+
+    text: str
+    thread_id: str | None = None
+    reply_to: str | None = None
+    ephemeral_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call an agent made during a turn, with the guard's verdict."""
+
+    name: str
+    arguments: str
+    action: str
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentResult:
+    """What an agent produced for one turn: the reply text (None for nothing) and its tool calls."""
+
+    text: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    halted: bool = False

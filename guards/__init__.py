@@ -1,0 +1,1 @@
+"""Pure decision logic for loopwarden: stdlib only, no I/O, no asyncio."""
