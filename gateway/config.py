@@ -18,7 +18,9 @@ from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -30,6 +32,23 @@ from pydantic import (
 from gateway.errors import ConfigError
 
 Respond = Literal["all", "mentions", "none"]
+
+
+def _required_secret(value: SecretStr) -> SecretStr:
+    if not value.get_secret_value():
+        raise ValueError("must not be empty (is its environment variable set?)")
+    return value
+
+
+def _empty_is_none(value: object) -> object:
+    return None if value in ("", None) else value
+
+
+Token = Annotated[SecretStr, AfterValidator(_required_secret)]
+"""A secret that must be given: an empty value (`${VAR:-}` unset) is an error."""
+
+OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_is_none)]
+"""A secret that may be left out: an empty value (`${VAR:-}` unset) means not set."""
 
 
 class _Frozen(BaseModel):
@@ -51,12 +70,7 @@ class HttpConfig(_Frozen):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
-    admin_token: SecretStr | None = None
-
-    @field_validator("admin_token", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value in ("", None) else value
+    admin_token: OptionalSecret = None
 
 
 class ScriptedRule(_Frozen):
@@ -97,7 +111,7 @@ class OpenAIAgentConfig(_Frozen):
     kind: Literal["openai"]
     base_url: str = "https://api.openai.com/v1"
     model: str
-    api_key: SecretStr | None = None
+    api_key: OptionalSecret = None
     system_prompt: str | None = None
     tools: tuple[str, ...] = ()
     max_tool_rounds: int = Field(default=8, ge=1)
@@ -127,7 +141,7 @@ class DiscordBotConfig(_BotBase):
     """A Discord bot: a bot token, the REST base and (optionally) the gateway URL."""
 
     platform: Literal["discord"]
-    token: SecretStr
+    token: Token
     api_base_url: str = "https://discord.com/api/v10"
     gateway_url: str | None = None
     reply_in_thread: bool = False
@@ -137,19 +151,20 @@ class TelegramBotConfig(_BotBase):
     """A Telegram bot: long polling by default, or a webhook on the gateway's server."""
 
     platform: Literal["telegram"]
-    token: SecretStr
+    token: Token
     api_base_url: str = "https://api.telegram.org"
     mode: Literal["polling", "webhook"] = "polling"
     webhook_url: str | None = None
-    webhook_secret: SecretStr | None = None
+    webhook_secret: OptionalSecret = None
     poll_timeout: float = Field(default=10.0, ge=0)
 
     @model_validator(mode="after")
     def _webhook_needs_secret(self) -> TelegramBotConfig:
         if self.mode == "webhook" and self.webhook_secret is None:
-            raise ValueError(
-                "webhook_secret: required with mode: webhook (Telegram sends it back in "
-                "X-Telegram-Bot-Api-Secret-Token so forged updates can be refused)"
+            raise _FieldError(
+                "webhook_secret",
+                "required with mode: webhook (Telegram sends it back in "
+                "X-Telegram-Bot-Api-Secret-Token so forged updates can be refused)",
             )
         return self
 
@@ -158,17 +173,18 @@ class SlackBotConfig(_BotBase):
     """A Slack app: Socket Mode with `app_token`, else the Events API on our HTTP server."""
 
     platform: Literal["slack"]
-    bot_token: SecretStr
-    signing_secret: SecretStr | None = None
-    app_token: SecretStr | None = None
+    bot_token: Token
+    signing_secret: OptionalSecret = None
+    app_token: OptionalSecret = None
     api_base_url: str = "https://slack.com/api/"
 
     @model_validator(mode="after")
     def _one_mode(self) -> SlackBotConfig:
         if self.app_token is None and self.signing_secret is None:
-            raise ValueError(
-                "signing_secret: required unless app_token is set (Events API requests "
-                "are verified with it; Socket Mode needs app_token instead)"
+            raise _FieldError(
+                "signing_secret",
+                "required unless app_token is set (Events API requests "
+                "are verified with it; Socket Mode needs app_token instead)",
             )
         return self
 
@@ -337,7 +353,7 @@ class Config(_Frozen):
 
 
 class _FieldError(ValueError):
-    """A cross-field error that knows its own path (raised inside model validators)."""
+    """A cross-field error that knows its path, relative to the model whose validator raised it."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
@@ -444,22 +460,33 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
     """The dotted location and message of a pydantic error, without echoing input values."""
     error = exc.errors(include_url=False, include_input=False)[0]
     loc = [str(part) for part in error["loc"]]
-    # Discriminated unions put the tag in the location (bots.0.discord.token): drop it.
-    loc = [part for part in loc if part not in _UNION_TAGS]
-    ctx_error = (error.get("ctx") or {}).get("error")
+    # Discriminated unions put the tag in the location (bots.0.discord.token): drop it. The
+    # unions are `bots.<n>` and `agents.<name>`, so the tag is the third part; anywhere else
+    # a part spelled like a tag is a real field (admins.discord, an agent named openai).
+    if len(loc) > 2 and loc[0] in _UNIONS:
+        del loc[2]
+    ctx = error.get("ctx") or {}
+    ctx_error = ctx.get("error")
     if isinstance(ctx_error, _FieldError):
-        return ctx_error.path, ctx_error.reason
+        return ".".join([*loc, ctx_error.path]), ctx_error.reason
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "missing":
         message = "required field is missing"
     elif error["type"] == "extra_forbidden":
         message = "unknown field (check the spelling; see the README's config reference)"
+    elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        field = str(ctx["discriminator"]).strip("'")
+        expected = ctx.get("expected_tags") or _UNIONS[loc[0]]
+        found = f"unknown {field} {ctx['tag']!r}" if "tag" in ctx else "required field is missing"
+        message = f"{found} (one of {expected})"
+        loc.append(field)
     return ".".join(loc), message
 
 
-_UNION_TAGS = frozenset(
-    {"scripted", "python", "openai", "discord", "telegram", "slack", "room", "function-after"}
-)
+_UNIONS = {
+    "bots": "'discord', 'telegram', 'slack', 'room'",
+    "agents": "'scripted', 'python', 'openai'",
+}
 
 
 def parse_config(text: str, env: Mapping[str, str] | None = None) -> Config:

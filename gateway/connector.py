@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from aiohttp import web
+
 from gateway.types import InboundMessage, Reply
 
 Sink = Callable[[InboundMessage], Awaitable[object]]
@@ -50,3 +52,17 @@ class Connector(Protocol):
     async def typing(self, channel_id: str, thread_id: str | None) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorServices:
+    """What the runtime lends a connector when it is created.
+
+    `http` is the gateway's aiohttp application, not yet started: a connector that receives
+    webhooks (Slack Events API, Telegram webhook) adds its routes in its factory.
+    `peers` lets connectors of one platform in one process see each other (Telegram does not
+    deliver one bot's messages to another bot, so hosted bots feed each other).
+    """
+
+    http: web.Application
+    peers: dict[str, list[Connector]]

@@ -51,8 +51,12 @@ class StateStore(Protocol):
     async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
         """The pairs held (optionally in one room) with counts and cooldown time left."""
 
-    async def bot_turn(self, scope: str, *, is_bot: bool) -> int:
-        """Count consecutive bot turns in a room; a human turn resets to 0. Returns the count."""
+    async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
+        """Count consecutive bot turns in a room; a human turn resets to 0. Returns the count.
+
+        With `message_key`, a message counts once however many hosted bots report it: the
+        first call applies it, later calls with the same key return the count it produced.
+        """
 
     async def claim(self, key: str, ttl: float) -> bool:
         """Claim a once-only key for `ttl` seconds: True for the first claimant only."""

@@ -11,6 +11,10 @@ from gateway.state.base import AuditEntry
 from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
 
 _AUDIT_KEEP = 1000
+# Messages whose bot-turn count is remembered, so every hosted bot seeing one gets the
+# same count; hosted bots see a message within moments of each other, so a few thousand
+# recent messages is plenty.
+_TURNS_SEEN_KEEP = 4096
 
 
 class MemoryStateStore:
@@ -20,7 +24,10 @@ class MemoryStateStore:
         self._clock = clock or time.monotonic
         self._guards: dict[BotLoopPolicy, BotLoopGuard] = {}
         self._bot_turns: dict[str, int] = {}
+        self._turns_seen: dict[str, int] = {}
+        self._turns_order: deque[str] = deque()
         self._claims: dict[str, float] = {}
+        self._claim_order: deque[tuple[float, str]] = deque()
         self._overrides: dict[str, dict[str, object]] = {}
         self._pauses: dict[str, float] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=_AUDIT_KEEP)
@@ -58,21 +65,43 @@ class MemoryStateStore:
         """Pairs of every guard, optionally in one room."""
         return [snap for guard in self._guards.values() for snap in guard.snapshot(scope)]
 
-    async def bot_turn(self, scope: str, *, is_bot: bool) -> int:
-        """Count consecutive bot turns; a human resets."""
-        count = self._bot_turns.get(scope, 0) + 1 if is_bot else 0
-        self._bot_turns[scope] = count
+    async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
+        """Count consecutive bot turns; a human resets; a message key counts once."""
+        if message_key is not None:
+            seen = self._turns_seen.get(message_key)
+            if seen is not None:
+                return seen
+        if is_bot:
+            count = self._bot_turns[scope] = self._bot_turns.get(scope, 0) + 1
+        else:
+            count = 0
+            self._bot_turns.pop(scope, None)
+        if message_key is not None:
+            self._turns_seen[message_key] = count
+            self._turns_order.append(message_key)
+            if len(self._turns_order) > _TURNS_SEEN_KEEP:
+                del self._turns_seen[self._turns_order.popleft()]
         return count
 
     async def claim(self, key: str, ttl: float) -> bool:
-        """First claimant wins until the TTL runs out; expired receipts are swept lazily."""
+        """First claimant wins until the TTL runs out; expired receipts are swept lazily.
+
+        Receipts are swept from the front of a queue in claim order, O(1) amortised per
+        claim; a receipt with a short TTL behind one with a longer TTL is dropped late
+        (it has expired already, so it is never honoured, only kept a while longer).
+        """
         now = self._clock()
-        expires = self._claims.get(key)
+        claims = self._claims
+        expires = claims.get(key)
         if expires is not None and expires > now:
             return False
-        self._claims[key] = now + ttl
-        if len(self._claims) > 4096 and len(self._claims) % 4096 == 0:
-            self._claims = {k: v for k, v in self._claims.items() if v > now}
+        order = self._claim_order
+        while order and order[0][0] <= now:
+            due, old = order.popleft()
+            if claims.get(old) == due:
+                del claims[old]
+        claims[key] = now + ttl
+        order.append((now + ttl, key))
         return True
 
     async def get_overrides(self, scope: str) -> Mapping[str, object]:

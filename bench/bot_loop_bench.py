@@ -1,0 +1,198 @@
+"""BotLoopGuard speed and memory, beside praisonaiagents' BotLoopGuard in the same run.
+
+Two workloads, deterministic because time is injected (`now=` from a fake clock that
+advances a fixed step per call):
+- throughput: 1,000,000 `observe()` calls round-robin over 10,000 pairs (each pair sees
+  an event every 10 s, well under the default budget of 20 per 60 s); best of 3 runs.
+- idle million: 1,000,000 distinct pairs get one event each; the clock then jumps past
+  window + cooldown and one live pair gets as many calls as there were idle pairs
+  (`max_pairs` is raised above a million so that the sweep, not the cap, is measured).
+  RSS growth (psutil) is read at the peak and after; each side runs in a fresh process
+  so neither inherits the other's heap.
+
+Targets: observe <= 1 us/call and no slower than praisonaiagents; idle million < 50 MB.
+The per-call figures include the driving loop (its cost alone is printed too).
+
+Run: `.venv/bin/python -m bench.bot_loop_bench [--quick]` (--quick: a tenth of the sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Protocol
+
+import psutil
+
+from guards.bot_loop import BotLoopGuard, BotLoopPolicy
+
+# praisonaiagents phones home on import unless told not to; benchmarks stay offline.
+os.environ.setdefault("PRAISONAI_TELEMETRY_DISABLED", "true")
+os.environ.setdefault("DO_NOT_TRACK", "1")
+
+OBSERVE_TARGET_US = 1.0
+IDLE_TARGET_MB = 50.0
+MB = 1024 * 1024
+
+
+class _Observer(Protocol):
+    def __call__(self, *, self_bot_id: str, sender_bot_id: str, now: float) -> bool: ...
+
+
+class _Guard(Protocol):
+    def observe(self, *, self_bot_id: str, sender_bot_id: str, now: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class MemoryFigures:
+    """RSS growth of the idle-million workload and the pairs still held at the end."""
+
+    peak_mb: float
+    after_mb: float
+    pairs_held: int
+    seconds: float
+
+
+def _ours(max_pairs: int = 100_000) -> BotLoopGuard:
+    return BotLoopGuard(BotLoopPolicy(), max_pairs=max_pairs)
+
+
+def _theirs() -> _Guard:
+    from praisonaiagents.bots import BotLoopGuard as TheirGuard
+
+    guard: _Guard = TheirGuard()
+    return guard
+
+
+def _pairs_held(guard: object) -> int:
+    """Pairs a guard holds: ours has `len`; theirs keeps two dicts."""
+    if isinstance(guard, BotLoopGuard):
+        return len(guard)
+    return len(vars(guard)["_events"]) + len(vars(guard)["_cooldowns"])
+
+
+def _praisonai_available() -> bool:
+    try:
+        _theirs()
+    except ImportError:
+        return False
+    return True
+
+
+def _per_call_us(observe: _Observer, calls: int, pairs: int) -> float:
+    """Microseconds per call of `observe` driven round-robin over `pairs` pairs."""
+    ids = [(f"bot{i}", f"peer{i}") for i in range(pairs)]
+    # Each pair sees one event every 10 s whatever the scale: under budget, no cooldowns.
+    step = 10.0 / pairs
+    now = 0.0
+    start = time.perf_counter()
+    for i in range(calls):
+        a, b = ids[i % pairs]
+        observe(self_bot_id=a, sender_bot_id=b, now=now)
+        now += step
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def _no_op(*, self_bot_id: str, sender_bot_id: str, now: float) -> bool:
+    return True
+
+
+def _best_per_call_us(make: Callable[[], _Guard], calls: int, pairs: int, runs: int) -> float:
+    """Best of `runs` fresh-guard runs: the figure least disturbed by other processes."""
+    return min(_per_call_us(make().observe, calls, pairs) for _ in range(runs))
+
+
+def idle_million(which: str, pairs: int) -> MemoryFigures:
+    """Fill a fresh guard with `pairs` one-off pairs, let them go idle, and drive a live pair."""
+    # The cap is lifted so that the sweep, not the LRU cap, is what gives the memory back.
+    guard: _Guard = _ours(max_pairs=2 * pairs) if which == "ours" else _theirs()
+    process = psutil.Process()
+    gc.collect()
+    base = process.memory_info().rss
+    started = time.perf_counter()
+    now = 0.0
+    for i in range(pairs):
+        guard.observe(self_bot_id=f"bot{i}", sender_bot_id="peer", now=now)
+        now += 1e-5
+    peak = process.memory_info().rss
+    policy = BotLoopPolicy()
+    now += policy.window_seconds + policy.cooldown_seconds + 1.0
+    for _ in range(pairs):
+        guard.observe(self_bot_id="live", sender_bot_id="peer", now=now)
+        now += 0.001
+    gc.collect()
+    after = process.memory_info().rss
+    return MemoryFigures(
+        peak_mb=(peak - base) / MB,
+        after_mb=(after - base) / MB,
+        pairs_held=_pairs_held(guard),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _in_fresh_process(which: str, pairs: int) -> MemoryFigures:
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(idle_million, which, pairs).result()
+
+
+def _verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run both workloads and print the figures, ratios and targets."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="a tenth of the sizes")
+    args = parser.parse_args(argv)
+    scale = 10 if args.quick else 1
+    calls, pairs, idle_pairs, runs = 1_000_000 // scale, 10_000 // scale, 1_000_000 // scale, 5
+    theirs_ok = _praisonai_available()
+
+    print(f"python {platform.python_version()} on {platform.machine()}")
+    print(f"\nobserve(): {calls:,} calls over {pairs:,} pairs, best of {runs}")
+    loop_us = _per_call_us(_no_op, calls, pairs)
+    print(f"  driving loop alone          {loop_us:6.3f} us/call")
+    ours_us = _best_per_call_us(_ours, calls, pairs, runs)
+    print(
+        f"  loopwarden                  {ours_us:6.3f} us/call   "
+        f"target <= {OBSERVE_TARGET_US:g} us: {_verdict(ours_us <= OBSERVE_TARGET_US)}"
+    )
+    if theirs_ok:
+        theirs_us = _best_per_call_us(_theirs, calls, pairs, runs)
+        ratio = ours_us / theirs_us
+        print(f"  praisonaiagents             {theirs_us:6.3f} us/call")
+        print(
+            f"  ratio ours/theirs           {ratio:6.2f}      target <= 1: {_verdict(ratio <= 1)}"
+        )
+    else:
+        print("  praisonaiagents not installed; ratio skipped")
+
+    print(f"\nidle pairs: {idle_pairs:,} distinct pairs, then idle and {idle_pairs:,} live calls")
+    ours_mem = _in_fresh_process("ours", idle_pairs)
+    print(
+        f"  loopwarden       peak +{ours_mem.peak_mb:7.1f} MB, after idle +{ours_mem.after_mb:7.1f}"
+        f" MB, pairs held {ours_mem.pairs_held:>9,} ({ours_mem.seconds:.1f} s)   "
+        f"target < {IDLE_TARGET_MB:g} MB: {_verdict(ours_mem.after_mb < IDLE_TARGET_MB)}"
+    )
+    if theirs_ok:
+        theirs_mem = _in_fresh_process("theirs", idle_pairs)
+        print(
+            f"  praisonaiagents  peak +{theirs_mem.peak_mb:7.1f} MB, after idle "
+            f"+{theirs_mem.after_mb:7.1f} MB, pairs held {theirs_mem.pairs_held:>9,}"
+            f" ({theirs_mem.seconds:.1f} s)"
+        )
+        after_ratio = ours_mem.after_mb / theirs_mem.after_mb if theirs_mem.after_mb > 0 else 0.0
+        print(f"  ratio ours/theirs after idle {after_ratio:6.3f}")
+    else:
+        print("  praisonaiagents not installed; ratio skipped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""RoomConnector: one hosted bot seated in the local web room, and its pure translation.
+
+Decisions where DESIGN.md is silent:
+- A message mentions a bot when it contains `@<bot id>` or `@<display name>` as a whole
+  word, case-insensitively (`@ping` matches "@Ping," but not "@pingpong" or "@ping-bot").
+- Each bot handles the room's messages one at a time, in room order, from a bounded queue
+  (`INBOX_LIMIT`); a message that finds the queue full is dropped with a warning rather
+  than letting a flood grow memory without bound.
+- `Reply.ephemeral_to` is not supported: refusals and acks are posted to the whole room,
+  where the demo's watcher can see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from dataclasses import dataclass
+
+from connectors.room.hub import RoomHub, RoomMessage
+from gateway.config import RoomBotConfig
+from gateway.connector import Capabilities, Sink
+from gateway.errors import DeliveryError
+from gateway.types import InboundMessage, Reply
+
+log = logging.getLogger("loopwarden.room")
+
+PLATFORM = "room"
+MAX_MESSAGE_LENGTH = 4000
+INBOX_LIMIT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RoomIdentity:
+    """Who a hosted bot is in the room: config id, user id and the name people mention."""
+
+    bot_id: str
+    user_id: str
+    display_name: str
+
+    def mentioned_in(self, text: str) -> bool:
+        """True when the text holds `@<user id>` or `@<display name>` as a whole word."""
+        names = "|".join(re.escape(n) for n in {self.user_id, self.display_name})
+        return re.search(rf"(?<![\w@])@(?:{names})(?![\w-])", text, re.IGNORECASE) is not None
+
+
+def to_inbound(message: RoomMessage, me: RoomIdentity) -> InboundMessage | None:
+    """Translate a room message for one hosted bot; None for the bot's own messages."""
+    if message.sender_id == me.user_id:
+        return None
+    return InboundMessage(
+        platform=PLATFORM,
+        bot_id=me.bot_id,
+        channel_id=message.room,
+        thread_id=None,
+        message_id=str(message.id),
+        sender_id=message.sender_id,
+        sender_name=message.sender_name,
+        sender_is_bot=message.is_bot,
+        text=message.text,
+        mentions_bot=me.mentioned_in(message.text),
+        reply_to_bot=False,
+        is_direct=False,
+        received_at=message.ts,
+        raw=message,
+        bot_user_id=me.user_id,
+    )
+
+
+class RoomConnector:
+    """A hosted bot in the room: posts replies into the hub and hands it what others say."""
+
+    name = PLATFORM
+    capabilities = Capabilities(
+        max_message_length=MAX_MESSAGE_LENGTH, threads=False, knows_bots=True, typing=True
+    )
+
+    def __init__(self, bot: RoomBotConfig, hub: RoomHub) -> None:
+        self.bot_id = bot.id
+        self.identity = RoomIdentity(bot_id=bot.id, user_id=bot.id, display_name=bot.name or bot.id)
+        self._hub = hub
+        self._inbox: asyncio.Queue[InboundMessage] = asyncio.Queue(maxsize=INBOX_LIMIT)
+        self._worker: asyncio.Task[None] | None = None
+        self._closed = False
+        hub.attach(self)
+
+    @property
+    def user_id(self) -> str:
+        """The bot's user id in the room (its config id)."""
+        return self.identity.user_id
+
+    @property
+    def bot_user_id(self) -> str:
+        """The platform user id the self filter and the pair key go by."""
+        return self.identity.user_id
+
+    @property
+    def display_name(self) -> str:
+        """The name shown in the room and accepted in mentions."""
+        return self.identity.display_name
+
+    @property
+    def connected(self) -> bool:
+        """True from `start` until `aclose`."""
+        return self._worker is not None and not self._closed
+
+    async def start(self, sink: Sink) -> None:
+        """Begin handing the room's messages to `sink`, one at a time, in order."""
+        if self._closed:
+            raise DeliveryError("room connector is closed")
+        self._worker = asyncio.create_task(self._drain_inbox(sink), name=f"room:{self.bot_id}")
+
+    def deliver(self, message: RoomMessage) -> None:
+        """Queue a message someone else posted (called by the hub, never blocks)."""
+        if not self.connected:
+            return
+        inbound = to_inbound(message, self.identity)
+        if inbound is None:
+            return
+        try:
+            self._inbox.put_nowait(inbound)
+        except asyncio.QueueFull:
+            log.warning("room bot %s is %d messages behind; dropped one", self.bot_id, INBOX_LIMIT)
+
+    async def _drain_inbox(self, sink: Sink) -> None:
+        while True:
+            inbound = await self._inbox.get()
+            try:
+                await sink(inbound)
+            except Exception:  # the pipeline logs its own errors; this keeps the bot alive
+                log.exception(
+                    "room bot %s: handling message %s failed", self.bot_id, inbound.message_id
+                )
+
+    async def send(self, channel_id: str, reply: Reply) -> str | None:
+        """Post a reply into the room; returns its message id."""
+        if self._closed:
+            raise DeliveryError("room connector is closed")
+        message = self._hub.post(
+            channel_id,
+            sender_id=self.user_id,
+            sender_name=self.display_name,
+            is_bot=True,
+            text=reply.text,
+        )
+        return str(message.id)
+
+    async def typing(self, channel_id: str, thread_id: str | None) -> None:
+        """Show "<bot> is typing…" to the room's clients."""
+        self._hub.typing(channel_id, self.user_id, self.display_name)
+
+    async def aclose(self) -> None:
+        """Leave the room and stop handling messages."""
+        self._closed = True
+        self._hub.detach(self)
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.wait({self._worker})

@@ -1,0 +1,496 @@
+"""The Slack connector: a slack-bolt `AsyncApp` routes payloads, slack-sdk's web client posts.
+
+Composition, not inheritance: an `AsyncApp` receives payloads (from Socket Mode through
+bolt's `AsyncSocketModeHandler`, or from the Events API route this connector adds to the
+gateway's aiohttp server) and calls this class's two listeners; `connectors.slack.inbound`
+translates; an `AsyncWebClient(token, base_url)` posts replies. Nothing else of bolt is used:
+replies go through the gateway's delivery, not `say()`.
+
+Decisions where DESIGN.md is silent:
+- Socket Mode when `app_token` is set, else the Events API at `/slack/{bot_id}/events`.
+  That route checks the signature first (slack-sdk's `SignatureVerifier`: v0 HMAC, at most
+  5 minutes old): a forged, unsigned or stale request gets 401, then a body that is neither
+  a JSON object nor a form-encoded slash command gets 400, and a request while the
+  connector is not running 503 (Slack redelivers it). `url_verification` and `ssl_check`
+  are answered by bolt. A payload nobody listens to gets 200 all the same, so Slack does
+  not retry what will never be handled.
+- Every listener only translates and queues: the message is handed to the pipeline on a
+  task this connector tracks, and bolt acknowledges (HTTP 200 or the Socket Mode ack) at
+  once, well within Slack's 3 seconds. Messages of one channel are handed over one at a
+  time, in the order they arrived; channels run concurrently. `aclose` cancels the tasks
+  still waiting: by then the gateway has drained the turns in flight.
+- Redeliveries (`X-Slack-Retry-Num`, a Socket Mode `retry_attempt`, a repeated event id)
+  and the `message` + `app_mention` pair that one mention produces are answered once by the
+  pipeline's dedupe, keyed by channel + ts (see `connectors.slack.inbound`).
+- bolt gets the identity `auth.test` gave at start through `authorize`, so it does no
+  per-request I/O, and drops the bot's own events (by user id or bot id) before the
+  listeners; `inbound` drops them too, should one get through.
+- `send` posts one chunk with `chat.postMessage` (in the thread when the reply has one;
+  `reply_to` is not used: Slack has no reply reference outside threads), or with
+  `chat.postEphemeral` when the reply is `ephemeral_to` someone. A 429 (`ratelimited`)
+  raises `DeliveryError(retryable=True, retry_after=Retry-After)` and the gateway's
+  delivery retries it; the web client's own retry handlers are off, so a chunk is never
+  posted twice. A connection that could not be opened is retryable too (nothing was sent);
+  any other failure, a timeout included, is not.
+- Slack has no typing indicator for apps: `typing` does nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qs
+
+import aiohttp
+from aiohttp import web
+from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
+from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltRequest
+from slack_bolt.authorization import AuthorizeResult
+from slack_sdk.errors import SlackApiError
+from slack_sdk.signature import Clock, SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from connectors.slack.inbound import (
+    COMMAND,
+    PLATFORM,
+    BotIdentity,
+    Skip,
+    translate_payload,
+)
+from gateway.config import SlackBotConfig
+from gateway.connector import Capabilities, ConnectorServices, Sink
+from gateway.errors import ConnectorError, DeliveryError
+from gateway.types import InboundMessage, Reply
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_LENGTH = 4000
+PING_INTERVAL = 10.0
+DEFAULT_RETRY_AFTER = 1.0
+_FORM = "application/x-www-form-urlencoded"
+_ANY_EVENT = re.compile(".*")
+
+
+class _WallClock(Clock):
+    """slack-sdk's clock interface over an injected time source (signature staleness)."""
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()
+
+
+class _Lanes:
+    """One lock per channel, so a channel's messages are handed over in arrival order."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._users: Counter[str] = Counter()
+
+    @asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        """Wait for the channel's earlier messages, then hold it; forgotten when idle."""
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._users[key] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            self._users[key] -= 1
+            if not self._users[key]:
+                del self._users[key]
+                del self._locks[key]
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+
+class SlackConnector:
+    """One hosted Slack app: Socket Mode or the Events API in, chat.postMessage out."""
+
+    name = PLATFORM
+    capabilities = Capabilities(
+        max_message_length=MAX_MESSAGE_LENGTH,
+        threads=True,
+        knows_bots=True,
+        typing=False,
+        ephemeral=True,
+    )
+
+    def __init__(
+        self,
+        config: SlackBotConfig,
+        services: ConnectorServices,
+        *,
+        clock: Callable[[], float] = time.time,
+        ping_interval: float = PING_INTERVAL,
+    ) -> None:
+        self.bot_id = config.id
+        self.dropped: Counter[str] = Counter()
+        self._config = config
+        self._clock = clock
+        self._ping_interval = ping_interval
+        self._base_url = config.api_base_url.rstrip("/") + "/"
+        secret = config.signing_secret
+        self._verifier = (
+            SignatureVerifier(secret.get_secret_value(), clock=_WallClock(clock))
+            if secret is not None and config.app_token is None
+            else None
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._web: AsyncWebClient | None = None
+        self._app: AsyncApp | None = None
+        self._socket: AsyncSocketModeHandler | None = None
+        self._identity: BotIdentity | None = None
+        self._sink: Sink | None = None
+        self._running = False
+        self._lanes = _Lanes()
+        self._tasks: set[asyncio.Task[None]] = set()
+        if self.socket_mode:
+            return
+        services.http.router.add_post(f"/slack/{config.id}/events", self.handle_events)
+
+    @property
+    def socket_mode(self) -> bool:
+        """True when the app receives payloads over Socket Mode (an app token is set)."""
+        return self._config.app_token is not None
+
+    @property
+    def connected(self) -> bool:
+        """Events API: running. Socket Mode: running and the websocket is open."""
+        if not self._running:
+            return False
+        if self._socket is None:
+            return True
+        client = self._socket.client
+        session = client.current_session
+        return not client.closed and session is not None and not session.closed
+
+    @property
+    def bot_user_id(self) -> str:
+        """The bot's Slack user id ("" before `start`)."""
+        return self._identity.user_id if self._identity else ""
+
+    # ------------------------------------------------------------------- lifecycle
+
+    async def start(self, sink: Sink) -> None:
+        """Check the token (auth.test), set up bolt, open Socket Mode when configured."""
+        session = aiohttp.ClientSession()
+        web_client = AsyncWebClient(
+            token=self._config.bot_token.get_secret_value(),
+            base_url=self._base_url,
+            session=session,
+            retry_handlers=[],
+        )
+        socket: AsyncSocketModeHandler | None = None
+        try:
+            identity = await self._authenticate(web_client)
+            app = self._build_app(identity, session)
+            if self.socket_mode:
+                socket = await self._open_socket(app)
+        except BaseException:
+            await session.close()
+            raise
+        self._session, self._web, self._app, self._socket = session, web_client, app, socket
+        self._identity, self._sink, self._running = identity, sink, True
+        log.info(
+            "slack bot %s started as %s (%s)",
+            self.bot_id,
+            identity.user_id,
+            "socket mode" if socket else "events api",
+        )
+
+    async def _authenticate(self, web_client: AsyncWebClient) -> BotIdentity:
+        """auth.test: the bot's user id, bot id and team, or a ConnectorError."""
+        try:
+            auth = await web_client.auth_test()
+        except SlackApiError as exc:
+            raise ConnectorError(
+                PLATFORM, f"bot {self.bot_id}: auth.test refused the bot token ({_error(exc)})"
+            ) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ConnectorError(
+                PLATFORM, f"bot {self.bot_id}: auth.test failed ({type(exc).__name__})"
+            ) from None
+        user_id = auth.get("user_id")
+        if not isinstance(user_id, str) or not user_id:
+            raise ConnectorError(PLATFORM, f"bot {self.bot_id}: auth.test gave no user id")
+        return BotIdentity(
+            bot_id=self.bot_id,
+            user_id=user_id,
+            app_bot_id=str(auth.get("bot_id") or ""),
+            team_id=str(auth.get("team_id") or ""),
+        )
+
+    def _build_app(self, identity: BotIdentity, session: aiohttp.ClientSession) -> AsyncApp:
+        """A bolt app that knows who it is and hands every payload to this connector."""
+        known = AuthorizeResult(
+            enterprise_id=None,
+            team_id=identity.team_id or None,
+            bot_user_id=identity.user_id,
+            bot_id=identity.app_bot_id or None,
+            bot_token=self._config.bot_token.get_secret_value(),
+        )
+
+        async def authorize() -> AuthorizeResult:
+            return known
+
+        app = AsyncApp(
+            name=f"loopwarden.{self.bot_id}",
+            # No token on bolt's own client: with `authorize` it would be ignored (and warned
+            # about); bolt's per-request clients take the token from `known`.
+            client=AsyncWebClient(base_url=self._base_url, session=session, retry_handlers=[]),
+            authorize=authorize,
+            # The listeners only queue, so running them before the ack costs nothing and
+            # leaves no untracked task behind.
+            process_before_response=True,
+            # handle_events verifies before parsing, so that forged is 401 and garbage 400.
+            request_verification_enabled=False,
+            logger=logging.getLogger(f"{__name__}.bolt"),
+        )
+        app.event(_ANY_EVENT)(self._on_event)
+        app.command(COMMAND)(self._on_command)
+        return app
+
+    async def _open_socket(self, app: AsyncApp) -> AsyncSocketModeHandler:
+        """Open the Socket Mode websocket; a refused app token is a ConnectorError."""
+        app_token = self._config.app_token
+        if app_token is None:
+            raise ConnectorError(PLATFORM, f"bot {self.bot_id}: socket mode needs app_token")
+        handler = AsyncSocketModeHandler(
+            app,
+            app_token.get_secret_value(),
+            logger=logging.getLogger(f"{__name__}.socket"),
+            ping_interval=self._ping_interval,
+        )
+        client = handler.client
+        try:
+            # Asked here, not in connect(), which retries a refused token forever.
+            client.wss_uri = await client.issue_new_wss_url()
+            await client.connect()  # type: ignore[no-untyped-call]  # slack-sdk leaves it untyped
+        except SlackApiError as exc:
+            await _close_socket(handler)
+            raise ConnectorError(
+                PLATFORM,
+                f"bot {self.bot_id}: apps.connections.open refused the app token ({_error(exc)})",
+            ) from None
+        except BaseException:
+            await _close_socket(handler)
+            raise
+        return handler
+
+    async def aclose(self) -> None:
+        """Close Socket Mode, cancel hand-overs still waiting, release the HTTP session."""
+        self._running = False
+        socket, self._socket = self._socket, None
+        if socket is not None:
+            await _close_socket(socket)
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        session, self._session = self._session, None
+        self._web = self._app = None
+        if session is not None:
+            await session.close()
+
+    # --------------------------------------------------------------------- inbound
+
+    async def handle_events(self, request: web.Request) -> web.Response:
+        """`POST /slack/{bot_id}/events`: verify, parse, let bolt route; answer at once."""
+        body = await request.read()
+        if not self._signed(request, body):
+            self.dropped["bad_signature"] += 1
+            log.warning("slack bot %s: events request with a bad or stale signature", self.bot_id)
+            return web.Response(status=401, text="invalid signature")
+        app = self._app
+        if app is None or not self._running:
+            return web.Response(status=503, text="not running")
+        text = _payload_text(body, request.content_type)
+        if text is None:
+            self._drop(Skip.MALFORMED, "events api body")
+            return web.Response(status=400, text="the body must be a JSON event or a command")
+        retry = request.headers.get("X-Slack-Retry-Num")
+        if retry is not None:
+            log.debug(
+                "slack bot %s: redelivery %s (%s)",
+                self.bot_id,
+                retry,
+                request.headers.get("X-Slack-Retry-Reason", "no reason"),
+            )
+        headers: dict[str, str | Sequence[str]] = dict(request.headers)
+        response = await app.async_dispatch(AsyncBoltRequest(body=text, headers=headers))
+        if response.status == 404:
+            # Unhandled by bolt (a payload type nobody listens to): a retry would not help.
+            self._drop(Skip.UNSUPPORTED, "events api")
+            return web.Response(text="")
+        return web.Response(
+            status=response.status,
+            text=response.body,
+            headers=response.first_headers_without_set_cookie(),
+        )
+
+    def _signed(self, request: web.Request, body: bytes) -> bool:
+        verifier = self._verifier
+        if verifier is None:
+            return False
+        try:
+            return verifier.is_valid(
+                body=body,
+                timestamp=request.headers.get("X-Slack-Request-Timestamp"),
+                signature=request.headers.get("X-Slack-Signature"),
+            )
+        except ValueError:  # a timestamp that is not a number
+            return False
+
+    async def _on_event(self, body: dict[str, Any]) -> None:
+        """bolt listener for every event: translate and queue (bolt acks on return)."""
+        self._accept(body)
+
+    async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+        """bolt listener for `/loop`: acknowledge with no text, queue the command."""
+        await ack()
+        self._accept(body)
+
+    def _accept(self, payload: Mapping[str, Any]) -> None:
+        """Translate one payload and queue it for the pipeline, or count why it was dropped."""
+        identity = self._identity
+        if identity is None or not self._running:
+            self._drop(Skip.UNSUPPORTED, "a payload while not running")
+            return
+        try:
+            result = translate_payload(payload, bot=identity, received_at=self._clock())
+        except Exception:  # noqa: BLE001 - odd values in untrusted JSON: drop this payload alone
+            result = Skip.MALFORMED
+        if isinstance(result, Skip):
+            self._drop(result, _event_type(payload))
+            return
+        self._spawn(self._hand_over(result))
+
+    async def _hand_over(self, message: InboundMessage) -> None:
+        """Await the sink in the channel's lane; a failure is logged and counted, never raised."""
+        async with self._lanes.hold(message.channel_id):
+            sink = self._sink
+            if sink is None or not self._running:
+                return
+            try:
+                await sink(message)
+            except Exception as exc:  # the pipeline must not take the connector down
+                self.dropped["sink_error"] += 1
+                log.warning(
+                    "slack bot %s: the pipeline failed on message %s (%s)",
+                    self.bot_id,
+                    message.message_id,
+                    type(exc).__name__,
+                )
+                log.debug("pipeline failure of slack bot %s", self.bot_id, exc_info=True)
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _drop(self, reason: Skip, what: str) -> None:
+        self.dropped[reason.value] += 1
+        log.debug("slack bot %s: dropped %s: %s", self.bot_id, what, reason)
+
+    # -------------------------------------------------------------------- outbound
+
+    async def send(self, channel_id: str, reply: Reply) -> str | None:
+        """Post one chunk; a 429 raises a retryable DeliveryError with Slack's Retry-After."""
+        web_client = self._web
+        if web_client is None:
+            raise DeliveryError(f"slack bot {self.bot_id}: not started", retryable=True)
+        method = "chat.postEphemeral" if reply.ephemeral_to else "chat.postMessage"
+        try:
+            if reply.ephemeral_to:
+                response = await web_client.chat_postEphemeral(
+                    channel=channel_id,
+                    user=reply.ephemeral_to,
+                    text=reply.text,
+                    thread_ts=reply.thread_id,
+                )
+                return _optional_text(response.get("message_ts"))
+            response = await web_client.chat_postMessage(
+                channel=channel_id, text=reply.text, thread_ts=reply.thread_id
+            )
+        except SlackApiError as exc:
+            if _status(exc) == 429 or _error(exc) == "ratelimited":
+                raise DeliveryError(
+                    f"slack bot {self.bot_id}: {method} rate limited",
+                    retryable=True,
+                    retry_after=_retry_after(exc),
+                ) from None
+            raise DeliveryError(
+                f"slack bot {self.bot_id}: {method} failed ({_error(exc)})"
+            ) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise DeliveryError(
+                f"slack bot {self.bot_id}: {method} could not connect ({type(exc).__name__})",
+                retryable=True,
+            ) from None
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise DeliveryError(
+                f"slack bot {self.bot_id}: {method} failed ({type(exc).__name__})"
+            ) from None
+        return _optional_text(response.get("ts"))
+
+    async def typing(self, channel_id: str, thread_id: str | None) -> None:
+        """Slack shows apps no typing indicator: nothing to do."""
+
+
+def _payload_text(body: bytes, content_type: str) -> str | None:
+    """The body as text if it is a JSON object or a form-encoded slash command, else None."""
+    try:
+        text = body.decode("utf-8")
+        if content_type == _FORM:
+            return text if "command" in parse_qs(text) else None
+        return text if isinstance(json.loads(text), dict) else None
+    except ValueError:  # not UTF-8, not JSON
+        return None
+
+
+async def _close_socket(handler: AsyncSocketModeHandler) -> None:
+    """Close the websocket, its monitor tasks and its own HTTP session."""
+    await handler.close_async()  # type: ignore[no-untyped-call]  # slack-bolt leaves it untyped
+
+
+def _event_type(payload: Mapping[str, Any]) -> str:
+    """A short description of a payload for debug logs: its type and event type, no text."""
+    event = payload.get("event")
+    kind = event.get("type") if isinstance(event, Mapping) else payload.get("command")
+    return f"{payload.get('type', 'payload')}/{kind}"
+
+
+def _status(exc: SlackApiError) -> int:
+    status = getattr(exc.response, "status_code", 0)
+    return status if isinstance(status, int) else 0
+
+
+def _error(exc: SlackApiError) -> str:
+    """Slack's error code (`invalid_auth`, `ratelimited`…): never the token or the request."""
+    response = exc.response
+    data = getattr(response, "data", None)
+    code = data.get("error") if isinstance(data, Mapping) else None
+    return code if isinstance(code, str) else f"HTTP {_status(exc)}"
+
+
+def _retry_after(exc: SlackApiError) -> float:
+    headers = getattr(exc.response, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After", DEFAULT_RETRY_AFTER)))
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER
+
+
+def _optional_text(value: object) -> str | None:
+    return value if isinstance(value, str) else None

@@ -1,0 +1,510 @@
+"""The Telegram connector: PTB's `Bot` for the Bot API, our own getUpdates loop, a webhook.
+
+Composition, not inheritance: a `telegram.Bot` does the HTTP and typing of the Bot API,
+`connectors.telegram.inbound` translates updates, and this class only wires the two to the
+gateway's sink. PTB's Application/Updater are not used: they confirm an update's offset
+before it is handled, and this connector confirms it only after the sink returned.
+
+Decisions where DESIGN.md is silent:
+- Polling fetches a batch with our own getUpdates call (raw JSON, so one malformed update
+  is dropped alone instead of failing the whole batch forever). Updates of different chats
+  in a batch are handled concurrently, those of one chat in order; the next getUpdates, which
+  confirms the batch, is sent only once every update of it was handed over and its sink
+  call returned (or it was deliberately dropped). `aclose` confirms what was handled.
+- A failing getUpdates (dropped connection, 5xx, 409 conflict, a refused token) marks the
+  bot disconnected (`/readyz` 503) and is retried with doubling delays; `RetryAfter` waits
+  as told. Nothing here ever stops the loop but `aclose`.
+- Webhook mode registers `/telegram/{bot_id}`; a request without the right
+  `X-Telegram-Bot-Api-Secret-Token` gets 401, a body that is not JSON 400, an update that
+  could not be handed to the pipeline 500 (Telegram redelivers it; dedupe answers once),
+  anything else 200. With `webhook_url` set, `start` registers it with `setWebhook`; without
+  it the webhook is assumed to be registered by the operator. `aclose` leaves the webhook
+  set, so Telegram queues updates while the gateway restarts.
+- A send that fails with `RetryAfter` (429) raises `DeliveryError(retryable=True,
+  retry_after=…)`, as does a failure to connect (nothing was sent). Any other failure,
+  a timeout included (the message may have been posted), is not retryable: a reply is
+  posted at most once.
+- "typing…" is shown only when the reply takes longer than `typing_delay` (1 s) and no
+  message was posted into the chat meanwhile: a quick answer needs no indicator, and the
+  saved sendChatAction calls count against the bot's Bot API rate limits.
+- Hosted bots feed each other (Telegram never delivers a bot's message to another bot):
+  each message a bot posts into a group is offered to every other hosted Telegram bot of
+  the process that has seen that group (received an update from it), as a bot-authored
+  inbound message with event id `peer:<sender user id>:<message id>`, in order, on a
+  worker task of the receiving bot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import time
+import warnings
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from datetime import timedelta
+from urllib.parse import urlencode
+
+import httpx
+from aiohttp import web
+from telegram import Bot, Message, ReplyParameters
+from telegram.constants import ChatAction
+from telegram.error import (
+    Conflict,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
+from telegram.request import HTTPXRequest
+from telegram.warnings import PTBDeprecationWarning
+
+from connectors.telegram.inbound import (
+    PLATFORM,
+    BotIdentity,
+    Skip,
+    is_group,
+    parse_update,
+    translate_message,
+    translate_peer,
+)
+from gateway.config import TelegramBotConfig
+from gateway.connector import Capabilities, ConnectorServices, Sink
+from gateway.errors import ConnectorError, DeliveryError
+from gateway.types import InboundMessage, Reply
+
+log = logging.getLogger(__name__)
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+ALLOWED_UPDATES = ("message",)
+MAX_MESSAGE_LENGTH = 4096
+BATCH_LIMIT = 100
+PEER_QUEUE_SIZE = 1000
+TYPING_DELAY = 1.0
+_NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class TelegramConnector:
+    """One hosted Telegram bot: long polling or webhook in, sendMessage out."""
+
+    name = PLATFORM
+    capabilities = Capabilities(
+        max_message_length=MAX_MESSAGE_LENGTH, threads=True, knows_bots=True, typing=True
+    )
+
+    def __init__(
+        self,
+        config: TelegramBotConfig,
+        services: ConnectorServices,
+        *,
+        clock: Callable[[], float] = time.time,
+        retry_delays: tuple[float, float] = (0.5, 30.0),
+        typing_delay: float = TYPING_DELAY,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.bot_id = config.id
+        self.dropped: Counter[str] = Counter()
+        self._config = config
+        self._peers = services.peers
+        self._clock = clock
+        self._retry_delays = retry_delays
+        self._typing_delay = typing_delay
+        self._sleep = sleep
+        self._posts: dict[str, int] = {}
+        self._token = config.token.get_secret_value()
+        self._root = config.api_base_url.rstrip("/")
+        self._bot: Bot | None = None
+        self._poller: HTTPXRequest | None = None
+        self._identity: BotIdentity | None = None
+        self._sink: Sink | None = None
+        self._connected = False
+        self._closing = False
+        self._offset: int | None = None
+        self._group_chats: set[int] = set()
+        self._peer_queue: asyncio.Queue[Message] = asyncio.Queue(PEER_QUEUE_SIZE)
+        self._tasks: set[asyncio.Task[None]] = set()
+        if config.mode == "webhook":
+            services.http.router.add_post(f"/telegram/{config.id}", self.handle_webhook)
+
+    @property
+    def connected(self) -> bool:
+        """True while the Bot API answers (polling) or once the webhook is registered."""
+        return self._connected
+
+    @property
+    def bot_user_id(self) -> str:
+        """The bot's Telegram user id ("" before `start`)."""
+        return str(self._identity.user_id) if self._identity else ""
+
+    # ------------------------------------------------------------------- lifecycle
+
+    async def start(self, sink: Sink) -> None:
+        """Check the token (getMe), set up polling or the webhook, start the workers."""
+        self._closing = False
+        poller = HTTPXRequest(connection_pool_size=1)
+        bot = Bot(
+            self._token,
+            base_url=f"{self._root}/bot",
+            base_file_url=f"{self._root}/file/bot",
+            get_updates_request=poller,
+        )
+        try:
+            await bot.initialize()
+            me = bot.bot
+            if self._config.mode == "polling":
+                await bot.delete_webhook()
+            elif self._config.webhook_url:
+                secret = self._config.webhook_secret
+                await bot.set_webhook(
+                    self._config.webhook_url,
+                    secret_token=secret.get_secret_value() if secret else None,
+                    allowed_updates=ALLOWED_UPDATES,
+                )
+        except InvalidToken:
+            await bot.shutdown()
+            raise ConnectorError(
+                PLATFORM, f"bot {self.bot_id}: the Bot API refused the token"
+            ) from None
+        except TelegramError as exc:
+            await bot.shutdown()
+            raise ConnectorError(
+                PLATFORM, f"bot {self.bot_id}: start failed: {self._describe(exc)}"
+            ) from None
+        self._bot, self._poller, self._sink = bot, poller, sink
+        self._identity = BotIdentity(
+            bot_id=self.bot_id,
+            user_id=me.id,
+            username=me.username or "",
+            reads_all_group_messages=bool(me.can_read_all_group_messages),
+        )
+        self._spawn(self._peer_worker())
+        if self._config.mode == "polling":
+            self._spawn(self._poll_forever())
+        self._connected = True
+        log.info("telegram bot %s started as @%s (%s)", self.bot_id, me.username, self._config.mode)
+
+    async def aclose(self) -> None:
+        """Stop polling and the peer worker, confirm handled updates, release the HTTP pool."""
+        self._closing = True
+        self._connected = False
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        bot, self._bot = self._bot, None
+        if bot is None:
+            return
+        if self._config.mode == "polling" and self._offset is not None:
+            await self._confirm_offset()
+        await bot.shutdown()
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --------------------------------------------------------------------- polling
+
+    async def _poll_forever(self) -> None:
+        """Fetch batches of updates and hand them over until closed; never raises."""
+        first, cap = self._retry_delays
+        delay = first
+        while not self._closing:
+            try:
+                batch = await self._fetch_updates()
+            except RetryAfter as exc:
+                wait = _retry_after_seconds(exc)
+                log.warning("telegram bot %s: getUpdates rate limited for %.0fs", self.bot_id, wait)
+                await asyncio.sleep(wait)
+                continue
+            except (TelegramError, TypeError, ValueError) as exc:
+                self._connected = False
+                level = (
+                    logging.ERROR if isinstance(exc, InvalidToken | Conflict) else logging.WARNING
+                )
+                log.log(
+                    level,
+                    "telegram bot %s: getUpdates failed (%s); retrying in %.1fs",
+                    self.bot_id,
+                    self._describe(exc),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, cap)
+                continue
+            if not self._connected:
+                log.info("telegram bot %s: polling again", self.bot_id)
+            self._connected, delay = True, first
+            if batch:
+                log.debug("telegram bot %s: getUpdates gave %d update(s)", self.bot_id, len(batch))
+                await self._handle_batch(batch)
+            elif self._config.poll_timeout <= 0:
+                await asyncio.sleep(first)
+
+    async def _fetch_updates(self) -> list[object]:
+        """One raw getUpdates call: the JSON objects, each parsed later on its own."""
+        poller = self._poller
+        if poller is None:
+            raise ValueError("not started")
+        params: dict[str, str | int] = {
+            "timeout": math.ceil(self._config.poll_timeout),
+            "limit": BATCH_LIMIT,
+            "allowed_updates": json.dumps(ALLOWED_UPDATES),
+        }
+        if self._offset is not None:
+            params["offset"] = self._offset
+        result = await poller.post(
+            f"{self._root}/bot{self._token}/getUpdates?{urlencode(params)}",
+            read_timeout=self._config.poll_timeout + 10.0,
+        )
+        if not isinstance(result, list):
+            raise TypeError("getUpdates answered something other than a list")
+        return list(result)
+
+    async def _handle_batch(self, batch: list[object]) -> None:
+        """Hand a batch over (chats concurrently, each chat in order), then move the offset.
+
+        The offset moves past the longest run of updates that were handed over or dropped,
+        also when the batch is cut short by `aclose`, so only unhandled updates come again.
+        """
+        ids = sorted({i for i in map(_update_id, batch) if i is not None})
+        done: set[int] = set()
+        lanes: dict[str, list[tuple[int | None, InboundMessage]]] = {}
+        for raw in batch:
+            update_id = _update_id(raw)
+            message = self._prepare(raw)
+            if message is not None:
+                lanes.setdefault(message.channel_id, []).append((update_id, message))
+            elif update_id is not None:
+                done.add(update_id)
+        try:
+            await asyncio.gather(*(self._run_lane(lane, done) for lane in lanes.values()))
+        finally:
+            first_open = next((i for i in ids if i not in done), None)
+            if first_open is not None:
+                self._offset = first_open
+            elif ids:
+                self._offset = ids[-1] + 1
+
+    async def _run_lane(
+        self, lane: Iterable[tuple[int | None, InboundMessage]], done: set[int]
+    ) -> None:
+        for update_id, message in lane:
+            await self._hand_over(message)
+            if update_id is not None:
+                done.add(update_id)
+
+    async def _confirm_offset(self) -> None:
+        """Tell Telegram what was handled, so a restart does not see it again."""
+        poller = self._poller
+        if poller is None:
+            return
+        query = urlencode({"offset": self._offset, "limit": 1, "timeout": 0})
+        try:
+            await poller.post(f"{self._root}/bot{self._token}/getUpdates?{query}", read_timeout=2.0)
+        except TelegramError as exc:
+            log.warning(
+                "telegram bot %s: could not confirm handled updates (%s)",
+                self.bot_id,
+                self._describe(exc),
+            )
+
+    # --------------------------------------------------------------------- webhook
+
+    async def handle_webhook(self, request: web.Request) -> web.Response:
+        """`POST /telegram/{bot_id}`: verify the secret token, hand the update over."""
+        secret = self._config.webhook_secret
+        presented = request.headers.get(SECRET_HEADER, "")
+        if secret is None or not hmac.compare_digest(
+            presented.encode(), secret.get_secret_value().encode()
+        ):
+            log.warning("telegram bot %s: webhook request with a bad secret token", self.bot_id)
+            return web.Response(status=401, text="unauthorized")
+        if self._sink is None or self._closing:
+            return web.Response(status=503, text="not ready")
+        try:
+            raw = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            self._drop(Skip.MALFORMED, None)
+            return web.Response(status=400, text="the body must be a JSON update")
+        message = self._prepare(raw)
+        if message is not None and not await self._hand_over(message):
+            return web.Response(status=500, text="not handled")
+        return web.Response(text="ok")
+
+    # ------------------------------------------------------------------ inbound
+
+    def _prepare(self, raw: object) -> InboundMessage | None:
+        """Translate one raw update, noting group membership; None (counted) when dropped."""
+        identity = self._identity
+        if identity is None:
+            return None
+        update = parse_update(raw)
+        if isinstance(update, Skip):
+            self._drop(update, _update_id(raw))
+            return None
+        if update.message is None:
+            self._drop(Skip.UNSUPPORTED, update.update_id)
+            return None
+        try:
+            self._note_chat(update.message, identity)
+            result = translate_message(
+                update.message,
+                bot=identity,
+                event_id=str(update.update_id),
+                received_at=self._clock(),
+            )
+        except Exception:  # noqa: BLE001 - odd field values of a parsed update: drop it alone
+            result = Skip.MALFORMED
+        if isinstance(result, Skip):
+            self._drop(result, update.update_id)
+            return None
+        return result
+
+    def _note_chat(self, message: Message, identity: BotIdentity) -> None:
+        """Remember the groups this bot is in (peers feed it only those)."""
+        if not is_group(message):
+            return
+        left = message.left_chat_member
+        if left is not None and left.id == identity.user_id:
+            self._group_chats.discard(message.chat.id)
+        else:
+            self._group_chats.add(message.chat.id)
+
+    async def _hand_over(self, message: InboundMessage) -> bool:
+        """Await the sink; a failure is logged and counted, never raised (False)."""
+        sink = self._sink
+        if sink is None:
+            return False
+        try:
+            await sink(message)
+        except Exception as exc:  # the pipeline must not take the connector down
+            self.dropped["sink_error"] += 1
+            log.warning(
+                "telegram bot %s: the pipeline failed on message %s (%s)",
+                self.bot_id,
+                message.message_id,
+                type(exc).__name__,
+            )
+            log.debug("pipeline failure of telegram bot %s", self.bot_id, exc_info=True)
+            return False
+        return True
+
+    def _drop(self, reason: Skip, update_id: int | None) -> None:
+        self.dropped[reason.value] += 1
+        log.debug("telegram bot %s: dropped update %s: %s", self.bot_id, update_id, reason)
+
+    # ----------------------------------------------------------------- peers
+
+    def receive_peer(self, message: Message) -> None:
+        """Queue a message another hosted bot posted, if this bot is in that group."""
+        if self._closing or self._identity is None or message.chat.id not in self._group_chats:
+            return
+        try:
+            self._peer_queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self._drop(Skip.NOT_VISIBLE, None)
+            log.warning("telegram bot %s: peer queue full, message dropped", self.bot_id)
+
+    async def _peer_worker(self) -> None:
+        """Hand peer messages over one at a time, in the order they were posted."""
+        while True:
+            message = await self._peer_queue.get()
+            identity = self._identity
+            if identity is None:
+                continue
+            result = translate_peer(message, bot=identity, received_at=self._clock())
+            if isinstance(result, Skip):
+                self._drop(result, None)
+                continue
+            await self._hand_over(result)
+
+    def _offer_to_peers(self, message: Message) -> None:
+        if not is_group(message):
+            return
+        self._group_chats.add(message.chat.id)
+        for peer in self._peers.get(PLATFORM, ()):
+            if peer is not self and isinstance(peer, TelegramConnector):
+                peer.receive_peer(message)
+
+    # ---------------------------------------------------------------- outbound
+
+    async def send(self, channel_id: str, reply: Reply) -> str | None:
+        """Post one chunk; a 429 raises a retryable DeliveryError with Telegram's wait."""
+        bot = self._bot
+        if bot is None:
+            raise DeliveryError(f"telegram bot {self.bot_id}: not started", retryable=True)
+        try:
+            message = await bot.send_message(
+                chat_id=_chat_ref(channel_id),
+                text=reply.text,
+                message_thread_id=int(reply.thread_id) if reply.thread_id else None,
+                reply_parameters=ReplyParameters(
+                    message_id=int(reply.reply_to), allow_sending_without_reply=True
+                )
+                if reply.reply_to
+                else None,
+            )
+        except RetryAfter as exc:
+            raise DeliveryError(
+                f"telegram bot {self.bot_id}: rate limited",
+                retryable=True,
+                retry_after=_retry_after_seconds(exc),
+            ) from None
+        except TelegramError as exc:
+            raise DeliveryError(
+                f"telegram bot {self.bot_id}: sendMessage failed: {self._describe(exc)}",
+                retryable=isinstance(exc, NetworkError) and _nothing_sent(exc),
+            ) from None
+        self._posts[channel_id] = self._posts.get(channel_id, 0) + 1
+        self._offer_to_peers(message)
+        return str(message.message_id)
+
+    async def typing(self, channel_id: str, thread_id: str | None) -> None:
+        """Show "typing…" if no reply came within `typing_delay` (best effort, never raises)."""
+        posted = self._posts.get(channel_id, 0)
+        if self._typing_delay > 0:
+            await self._sleep(self._typing_delay)
+        bot = self._bot
+        if bot is None or self._closing or self._posts.get(channel_id, 0) != posted:
+            return
+        try:
+            await bot.send_chat_action(
+                chat_id=_chat_ref(channel_id),
+                action=ChatAction.TYPING,
+                message_thread_id=int(thread_id) if thread_id else None,
+            )
+        except TelegramError as exc:
+            log.debug("telegram bot %s: typing failed (%s)", self.bot_id, self._describe(exc))
+
+    def _describe(self, exc: BaseException) -> str:
+        """An exception as `Type: message`, with the token masked wherever it appears."""
+        text = f"{type(exc).__name__}: {exc}"
+        return text.replace(self._token, "***") if self._token else text
+
+
+def _update_id(raw: object) -> int | None:
+    value = raw.get("update_id") if isinstance(raw, Mapping) else None
+    return value if isinstance(value, int) else None
+
+
+def _chat_ref(channel_id: str) -> int | str:
+    """Numeric chat ids as int; `@channelname` references stay text."""
+    return int(channel_id) if channel_id.lstrip("-").isdigit() else channel_id
+
+
+def _nothing_sent(exc: NetworkError) -> bool:
+    """True when the request never reached Telegram (so a retry cannot post twice)."""
+    return isinstance(exc.__cause__, _NOTHING_SENT)
+
+
+def _retry_after_seconds(exc: RetryAfter) -> float:
+    """Telegram's `retry_after` in seconds (PTB warns about the int form; ask quietly)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PTBDeprecationWarning)
+        value = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)

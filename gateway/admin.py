@@ -1,0 +1,275 @@
+"""The `/loop` admin commands: one method per command, each returning its acknowledgement.
+
+The chat middleware (`gateway/middlewares/admin.py`) parses, authorises, claims and audits
+a command and then calls `run`; the HTTP admin API calls the methods directly. Rooms are
+room keys, `platform:channel`, exactly as `InboundMessage.room` writes them. Runtime
+changes go through the `StateStore`, so every replica sees them.
+
+Decisions where DESIGN.md is silent:
+- `reset` clears the room's bot pairs and its consecutive-bot-turn count; `reset all`
+  clears every pair (turn counts of other rooms are left to the next human message);
+  `reset <bot>` takes a hosted bot's config id, a platform user id or a Discord mention
+  (`<@123>`) and clears that bot's pairs in every room.
+- After a reset a new cooldown of the same pair is announced again even within the old
+  cooldown's time: cooldown-notice claims carry a reset generation kept in this process
+  (with several replicas, a replica that did not see the reset may stay quiet once).
+- `pause` takes `30s`, `10m`, `2h`, `1d` or a bare number of seconds; no duration pauses
+  until `resume`. `set` accepts a leaf field of the policy (`bot_loop.window_seconds`,
+  `tool_loop.<LoopGuardConfig field>`); its value is read as YAML and validated with the
+  room's effective policy before anything is stored. A refused `set` or `pause` answers
+  with the reason and changes nothing.
+- `set` and `pause` apply to the room (`platform:channel`), across its threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from gateway import messages
+from gateway.config import Config, Policy, ToolLoopSettings, resolve_policy
+from gateway.refusals import RecentRefusals
+from gateway.state.base import GLOBAL_SCOPE, StateStore
+from guards.loop_guard import LoopGuardConfig
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)", re.IGNORECASE)
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3_600, "d": 86_400}
+_MENTION = re.compile(r"<@!?(\w+)>")
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class AdminAck:
+    """What a command answered, and whether it did what was asked (for the audit log)."""
+
+    text: str
+    ok: bool = True
+
+
+class AdminService:
+    """Runs admin commands against the state store; shared by chat and the HTTP API."""
+
+    def __init__(
+        self,
+        config: Config,
+        state: StateStore,
+        *,
+        recent: RecentRefusals | None = None,
+    ) -> None:
+        self._config = config
+        self._state = state
+        self._recent = recent or RecentRefusals()
+        self._bot_users: dict[str, str] = {}
+        self._generations: dict[str, int] = {}
+        self._global_generation = 0
+
+    def register_bot(self, bot_id: str, user_id: str) -> None:
+        """Learn a hosted bot's platform user id, so `reset <bot>` and `status` can use names."""
+        if user_id and self._bot_users.get(bot_id) != user_id:
+            self._bot_users[bot_id] = user_id
+
+    def notice_generation(self, room: str) -> str:
+        """Changes whenever the room's pairs are reset: part of the cooldown-notice claim key."""
+        return f"{self._global_generation}.{self._generations.get(room, 0)}"
+
+    async def run(
+        self, room: str, args: Sequence[str], *, thread_id: str | None = None, prefix: str = "/loop"
+    ) -> AdminAck:
+        """Dispatch one parsed chat command (`args` after the prefix); unknown ones get help."""
+        name = args[0].lower() if args else "help"
+        rest = list(args[1:])
+        if name == "status":
+            return AdminAck(await self.status(room, thread_id=thread_id))
+        if name == "policy":
+            return AdminAck(await self.policy(room, thread_id=thread_id))
+        if name == "reset":
+            if not rest:
+                return AdminAck(await self.reset(room))
+            if [word.lower() for word in rest] == ["all"]:
+                return AdminAck(await self.reset_all())
+            return AdminAck(await self.reset_bot(" ".join(rest)))
+        if name == "pause":
+            seconds = parse_duration(rest[0]) if rest else None
+            if rest and seconds is None:
+                return AdminAck(messages.bad_duration(" ".join(rest)), ok=False)
+            return AdminAck(await self.pause(room, seconds, prefix=prefix))
+        if name == "resume":
+            return AdminAck(await self.resume(room))
+        if name == "set":
+            if len(rest) < 2:
+                return AdminAck(messages.set_usage(prefix), ok=False)
+            return await self._set(room, rest[0], " ".join(rest[1:]), thread_id)
+        return AdminAck(messages.help_text(prefix), ok=name == "help")
+
+    async def status(self, room: str, *, thread_id: str | None = None) -> str:
+        """The room's policy summary, pause, pairs held and recent refusals."""
+        policy = await self.effective_policy(room, thread_id=thread_id)
+        names = {user: bot for bot, user in self._bot_users.items()}
+        pairs = [
+            messages.PairLine(
+                a=names.get(snap.bot_a, snap.bot_a),
+                b=names.get(snap.bot_b, snap.bot_b),
+                count=snap.count,
+                cooldown_left=snap.cooldown_remaining,
+            )
+            for snap in await self._state.pair_snapshot(room)
+        ]
+        now = self._recent.clock()
+        refusals = [
+            messages.RefusalLine(age=now - r.at, stage=r.stage, code=r.code, detail=r.detail)
+            for r in self._recent.recent(room)
+        ]
+        return messages.status_text(
+            room,
+            policy,
+            paused=await self._state.pause_remaining(room),
+            pairs=pairs,
+            refusals=refusals,
+        )
+
+    async def policy(self, room: str, *, thread_id: str | None = None) -> str:
+        """The room's effective policy as compact YAML."""
+        return messages.policy_text(room, await self.effective_policy(room, thread_id=thread_id))
+
+    async def reset(self, room: str) -> str:
+        """Clear the room's bot pairs and its consecutive-bot-turn count."""
+        dropped = await self._state.pair_reset(scope=room)
+        await self._state.bot_turn(room, is_bot=False)
+        self._generations[room] = self._generations.get(room, 0) + 1
+        return messages.reset_room_ack(dropped)
+
+    async def reset_all(self) -> str:
+        """Clear every bot pair in every room."""
+        dropped = await self._state.pair_reset()
+        self._global_generation += 1
+        return messages.reset_all_ack(dropped)
+
+    async def reset_bot(self, bot: str) -> str:
+        """Clear one bot's pairs everywhere (hosted bot id, platform user id or mention)."""
+        name = bot.strip().removeprefix("@")
+        mention = _MENTION.fullmatch(name)
+        user_id = mention.group(1) if mention else self._bot_users.get(name, name)
+        dropped = await self._state.pair_reset(bot_id=user_id)
+        self._global_generation += 1
+        return messages.reset_bot_ack(name, dropped)
+
+    async def pause(self, room: str, seconds: float | None, *, prefix: str = "/loop") -> str:
+        """Pause the room for `seconds`, or until resumed when None."""
+        await self._state.pause(room, seconds)
+        return messages.pause_ack(seconds, prefix)
+
+    async def resume(self, room: str) -> str:
+        """Lift the room's pause."""
+        was_paused = await self._state.pause_remaining(room) is not None
+        await self._state.resume(room)
+        return messages.resume_ack(was_paused)
+
+    async def set(self, room: str, field: str, value: str, *, thread_id: str | None = None) -> str:
+        """Store one runtime override for the room once the resulting policy validates."""
+        return (await self._set(room, field, value, thread_id)).text
+
+    async def _set(self, room: str, field: str, raw: str, thread_id: str | None) -> AdminAck:
+        problem = _field_problem(field)
+        if problem is not None:
+            return AdminAck(messages.set_refused(field, problem), ok=False)
+        value = _parse_value(raw)
+        overrides = dict(await self._overrides(room))
+        overrides[field] = value
+        platform, channel = split_room(room)
+        try:
+            resolve_policy(self._config, platform, channel, thread_id, overrides)
+        except ValidationError as exc:
+            return AdminAck(messages.set_refused(field, _reason(exc)), ok=False)
+        await self._state.set_override(room, field, value)
+        return AdminAck(messages.set_ack(field, value))
+
+    async def effective_policy(self, room: str, *, thread_id: str | None = None) -> Policy:
+        """Defaults, channel rule, then global and room overrides."""
+        platform, channel = split_room(room)
+        overrides = await self._overrides(room)
+        return resolve_policy(self._config, platform, channel, thread_id, overrides or None)
+
+    async def _overrides(self, room: str) -> Mapping[str, object]:
+        """Global (`*`) overrides with the room's on top."""
+        merged = dict(await self._state.get_overrides(GLOBAL_SCOPE))
+        merged.update(await self._state.get_overrides(room))
+        return merged
+
+
+def split_room(room: str) -> tuple[str, str]:
+    """`discord:1100123` → ("discord", "1100123")."""
+    platform, _, channel = room.partition(":")
+    return platform, channel
+
+
+def parse_duration(text: str) -> float | None:
+    """`30s`, `10m`, `2h`, `1d` or bare seconds; None when unreadable or not positive."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None:
+        return None
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    return seconds if 0 < seconds < math.inf else None
+
+
+def _field_problem(dotted: str) -> str | None:
+    """Why `dotted` is not a settable leaf field of Policy, or None when it is."""
+    model: type[BaseModel] = Policy
+    parts = dotted.split(".")
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if model is ToolLoopSettings:
+            known = _leaf_names(model)
+            return None if last and part in known else messages.unknown_field(known)
+        fields = model.model_fields
+        if part not in fields:
+            return messages.unknown_field(list(fields))
+        nested = _model_of(fields[part].annotation)
+        if nested is None:
+            return None if last else messages.unknown_field(list(fields))
+        if last:
+            return messages.unknown_field(_leaf_names(nested))
+        model = nested
+    return None
+
+
+def _model_of(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _leaf_names(model: type[BaseModel]) -> list[str]:
+    if model is ToolLoopSettings:
+        return [f.name for f in dataclasses.fields(LoopGuardConfig)]
+    return list(model.model_fields)
+
+
+def _parse_value(raw: str) -> object:
+    """The value as YAML (`6`, `true`, `[a, b]`); the raw text when that is not JSON-able."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return value if _jsonable(value) else raw
+
+
+def _jsonable(value: object) -> bool:
+    if isinstance(value, _JSON_SCALARS):
+        return not isinstance(value, float) or math.isfinite(value)
+    if isinstance(value, list):
+        return all(_jsonable(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _jsonable(v) for k, v in value.items())
+    return False
+
+
+def _reason(exc: ValidationError) -> str:
+    """The first validation message, without echoing the input."""
+    error = exc.errors(include_url=False, include_input=False)[0]
+    return str(error["msg"]).removeprefix("Value error, ")

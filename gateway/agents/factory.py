@@ -1,0 +1,20 @@
+"""Build the agent a config names: one place that maps `kind` to its class."""
+
+from __future__ import annotations
+
+from gateway.agents.base import Agent
+from gateway.agents.openai import OpenAIAgent
+from gateway.agents.python_fn import PythonAgent
+from gateway.agents.scripted import ScriptedAgent
+from gateway.config import AgentConfig, OpenAIAgentConfig, PythonAgentConfig, ScriptedAgentConfig
+
+
+def build_agent(name: str, config: AgentConfig) -> Agent:
+    """The agent for `agents.<name>`; import errors surface here as ConfigError, at start-up."""
+    if isinstance(config, ScriptedAgentConfig):
+        return ScriptedAgent(config)
+    if isinstance(config, PythonAgentConfig):
+        return PythonAgent(config, name=name)
+    if isinstance(config, OpenAIAgentConfig):
+        return OpenAIAgent(name, config)
+    raise TypeError(f"unknown agent config {type(config).__name__}")

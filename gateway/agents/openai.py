@@ -1,0 +1,571 @@
+"""The `openai` agent: any OpenAI-compatible chat-completions endpoint, with guarded tools.
+
+One turn is one user message (system prompt + "sender: text"; no history) and a
+tool-calling loop. Every tool call goes through a LoopGuard made for the turn from
+`policy.tool_loop` (check → run → record → check, `guards.tool_wrapper`): a BLOCK result
+or a WARN-annotated result is fed back to the model as the tool message; HALT ends the
+turn with a short message in the room and `halted=True`. Every HTTP request to the model
+goes through the agent's CallLoopGuard (circuit = agent name + room and thread; the
+fingerprint is the model plus the last two messages): a refused call is never sent.
+
+Decisions where DESIGN.md is silent:
+- The sender's display name is put in the user message text ("Alice: hi"), not in the
+  `name` field, which OpenAI restricts to `[A-Za-z0-9_-]` and local servers often ignore.
+- Tools are imported when the agent is built, so a bad `module:function` fails at start-up
+  (`ConfigError` on `agents.<name>.tools.<i>`). A sync tool runs in a worker thread; every
+  tool is bounded by the agent's `timeout` (a timed-out tool is a failed call for the
+  guard, and its thread is left to finish on its own). A tool's failure, an unknown tool
+  or unreadable arguments go back to the model as `{"error": "..."}` and count for the
+  guard like any failed call.
+- `max_tool_rounds` rounds of tool calls are run; if the model still asks for tools after
+  that, the turn ends with a short message and `halted=True`, like a guard halt.
+- Provider failures (429, 408, 5xx, timeouts, dropped connections) are retried up to
+  `max_attempts` in all, waiting Retry-After (or `retry-after-ms`) when given, else
+  0.5 s, 1 s, 2 s…; a Retry-After longer than `max_retry_wait` is not waited for. Each
+  attempt passes the call guard; a failed attempt is uncounted (`record_outcome`).
+  Other 4xx stay counted and are not retried. The final failure answers with a short
+  apology; the log line has the status and the provider's error text, never the key.
+- The CallLoopGuard lives in this process, one per agent, with the default
+  `CallLoopPolicy` unless one is injected (`call_guard=`); the session is the room
+  (`platform:channel`, plus `:thread` in a thread), so one looping room never pauses
+  another.
+- A call refused with `loop_detected` ends the turn with a short notice. While the circuit
+  stays paused (`loop_paused`) a human still gets a short notice, a bot gets silence, so
+  the notices themselves cannot feed a bot-to-bot loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import inspect
+import json
+import logging
+import math
+import types
+import typing
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, ValidationError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_exponential
+
+from gateway.agents.python_fn import import_callable
+from gateway.config import OpenAIAgentConfig
+from gateway.errors import ConfigError
+from gateway.messages import format_duration
+from gateway.types import AgentResult, ToolCall
+from guards.call_loop import (
+    CallDecision,
+    CallLoopGuard,
+    circuit_key,
+    fingerprint_call,
+    is_provider_failure,
+)
+from guards.loop_guard import (
+    GuardAction,
+    LoopGuard,
+    LoopGuardConfig,
+    LoopGuardDecision,
+)
+from guards.tool_wrapper import guarded_call
+
+if TYPE_CHECKING:
+    from gateway.context import TurnContext
+
+log = logging.getLogger("loopwarden.agents.openai")
+
+Sleep = Callable[[float], Awaitable[None]]
+SessionFactory = Callable[[], aiohttp.ClientSession]
+WireMessage = dict[str, object]
+"""One chat message as sent on the wire (OpenAI JSON)."""
+
+MSG_TOOL_LOOP = "I stopped: I was calling {tool} over and over without progress."
+MSG_TURN_TOO_LONG = "I stopped: this took longer than I'm allowed to spend on one answer."
+MSG_TOO_MANY_ROUNDS = "I stopped: I used {rounds} rounds of tool calls without finishing."
+MSG_CALL_LOOP = (
+    "I stopped: I kept sending my model the same request, so I'm pausing here for {pause}."
+)
+MSG_CALL_PAUSED = "I'm paused in this conversation for another {pause} after repeating myself."
+MSG_PROVIDER_DOWN = "Sorry, I couldn't reach my model just now. Please try again in a moment."
+
+# bool before int: issubclass(bool, int) is true, and a flag is not a number.
+_JSON_TYPES: Mapping[type, str] = {
+    bool: "boolean",
+    str: "string",
+    int: "integer",
+    float: "number",
+    list: "array",
+    tuple: "array",
+    dict: "object",
+}
+_ERROR_DETAIL_MAX = 300
+
+
+class _WireModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class _WireFunction(_WireModel):
+    name: str
+    arguments: str = "{}"
+
+
+class _WireToolCall(_WireModel):
+    id: str
+    type: str = "function"
+    function: _WireFunction
+
+
+class _WireMessage(_WireModel):
+    content: str | None = None
+    tool_calls: tuple[_WireToolCall, ...] | None = None
+
+
+class _WireChoice(_WireModel):
+    message: _WireMessage
+    finish_reason: str | None = None
+
+
+class _Completion(_WireModel):
+    """The part of a chat-completions response the agent reads."""
+
+    choices: tuple[_WireChoice, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A Python callable offered to the model as a JSON-schema function tool."""
+
+    name: str
+    function: Callable[..., object]
+    description: str
+    parameters: Mapping[str, object]
+
+    def to_wire(self) -> WireMessage:
+        """The `tools` entry of a chat-completions request."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+
+def json_type(annotation: object) -> str | None:
+    """The JSON-schema type of a parameter annotation (None: any type)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return json_type(members[0]) if len(members) == 1 else None
+    target = annotation if origin is None else origin
+    if isinstance(target, type):
+        for python_type, name in _JSON_TYPES.items():
+            if issubclass(target, python_type):
+                return name
+    return None
+
+
+def tool_spec(function: Callable[..., object], name: str | None = None) -> ToolSpec:
+    """Describe a callable from its signature: annotations → JSON types, docstring → description.
+
+    The tool is named `name`, else the function's `__name__`.
+    """
+    try:
+        hints = typing.get_type_hints(function)
+    except (NameError, TypeError):
+        hints = {}  # an annotation that cannot be resolved: its parameter takes any type
+    properties: dict[str, object] = {}
+    required: list[str] = []
+    for param, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        kind = json_type(hints[param]) if param in hints else None
+        properties[param] = {"type": kind} if kind else {}
+        if parameter.default is parameter.empty:
+            required.append(param)
+    tool_name = name or str(getattr(function, "__name__", "tool"))
+    doc = (inspect.getdoc(function) or "").strip()
+    return ToolSpec(
+        name=tool_name,
+        function=function,
+        description=doc.splitlines()[0] if doc else tool_name,
+        parameters={"type": "object", "properties": properties, "required": required},
+    )
+
+
+def load_tools(agent_name: str, refs: Sequence[str]) -> dict[str, ToolSpec]:
+    """Import and describe the configured tools; a bad one is a ConfigError naming it."""
+    tools: dict[str, ToolSpec] = {}
+    for index, ref in enumerate(refs):
+        field = f"agents.{agent_name}.tools.{index}"
+        spec = tool_spec(import_callable(ref, field=field), ref.partition(":")[2])
+        if spec.name in tools:
+            raise ConfigError(field, f"a tool named {spec.name!r} is already configured")
+        tools[spec.name] = spec
+    return tools
+
+
+def parse_retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date)."""
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+class _ProviderError(Exception):
+    """A model call that failed: HTTP status (None: no answer), reason, Retry-After."""
+
+    def __init__(self, status: int | None, reason: str, retry_after: float | None = None):
+        super().__init__(f"HTTP {status}: {reason}" if status is not None else reason)
+        self.status = status
+        self.reason = reason
+        self.retry_after = retry_after
+        self.transient = is_provider_failure(status, reason) and reason != "invalid response"
+
+
+class _TurnEnded(Exception):
+    """Ends the turn early with this reply (None: silence)."""
+
+    def __init__(self, text: str | None, *, halted: bool) -> None:
+        super().__init__(text or "")
+        self.text = text
+        self.halted = halted
+
+
+class _TurnLoopGuard(LoopGuard):
+    """A LoopGuard that remembers the decisions of the tool call in progress (for ToolCall)."""
+
+    def __init__(self, config: LoopGuardConfig, *, clock: Callable[[], float] | None) -> None:
+        super().__init__(config, clock=clock)
+        self._seen: list[LoopGuardDecision] = []
+
+    def check(
+        self, tool_name: str, args: object, *, pre: bool = True, now: float | None = None
+    ) -> LoopGuardDecision:
+        """LoopGuard.check, remembered."""
+        decision = super().check(tool_name, args, pre=pre, now=now)
+        self._seen.append(decision)
+        return decision
+
+    def record(
+        self,
+        tool_name: str,
+        args: object,
+        *,
+        success: bool,
+        result: object = None,
+        now: float | None = None,
+    ) -> LoopGuardDecision:
+        """LoopGuard.record, remembered."""
+        decision = super().record(tool_name, args, success=success, result=result, now=now)
+        self._seen.append(decision)
+        return decision
+
+    def take_verdict(self) -> LoopGuardDecision | None:
+        """The decision that settled the last call: a pre-check BLOCK/HALT, else the last one."""
+        seen, self._seen = self._seen, []
+        if not seen:
+            return None
+        first = seen[0]
+        return first if first.action in (GuardAction.BLOCK, GuardAction.HALT) else seen[-1]
+
+
+class OpenAIAgent:
+    """Answers a turn with an OpenAI-compatible model and guarded Python tools."""
+
+    def __init__(
+        self,
+        name: str,
+        config: OpenAIAgentConfig,
+        *,
+        session_factory: SessionFactory = aiohttp.ClientSession,
+        call_guard: CallLoopGuard | None = None,
+        sleep: Sleep = asyncio.sleep,
+        clock: Callable[[], float] | None = None,
+        max_attempts: int = 4,
+        max_retry_wait: float = 30.0,
+    ) -> None:
+        self.name = name
+        self._config = config
+        self._url = config.base_url.rstrip("/") + "/chat/completions"
+        self._tools = load_tools(name, config.tools)
+        self._wire_tools = [spec.to_wire() for spec in self._tools.values()]
+        self._session_factory = session_factory
+        self._session: aiohttp.ClientSession | None = None
+        # `is not None`: an empty guard has len() 0 and so is falsy.
+        self.call_guard = call_guard if call_guard is not None else CallLoopGuard()
+        self._sleep = sleep
+        self._clock = clock
+        self._max_attempts = max_attempts
+        self._max_retry_wait = max_retry_wait
+        self._secret = config.api_key.get_secret_value() if config.api_key else ""
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        """The tools offered to the model, by name."""
+        return self._tools
+
+    async def respond(self, turn: TurnContext) -> AgentResult:
+        """Run the tool-calling loop for one message; guard stops become short replies."""
+        msg = turn.message
+        session = msg.room if msg.thread_id is None else f"{msg.room}:{msg.thread_id}"
+        circuit = circuit_key(self.name, session)
+        guard = _TurnLoopGuard(
+            LoopGuardConfig.from_dict(turn.policy.tool_loop.model_dump()), clock=self._clock
+        )
+        messages: list[WireMessage] = []
+        if self._config.system_prompt:
+            messages.append({"role": "system", "content": self._config.system_prompt})
+        messages.append({"role": "user", "content": f"{msg.sender_name}: {msg.text}"})
+        calls: list[ToolCall] = []
+        rounds = self._config.max_tool_rounds
+        try:
+            for round_no in range(rounds + 1):
+                answer = await self._complete(circuit, messages, sender_is_bot=msg.sender_is_bot)
+                if not answer.tool_calls:
+                    return AgentResult(text=answer.content, tool_calls=tuple(calls))
+                if round_no == rounds:
+                    break
+                messages.append(_assistant_message(answer))
+                for call in answer.tool_calls:
+                    messages.append(await self._run_tool(guard, call, calls))
+        except _TurnEnded as ended:
+            return AgentResult(text=ended.text, tool_calls=tuple(calls), halted=ended.halted)
+        log.info("agent %s: stopped after %d tool rounds", self.name, rounds)
+        text = MSG_TOO_MANY_ROUNDS.format(rounds=rounds)
+        return AgentResult(text=text, tool_calls=tuple(calls), halted=True)
+
+    async def aclose(self) -> None:
+        """Close the HTTP session (a later turn opens a new one)."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def _run_tool(
+        self, guard: _TurnLoopGuard, call: _WireToolCall, calls: list[ToolCall]
+    ) -> WireMessage:
+        """Run one tool call under the turn's LoopGuard; the tool message for the model."""
+        name = call.function.name
+        raw_args = call.function.arguments
+        args = _parse_arguments(raw_args)
+        spec = self._tools.get(name)
+        timeout = self._config.timeout
+
+        async def run(**kwargs: object) -> object:
+            if spec is None:
+                known = ", ".join(self._tools) or "none"
+                raise LookupError(f"unknown tool {name!r} (available: {known})")
+            if not isinstance(args, dict):
+                raise TypeError(f"arguments must be a JSON object, got {raw_args!r}")
+            async with asyncio.timeout(timeout):
+                if inspect.iscoroutinefunction(spec.function):
+                    result: object = await spec.function(**kwargs)
+                else:
+                    result = await asyncio.to_thread(spec.function, **kwargs)
+                return result
+
+        guard_args: dict[str, object] = args if isinstance(args, dict) else {"_raw": raw_args}
+        try:
+            result = await guarded_call(guard, name, run, guard_args)
+        except Exception as exc:
+            verdict = guard.take_verdict()
+            calls.append(_tool_call(name, raw_args, verdict))
+            if verdict is not None and verdict.action is GuardAction.HALT:
+                raise self._halt(verdict, name) from exc
+            result = {"error": _failure_text(exc)}
+        else:
+            calls.append(_tool_call(name, raw_args, guard.take_verdict()))
+        return {"role": "tool", "tool_call_id": call.id, "content": _tool_content(result)}
+
+    def _halt(self, verdict: LoopGuardDecision, tool: str) -> _TurnEnded:
+        """The turn's end after a LoopGuard HALT: a short message naming what went wrong."""
+        log.info("agent %s: tool loop halted at %s (%s)", self.name, tool, verdict.code)
+        if verdict.code == "time_exceeded":
+            return _TurnEnded(MSG_TURN_TOO_LONG, halted=True)
+        return _TurnEnded(MSG_TOOL_LOOP.format(tool=tool), halted=True)
+
+    async def _complete(
+        self, circuit: str, messages: list[WireMessage], *, sender_is_bot: bool
+    ) -> _WireMessage:
+        """One model answer, retried on provider failures; guard refusals end the turn."""
+        payload: dict[str, object] = {"model": self._config.model, "messages": messages}
+        if self._wire_tools:
+            payload["tools"] = self._wire_tools
+        if self._config.temperature is not None:
+            payload["temperature"] = self._config.temperature
+        fingerprint = fingerprint_call(self._config.model, messages)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._max_attempts),
+            wait=self._wait,
+            retry=retry_if_exception(self._should_retry),
+            sleep=self._sleep,
+            reraise=True,
+        )
+        try:
+            completion: _Completion = await retrying(
+                self._attempt, circuit, fingerprint, payload, sender_is_bot
+            )
+        except _ProviderError as exc:
+            log.warning(
+                "agent %s: model call to %s failed: %s",
+                self.name,
+                self._url,
+                self._redact(str(exc)),
+            )
+            raise _TurnEnded(MSG_PROVIDER_DOWN, halted=False) from None
+        if not completion.choices:
+            log.warning("agent %s: model answered with no choices", self.name)
+            raise _TurnEnded(MSG_PROVIDER_DOWN, halted=False)
+        return completion.choices[0].message
+
+    async def _attempt(
+        self,
+        circuit: str,
+        fingerprint: str,
+        payload: Mapping[str, object],
+        sender_is_bot: bool,
+    ) -> _Completion:
+        """One HTTP request, if the call guard allows it; a provider failure is uncounted."""
+        decision = self.call_guard.check(circuit=circuit, fingerprint=fingerprint)
+        if not decision.allowed:
+            raise self._refused(decision, sender_is_bot=sender_is_bot)
+        try:
+            return await self._post(payload)
+        except _ProviderError as exc:
+            self.call_guard.record_outcome(decision, status=exc.status, error=exc.reason)
+            raise
+
+    def _refused(self, decision: CallDecision, *, sender_is_bot: bool) -> _TurnEnded:
+        """The turn's end when the call guard refuses a model call."""
+        log.warning(
+            "agent %s: model call refused (%s) on %s, %d identical calls, %.0f s left",
+            self.name,
+            decision.code,
+            decision.circuit,
+            decision.count,
+            decision.retry_after,
+        )
+        pause = format_duration(decision.retry_after)
+        if decision.code == "loop_detected":
+            return _TurnEnded(MSG_CALL_LOOP.format(pause=pause), halted=True)
+        text = None if sender_is_bot else MSG_CALL_PAUSED.format(pause=pause)
+        return _TurnEnded(text, halted=True)
+
+    def _client(self) -> aiohttp.ClientSession:
+        """The agent's one HTTP session, created on first use (it needs a running loop)."""
+        if self._session is None or self._session.closed:
+            self._session = self._session_factory()
+        return self._session
+
+    async def _post(self, payload: Mapping[str, object]) -> _Completion:
+        """POST /chat/completions; HTTP errors, timeouts and bad bodies become _ProviderError."""
+        headers = {"Authorization": f"Bearer {self._secret}"} if self._secret else {}
+        timeout = aiohttp.ClientTimeout(total=self._config.timeout)
+        try:
+            async with self._client().post(
+                self._url, json=payload, headers=headers, timeout=timeout
+            ) as response:
+                if response.status >= 400:
+                    detail = _error_detail(await response.text())
+                    retry_after = parse_retry_after(response.headers)
+                    raise _ProviderError(response.status, detail, retry_after)
+                body = await response.json(content_type=None)
+        except TimeoutError:
+            raise _ProviderError(None, "timeout") from None
+        except aiohttp.ClientError as exc:
+            raise _ProviderError(None, f"connection failed ({type(exc).__name__})") from None
+        except ValueError:
+            raise _ProviderError(None, "invalid response") from None
+        try:
+            return _Completion.model_validate(body)
+        except ValidationError:
+            raise _ProviderError(None, "invalid response") from None
+
+    def _should_retry(self, exc: BaseException) -> bool:
+        """Retry provider failures, unless asked to wait longer than we are willing to."""
+        if not isinstance(exc, _ProviderError) or not exc.transient:
+            return False
+        return exc.retry_after is None or exc.retry_after <= self._max_retry_wait
+
+    def _wait(self, state: RetryCallState) -> float:
+        """Retry-After when the provider gave one, else exponential backoff."""
+        outcome = state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if isinstance(exc, _ProviderError) and exc.retry_after is not None:
+            return exc.retry_after
+        return float(wait_exponential(multiplier=0.5, max=8)(state))
+
+    def _redact(self, text: str) -> str:
+        """Text with the API key masked, should a provider ever echo it."""
+        return text.replace(self._secret, "***") if self._secret else text
+
+
+def _parse_arguments(raw: str) -> object:
+    """The model's JSON arguments; None when they are not JSON (the call then fails)."""
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        return None
+
+
+def _assistant_message(answer: _WireMessage) -> WireMessage:
+    """The assistant's tool-call message, echoed back so tool results can refer to it."""
+    return {
+        "role": "assistant",
+        "content": answer.content,
+        "tool_calls": [call.model_dump() for call in answer.tool_calls or ()],
+    }
+
+
+def _tool_call(name: str, arguments: str, verdict: LoopGuardDecision | None) -> ToolCall:
+    """The record of one tool call with the guard's verdict."""
+    if verdict is None:
+        return ToolCall(name, arguments, GuardAction.ALLOW.value, "ok")
+    return ToolCall(name, arguments, verdict.action.value, verdict.code)
+
+
+def _failure_text(exc: Exception) -> str:
+    """A failed tool call as the model sees it, with any loop-guard note attached."""
+    notes = " ".join(getattr(exc, "__notes__", ()))
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text} {notes}" if notes else text
+
+
+def _tool_content(result: object) -> str:
+    """A tool result as the text of a tool message: strings as they are, the rest as JSON."""
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, ensure_ascii=False, default=str)
+
+
+def _error_detail(text: str) -> str:
+    """The provider's error message from an error body, shortened for the log."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text[:_ERROR_DETAIL_MAX]
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return str(message if message is not None else text)[:_ERROR_DETAIL_MAX]

@@ -1,0 +1,217 @@
+"""Every user-facing string the gateway posts in a room, kept in one module.
+
+Refusals name no config key, no admin id and neither of the words that would tell a
+stranger how access is granted; notices are one short line. Durations are written for
+people ("90 s", "10 min", "2 h 5 min"), never as raw floats.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import yaml
+
+from gateway.config import Policy
+
+REFUSAL = "Sorry, you can't run loop commands here."
+SILENCE_NOTICE = "(nothing to add)"
+TIMEOUT_NOTICE = "Sorry, that took too long to answer, so I gave up on it."
+
+
+def format_duration(seconds: float) -> str:
+    """A short human duration: `45 s`, `10 min`, `1 min 30 s`, `2 h 5 min`, `1 d 3 h`."""
+    if math.isinf(seconds):
+        return "until resumed"
+    total = max(0, math.ceil(seconds))
+    if total < 60:
+        return f"{total} s"
+    units = (("d", 86_400), ("h", 3_600), ("min", 60), ("s", 1))
+    parts: list[str] = []
+    for name, size in units:
+        amount, total = divmod(total, size)
+        if amount:
+            parts.append(f"{amount} {name}")
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def cooldown_notice(
+    a: str, b: str, *, cooldown: float, budget: int, window: float, prefix: str
+) -> str:
+    """Posted once per cooldown when a bot pair goes quiet."""
+    return (
+        f"Loop guard: pausing replies between {a} and {b} for {format_duration(cooldown)} "
+        f"({budget} bot messages in {format_duration(window)}). An admin can {prefix} reset."
+    )
+
+
+def help_text(prefix: str) -> str:
+    """The list of loop commands, with the prefix the platform allows (`/loop` or `!loop`)."""
+    return "\n".join(
+        (
+            "Loop guard commands:",
+            f"{prefix} status - this room's policy, bot pairs, pause and recent refusals",
+            f"{prefix} reset - clear this room's bot-pair budgets and bot-turn count",
+            f"{prefix} reset all - clear the bot-pair budgets of every room",
+            f"{prefix} reset <bot> - clear one bot's pair budgets everywhere",
+            f"{prefix} pause [30s|10m|2h|1d] - stop answering here (no duration: until resume)",
+            f"{prefix} resume - end a pause",
+            f"{prefix} set <field> <value> - change this room's policy, "
+            f"e.g. {prefix} set bot_loop.max_events_per_window 6",
+            f"{prefix} policy - show this room's effective policy",
+            f"{prefix} help - this list",
+        )
+    )
+
+
+def reset_room_ack(pairs: int) -> str:
+    """Acknowledges `reset` in one room."""
+    return f"Loop guard reset for this room: {_pairs(pairs)} cleared, bot-turn count back to 0."
+
+
+def reset_all_ack(pairs: int) -> str:
+    """Acknowledges `reset all`."""
+    return f"Loop guard reset everywhere: {_pairs(pairs)} cleared."
+
+
+def reset_bot_ack(bot: str, pairs: int) -> str:
+    """Acknowledges `reset <bot>`."""
+    return f"Loop guard reset for {bot}: {_pairs(pairs)} cleared."
+
+
+def pause_ack(seconds: float | None, prefix: str) -> str:
+    """Acknowledges `pause`."""
+    if seconds is None:
+        return f"Paused: bots won't answer in this room until {prefix} resume."
+    return (
+        f"Paused: bots won't answer in this room for {format_duration(seconds)} "
+        f"({prefix} resume ends it sooner)."
+    )
+
+
+def bad_duration(text: str) -> str:
+    """Explains a `pause` duration that could not be read."""
+    return f"Can't pause for {text!r}: give a duration like 30s, 10m, 2h or 1d, or none."
+
+
+def resume_ack(was_paused: bool) -> str:
+    """Acknowledges `resume`."""
+    return "Resumed: bots answer in this room again." if was_paused else "This room wasn't paused."
+
+
+def set_ack(field: str, value: object) -> str:
+    """Acknowledges a stored `set`."""
+    return f"Set {field} = {_yaml_value(value)} for this room."
+
+
+def set_usage(prefix: str) -> str:
+    """Explains how `set` is written."""
+    return (
+        f"Usage: {prefix} set <field> <value>, e.g. {prefix} set bot_loop.max_events_per_window 6"
+    )
+
+
+def set_refused(field: str, reason: str) -> str:
+    """Explains why a `set` was not stored."""
+    return f"Can't set {field}: {reason}. Nothing was changed."
+
+
+def unknown_field(known: Sequence[str]) -> str:
+    """The reason for a `set` on a field that does not exist."""
+    return "no such field (try one of: " + ", ".join(known) + ")"
+
+
+def policy_text(room: str, policy: Policy) -> str:
+    """The effective policy of a room as compact YAML in a code block."""
+    body = yaml.safe_dump(
+        policy.model_dump(mode="json"), sort_keys=False, default_flow_style=None, width=1000
+    ).rstrip()
+    return f"Effective policy for {room}:\n```yaml\n{body}\n```"
+
+
+@dataclass(frozen=True, slots=True)
+class PairLine:
+    """One bot pair as `status` shows it (names already resolved)."""
+
+    a: str
+    b: str
+    count: int
+    cooldown_left: float
+
+
+@dataclass(frozen=True, slots=True)
+class RefusalLine:
+    """One recent refusal as `status` shows it."""
+
+    age: float
+    stage: str
+    code: str
+    detail: str
+
+
+def status_text(
+    room: str,
+    policy: Policy,
+    *,
+    paused: float | None,
+    pairs: Sequence[PairLine],
+    refusals: Sequence[RefusalLine],
+) -> str:
+    """The answer to `status`: policy summary, pause, pairs held and recent refusals."""
+    lines = [f"Loop status for {room}", "Policy: " + policy_summary(policy)]
+    if paused is None:
+        lines.append("Paused: no")
+    elif math.isinf(paused):
+        lines.append("Paused: yes, until resumed")
+    else:
+        lines.append(f"Paused: yes, {format_duration(paused)} left")
+    if pairs:
+        lines.append("Bot pairs:")
+        lines.extend(
+            f"  {p.a} ↔ {p.b}: cooling down, {format_duration(p.cooldown_left)} left"
+            if p.cooldown_left > 0
+            else f"  {p.a} ↔ {p.b}: {p.count} in window"
+            for p in pairs
+        )
+    else:
+        lines.append("Bot pairs: none")
+    if refusals:
+        lines.append("Recent refusals:")
+        lines.extend(
+            f"  {format_duration(r.age)} ago: {r.stage} {r.code} ({r.detail})" for r in refusals
+        )
+    else:
+        lines.append("Recent refusals: none")
+    return "\n".join(lines)
+
+
+def policy_summary(policy: Policy) -> str:
+    """One line: who is answered, the pair budget, the bot-turn cap, silence handling."""
+    loop = policy.bot_loop
+    respond = policy.respond_to
+    guard = (
+        f"pair budget {loop.max_events_per_window} per {format_duration(loop.window_seconds)}, "
+        f"cooldown {format_duration(loop.cooldown_seconds)}, "
+        f"bot-turn cap {loop.max_consecutive_bot_turns or 'off'}"
+        if loop.enabled
+        else "bot loop guard off"
+    )
+    silence = (
+        f"silence tokens {', '.join(policy.silence.tokens)} "
+        f"(addressed humans: {policy.silence.on_addressed_human_turn})"
+        if policy.silence.enabled
+        else "silence filter off"
+    )
+    return f"answers humans: {respond.humans}, bots: {respond.bots}; {guard}; {silence}"
+
+
+def _pairs(count: int) -> str:
+    return f"{count} bot pair" + ("" if count == 1 else "s")
+
+
+def _yaml_value(value: object) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000)
+    return text.removesuffix("...\n").strip()

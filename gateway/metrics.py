@@ -1,0 +1,117 @@
+"""Prometheus counters of one gateway, on a registry of its own.
+
+A dedicated `CollectorRegistry` (not the process-global one) lets tests and several
+gateways share a process without "duplicated timeseries" errors. The counters sit on the
+per-message hot path, where a prometheus-client `Counter` child costs a lock and a few
+calls per increment; so counts are kept in plain dicts (every increment happens on the
+event loop's thread) and turned into counter families only when `/metrics` is scraped,
+by a collector registered on that registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """One counter's exposition name (without `_total`), help text and label names."""
+
+    name: str
+    documentation: str
+    labels: tuple[str, ...]
+
+
+_FAMILIES = (
+    _Family("messages_in", "Inbound messages handed to the pipeline", ("platform",)),
+    _Family("replies_out", "Replies delivered to a platform", ("platform",)),
+    _Family("refusals", "Messages a stage refused to answer", ("stage", "reason")),
+    _Family("guard_decisions", "Guard verdicts by guard and code", ("guard", "code")),
+    _Family("delivery_retries", "Sends retried after a transient failure", ("platform",)),
+    _Family("delivery_failures", "Replies that could not be delivered", ("platform",)),
+    _Family("errors", "Unexpected errors, by the stage they escaped from", ("stage",)),
+)
+
+
+class _Counts(Collector):
+    """The counts of every family, exposed as counters at scrape time."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, dict[tuple[str, ...], int]] = {f.name: {} for f in _FAMILIES}
+
+    def collect(self) -> Iterator[Metric]:
+        for family in _FAMILIES:
+            metric = CounterMetricFamily(
+                family.name, family.documentation, labels=list(family.labels)
+            )
+            for labels, value in list(self.values[family.name].items()):
+                metric.add_metric(list(labels), value)
+            yield metric
+
+
+class Metrics:
+    """The gateway's counters; the runtime serves `render()` (or the registry) at `/metrics`."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self._counts = _Counts()
+        self.registry.register(self._counts)
+        values = self._counts.values
+        self._messages_in = values["messages_in"]
+        self._replies_out = values["replies_out"]
+        self._refusals = values["refusals"]
+        self._guard_decisions = values["guard_decisions"]
+        self._delivery_retries = values["delivery_retries"]
+        self._delivery_failures = values["delivery_failures"]
+        self._errors = values["errors"]
+
+    def message_in(self, platform: str) -> None:
+        """Count one inbound message."""
+        key = (platform,)
+        self._messages_in[key] = self._messages_in.get(key, 0) + 1
+
+    def reply_out(self, platform: str) -> None:
+        """Count one reply delivered (all of its chunks)."""
+        key = (platform,)
+        self._replies_out[key] = self._replies_out.get(key, 0) + 1
+
+    def refusal(self, stage: str, reason: str) -> None:
+        """Count one message a stage refused."""
+        key = (stage, reason)
+        self._refusals[key] = self._refusals.get(key, 0) + 1
+
+    def guard_decision(self, guard: str, code: str) -> None:
+        """Count one guard verdict, admitted or not."""
+        key = (guard, code)
+        self._guard_decisions[key] = self._guard_decisions.get(key, 0) + 1
+
+    def delivery_retry(self, platform: str) -> None:
+        """Count one retried send."""
+        key = (platform,)
+        self._delivery_retries[key] = self._delivery_retries.get(key, 0) + 1
+
+    def delivery_failure(self, platform: str) -> None:
+        """Count one reply given up on."""
+        key = (platform,)
+        self._delivery_failures[key] = self._delivery_failures.get(key, 0) + 1
+
+    def error(self, stage: str) -> None:
+        """Count one unexpected error."""
+        key = (stage,)
+        self._errors[key] = self._errors.get(key, 0) + 1
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one sample (`refusals_total`, stage=…), 0 when absent."""
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    def render(self) -> bytes:
+        """The text exposition format, for `/metrics`."""
+        return generate_latest(self.registry)

@@ -1,0 +1,26 @@
+"""The pipeline's stages, one module each; `gateway.stages` assembles them in order."""
+
+from gateway.middlewares.admin import AdminMiddleware
+from gateway.middlewares.admission import AdmissionMiddleware
+from gateway.middlewares.agent_dispatch import AgentDispatchMiddleware
+from gateway.middlewares.bot_loop import BotLoopMiddleware
+from gateway.middlewares.channel_policy import ChannelPolicyMiddleware, PolicyCache
+from gateway.middlewares.dedupe import DedupeMiddleware
+from gateway.middlewares.delivery import DeliveryMiddleware
+from gateway.middlewares.errors import ErrorsMiddleware
+from gateway.middlewares.self_filter import SelfFilterMiddleware
+from gateway.middlewares.silence import SilenceMiddleware
+
+__all__ = [
+    "AdminMiddleware",
+    "AdmissionMiddleware",
+    "AgentDispatchMiddleware",
+    "BotLoopMiddleware",
+    "ChannelPolicyMiddleware",
+    "DedupeMiddleware",
+    "DeliveryMiddleware",
+    "ErrorsMiddleware",
+    "PolicyCache",
+    "SelfFilterMiddleware",
+    "SilenceMiddleware",
+]

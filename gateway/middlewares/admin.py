@@ -1,0 +1,118 @@
+"""Admin commands in chat: `/loop …` and `!loop …` (also `/loop@botname …`) as the first word.
+
+The stage parses, authorises, claims and audits; `AdminService` does the work. A command
+never reaches the agent. It is executed and acknowledged once per message however many
+hosted bots see it (`admin:` + message key, claimed in the state store), and that one
+execution writes the one audit entry. A bot's command is dropped unexecuted and
+unanswered (audited); a person not listed for the platform gets a short refusal that
+gives nothing away. Authorisation is by platform user id, never by display name.
+
+Decisions where DESIGN.md is silent:
+- The prefix is matched case-insensitively and a Telegram `@botname` suffix is ignored
+  whichever hosted bot it names: the command concerns the room, not one bot.
+- The acknowledgement quotes the prefix the person used, so Slack users see `!loop`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway import messages
+from gateway.admin import AdminService
+from gateway.config import Config
+from gateway.context import TurnContext
+from gateway.pipeline import Handler
+from gateway.refusals import DecisionLog
+from gateway.state.base import AuditEntry
+from gateway.types import Reply
+
+_PREFIXES = ("/loop", "!loop")
+_AUDITED_COMMAND_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A parsed admin command: the prefix as typed (lower-cased) and the words after it."""
+
+    prefix: str
+    args: tuple[str, ...]
+
+
+def parse_command(text: str) -> Command | None:
+    """The command in `text`, or None when its first word is not `/loop` or `!loop`."""
+    stripped = text.lstrip()
+    if stripped[:5].lower() not in _PREFIXES:
+        return None
+    words = stripped.split()
+    prefix = words[0].lower().partition("@")[0]
+    if prefix not in _PREFIXES:
+        return None
+    return Command(prefix, tuple(words[1:]))
+
+
+class AdminMiddleware:
+    """Handles `/loop` commands; everything else goes on to the inner stages."""
+
+    def __init__(
+        self,
+        config: Config,
+        admin: AdminService,
+        decisions: DecisionLog,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._admins = config.admins
+        self._ttl = config.pipeline.dedupe_ttl_seconds
+        self._admin = admin
+        self._decisions = decisions
+        self._wall_clock = wall_clock
+
+    async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+        msg = ctx.message
+        self._admin.register_bot(msg.bot_id, msg.bot_user_id)
+        command = parse_command(msg.text)
+        if command is None:
+            return await call_next(ctx)
+        if not await ctx.state.claim("admin:" + msg.message_key, self._ttl):
+            # Another hosted bot that sees this message runs it; a command never goes on.
+            return None
+        if msg.sender_is_bot:
+            await self._audit(ctx, allowed=False, outcome="ignored: sent by a bot")
+            self._decisions.refuse(ctx, "admin", "bot_command", "bots cannot run commands")
+            return None
+        if msg.sender_id not in self._admins.for_platform(msg.platform):
+            await self._audit(ctx, allowed=False, outcome="refused")
+            self._decisions.refuse(ctx, "admin", "not_authorised", "command refused")
+            return Reply(
+                messages.REFUSAL,
+                thread_id=msg.thread_id,
+                reply_to=msg.message_id,
+                ephemeral_to=msg.sender_id,
+            )
+        ack = await self._admin.run(
+            msg.room, command.args, thread_id=msg.thread_id, prefix=command.prefix
+        )
+        outcome = "done" if ack.ok else "rejected"
+        await self._audit(ctx, allowed=True, outcome=outcome)
+        words = " ".join(command.args[:1]) or "help"
+        self._decisions.note(
+            ctx, "admin", words, f"{words} by {msg.sender_name or msg.sender_id} ({outcome})"
+        )
+        return Reply(ack.text, thread_id=msg.thread_id, reply_to=msg.message_id)
+
+    async def _audit(self, ctx: TurnContext, *, allowed: bool, outcome: str) -> None:
+        msg = ctx.message
+        await ctx.state.audit(
+            AuditEntry(
+                at=self._wall_clock(),
+                platform=msg.platform,
+                room=msg.room,
+                user_id=msg.sender_id,
+                user_name=msg.sender_name,
+                command=msg.text.strip()[:_AUDITED_COMMAND_CHARS],
+                allowed=allowed,
+                outcome=outcome,
+            )
+        )

@@ -1,0 +1,51 @@
+"""Silence filter: NO_REPLY and silence narration never reach the platform.
+
+The agent's reply passes through `apply_silence` with the room's SilencePolicy: a reply
+that is only a silence token (or narration such as `(no reply)`) becomes nothing, and a
+token alone on the first or last line is stripped. An agent that returns no text at all
+chose silence too. When silence meets a human who addressed the bot (mention, reply to
+it, direct message), `on_addressed_human_turn: notice` answers with a short notice so the
+person is not left wondering; `silent` stays silent. `silence.enabled: false` passes
+every reply through untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gateway import messages
+from gateway.context import TurnContext
+from gateway.middlewares.channel_policy import PolicyCache
+from gateway.pipeline import Handler
+from gateway.refusals import DecisionLog
+from gateway.types import Reply
+from guards.silence import apply_silence
+
+
+class SilenceMiddleware:
+    """Filters the agent's reply; may turn an addressed human's silence into a notice."""
+
+    def __init__(self, policies: PolicyCache, decisions: DecisionLog) -> None:
+        self._policies = policies
+        self._decisions = decisions
+        self._metrics = decisions.metrics
+
+    async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+        reply = await call_next(ctx)
+        settings = ctx.policy.silence
+        if not settings.enabled or ctx.result is None:
+            return reply
+        if reply is not None:
+            kept = apply_silence(reply.text, self._policies.derived(ctx.policy).silence)
+            if kept == reply.text:
+                self._metrics.guard_decision("silence", "sent")
+                return reply
+            if kept is not None:
+                self._decisions.guard(ctx, "silence", "stripped", "silence token stripped")
+                return replace(reply, text=kept)
+        msg = ctx.message
+        if settings.on_addressed_human_turn == "notice" and msg.addressed and not msg.sender_is_bot:
+            self._decisions.guard(ctx, "silence", "notice", "silence for an addressed human")
+            return Reply(messages.SILENCE_NOTICE, thread_id=msg.thread_id, reply_to=msg.message_id)
+        self._decisions.guard(ctx, "silence", "silent", "the agent chose silence")
+        return None

@@ -1,0 +1,151 @@
+"""Recording a stage's verdict: the decision log line, its counter, and recent refusals.
+
+Every refusal goes to the `loopwarden.decision` logger with a line a person can read in
+a terminal (`discord:123 bot_loop refused budget_exceeded (event 21 over 20 per 60 s,
+cooldown 60 s) pair=parrot↔echo`) and structured `extra` fields (`decision`, `stage`,
+`room`, `bot`, `sender`) for JSON log handlers; admitted guard verdicts go there at DEBUG.
+The refusals of the admission and bot-loop stages are also kept, a few per room, in an
+in-process ring buffer that `/loop status` shows. The message text is never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.context import TurnContext
+from gateway.metrics import Metrics
+
+decision_log = logging.getLogger("loopwarden.decision")
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """One refused message, as `status` lists it: when, which stage, why, and between whom."""
+
+    at: float
+    stage: str
+    code: str
+    detail: str
+    bot: str
+    sender: str
+
+
+class RecentRefusals:
+    """The newest refusals per room, bounded both per room and in the number of rooms."""
+
+    def __init__(
+        self,
+        *,
+        per_room: int = 10,
+        max_rooms: int = 10_000,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self._per_room = per_room
+        self._max_rooms = max_rooms
+        self.clock = clock or time.monotonic
+        self._rooms: OrderedDict[str, deque[Refusal]] = OrderedDict()
+
+    def add(self, room: str, stage: str, code: str, detail: str, *, bot: str, sender: str) -> None:
+        """Remember one refusal; the least recently refused room goes when the cap is hit."""
+        entries = self._rooms.get(room)
+        if entries is None:
+            if len(self._rooms) >= self._max_rooms:
+                self._rooms.popitem(last=False)
+            entries = self._rooms[room] = deque(maxlen=self._per_room)
+        else:
+            self._rooms.move_to_end(room)
+        entries.append(Refusal(self.clock(), stage, code, detail, bot, sender))
+
+    def recent(self, room: str, limit: int = 5) -> list[Refusal]:
+        """The room's newest refusals, newest first."""
+        entries = self._rooms.get(room)
+        if not entries:
+            return []
+        return list(reversed(entries))[:limit]
+
+
+class DecisionLog:
+    """How stages record verdicts: on the turn, in the log, in metrics and for `status`."""
+
+    def __init__(self, metrics: Metrics, recent: RecentRefusals) -> None:
+        self.metrics = metrics
+        self.recent = recent
+
+    def refuse(
+        self,
+        ctx: TurnContext,
+        stage: str,
+        code: str,
+        detail: str,
+        *,
+        who: str = "",
+        retry_after: float = 0.0,
+        count: int = 0,
+        level: int = logging.INFO,
+        remember: bool = False,
+    ) -> None:
+        """Record that `stage` dropped this turn for `code`; `detail` explains it in words."""
+        ctx.decide(stage, code, detail, retry_after=retry_after, count=count)
+        self.metrics.refusal(stage, code)
+        msg = ctx.message
+        if remember:
+            self.recent.add(msg.room, stage, code, detail, bot=msg.bot_id, sender=msg.sender_name)
+        if decision_log.isEnabledFor(level):
+            decision_log.log(
+                level,
+                "%s %s refused %s (%s) %s",
+                msg.room,
+                stage,
+                code,
+                detail,
+                who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}",
+                extra=_extra(ctx, code, stage),
+            )
+
+    def guard(
+        self,
+        ctx: TurnContext,
+        guard: str,
+        code: str,
+        detail: str,
+        *,
+        who: str = "",
+        retry_after: float = 0.0,
+        count: int = 0,
+    ) -> None:
+        """Record an admitted guard verdict: counted always, logged at DEBUG."""
+        ctx.decide(guard, code, detail, retry_after=retry_after, count=count)
+        self.metrics.guard_decision(guard, code)
+        if decision_log.isEnabledFor(logging.DEBUG):
+            msg = ctx.message
+            decision_log.debug(
+                "%s %s %s (%s) %s",
+                msg.room,
+                guard,
+                code,
+                detail,
+                who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}",
+                extra=_extra(ctx, code, guard),
+            )
+
+    def note(self, ctx: TurnContext, stage: str, code: str, text: str) -> None:
+        """Log an event that is not a refusal (a notice posted, a command run) at INFO."""
+        if decision_log.isEnabledFor(logging.INFO):
+            decision_log.info(
+                "%s %s %s", ctx.message.room, stage, text, extra=_extra(ctx, code, stage)
+            )
+
+
+def _extra(ctx: TurnContext, code: str, stage: str) -> dict[str, object]:
+    msg = ctx.message
+    return {
+        "decision": code,
+        "stage": stage,
+        "room": msg.room,
+        "bot": msg.bot_id,
+        "sender": msg.sender_id,
+    }

@@ -1,0 +1,1239 @@
+"""Repeated LLM calls: fingerprint each call and stop a circuit that keeps sending the same one.
+
+A call's fingerprint (`fingerprint_call`) is the model, the last two messages and the
+attachments' content hashes, after the volatile tokens that change every round without
+changing the question (dates, times, UUIDs, hex ids, provider ids, numbers of 5+ digits)
+are replaced by one placeholder. A circuit (`circuit_key`) is an agent (or key id) plus
+session, plus step when given. `CallLoopGuard.check` refuses the call that would be the
+(max_repeats + 1)-th identical one on its circuit inside the window (`loop_detected`) and
+pauses the circuit: until the pause ends or `reopen`, every call on it gets `loop_paused`.
+Uniqueness rules (`UniquenessRule`) cap calls that share chosen fields (`duplicate_call`).
+
+Decisions the design left open:
+- Normalisation works on UTF-8 bytes. All digits are first mapped to "0" in a copy (same
+  offsets), so the regex engine's fast literal-prefix search visits digits only, and
+  every volatile token is anchored at its first digit; the few kinds with letters before
+  that digit (hex ids and UUIDs such as "deadbeef12", month names such as "Nov 30 2026",
+  an optional weekday) are widened to the left in Python. Provider ids keep their prefix
+  ("call_Abc123" becomes "call_" + placeholder) and need a digit or a capital letter in
+  their suffix, so words such as "run_tests" stay. A UUID whose first group has no
+  digit, a date without a year ("Nov 30") and thousands separators ("12,345") are not
+  normalised. The placeholder counts as a word character, which keeps it idempotent.
+- Message structure: dict keys are sorted; `id`, `tool_call_id`, `tool_use_id`,
+  `filename`, `file_name`, media/mime types and `cache_control` are dropped in messages
+  and content parts, never inside tool arguments or tool output (there an "id" is data).
+  A tool or participant `name` is kept: it is part of the question. Base64 payloads
+  (data URLs anywhere; `data`, `file_data`, `b64_json` in content parts) hash by their
+  decoded bytes. A string attachment that is neither a data URL nor base64 (a remote URL)
+  hashes by its text: a pure guard cannot fetch it.
+- Step: with a step (the `step=` argument here, the "step" field in `check`), a call is
+  identified by model + step and its text is ignored, so "attempt 3" and "attempt 4" sent
+  with the same step are the same call; `circuit_key` also puts the step in the circuit.
+- Counting: `check` counts an allowed call at once (so concurrent repeats are caught
+  before they reach the provider) and hands back a receipt; `record_outcome` uncounts it
+  when the provider failed (429, 408, 5xx, or no status with an error: timeout, dropped
+  connection). Other 4xx and successes stay counted. Refused calls are never counted.
+- Opening a pause forgets no count: calls before it still count in their window, so even
+  a pause shorter than the window never lets more than max_repeats through per window.
+  `reopen` (an admin's decision) lifts a pause and forgets the counts before it.
+- A rule applies to a call that carries every field of the rule (a missing or empty field
+  means the rule does not apply) and matches all its filters; "prompt" is the `prompt`
+  field when given, else the call's fingerprint. The rule's key is the tuple of its field
+  values. Action "pause" pauses the rule's group (the same key without the prompt: "even
+  with a different prompt") for `pause_seconds`, not the whole circuit, so other
+  customers keep going; the call that trips it gets `duplicate_call`, later calls of the
+  group `loop_paused`. `paused()` and `reopen()` list and take both circuit keys and
+  rule-group keys ("rule=NAME/field=value/...").
+- Memory: call windows are one LRU table keyed by (circuit, call); entries whose last
+  event left the window are swept a few per call, the table is rebuilt when it shrank to
+  a quarter, and `max_circuits` caps each table (the LRU entry goes first). `now` must not
+  go backwards.
+- Messages never contain secrets as long as the circuit root is an agent name or a key
+  id, never the raw key: it is echoed in refusals and in `paused()`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import math
+import re
+import threading
+import time
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+from urllib.parse import quote, unquote_to_bytes
+
+CallCode = Literal["ok", "loop_detected", "loop_paused", "duplicate_call"]
+RuleAction = Literal["reject", "pause"]
+
+RULE_FIELDS: tuple[str, ...] = (
+    "session",
+    "step",
+    "agent",
+    "customer",
+    "user",
+    "feature",
+    "model",
+    "prompt",
+)
+MIN_RULE_WINDOW = 1.0
+MAX_RULE_WINDOW = 86_400.0
+
+# User-facing refusal texts (the proxy puts them in the provider-shaped 429 body).
+MSG_LOOP_DETECTED = (
+    "loopwarden: likely agent loop ({circuit} keeps repeating the same request). "
+    "Calls paused for {seconds} seconds."
+)
+MSG_LOOP_PAUSED = (
+    "loopwarden: calls on {circuit} are paused after a likely loop; retry in {seconds} seconds."
+)
+MSG_RULE_PAUSED = (
+    "loopwarden: calls like this one are paused by rule {rule}; retry in {seconds} seconds."
+)
+MSG_DUPLICATE = (
+    "loopwarden: rule {rule} allows {limit} such call(s) per {window} seconds; "
+    "retry in {seconds} seconds."
+)
+MSG_DUPLICATE_PAUSED = (
+    "loopwarden: rule {rule} allows {limit} such call(s) per {window} seconds; "
+    "calls like this one are paused for {seconds} seconds."
+)
+
+# --------------------------------------------------------------------------------------
+# Normalisation of volatile tokens
+# --------------------------------------------------------------------------------------
+
+_MARK = b"\x00"
+# The placeholder is a word character for every boundary test, so that text next to a
+# replaced token is judged the same way in a second pass (idempotence).
+_W = r"[0-9A-Za-z\x00]"
+_D = "[0-9]"
+_H = "[0-9a-fA-F]"
+_END = f"(?!{_W})"
+_MONTHS = (
+    "jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
+    "|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?"
+)
+_WEEKDAYS = (
+    "mon(?:day)?|tue(?:s(?:day)?)?|wed(?:nesday)?|thu(?:r(?:s(?:day)?)?)?|fri(?:day)?"
+    "|sat(?:urday)?|sun(?:day)?"
+)
+_ORDINAL = "(?:st|nd|rd|th)?"
+# After a run of 1-4 digits, what can follow in a date or time token: an ordinal, am/pm,
+# or spaces and a month (two letters are enough to skip "page 12 of"). Explicit case
+# classes: this runs at every number, and (?i:) is slower.
+_SHORT_RUN_FOLLOWERS = (
+    "[sS][tT]|[nN][dD]|[rR][dD]|[tT][hH]| ?[aApP]\\.?[mM]"
+    "| +(?:[jJ][aAuU]|[fF][eE]|[mM][aA]|[aA][pPuU]|[sS][eE]|[oO][cC]|[nN][oO]|[dD][eE])"
+)
+_AMPM = r"(?i:[ap]\.?m\.?)"
+_UUID_TAIL = f"-{_H}{{4}}-{_H}{{4}}-{_H}{{4}}-{_H}{{12}}{_END}"
+
+# Run on a copy where every digit is "0": the literal "0" prefix makes the engine jump
+# from digit to digit. Each alternative continues after the token's first digit.
+_SHORT_RUN_TOKENS = "|".join(
+    (
+        # 10:05, 10:05:33.5, 10:05 pm (first: the most common, and the kinds are disjoint)
+        f"{_D}?:{_D}{{2}}(?::{_D}{{2}}(?:[.,]{_D}+)?)?(?: ?{_AMPM})?{_END}",
+        # ISO date, optionally with time and zone: 2026-11-30T10:05:33.120+01:00
+        f"{_D}{{3}}-{_D}{{2}}-{_D}{{2}}"
+        f"(?:[T ]{_D}{{2}}:{_D}{{2}}(?::{_D}{{2}}(?:[.,]{_D}+)?)?"
+        f"(?:Z|[+-]{_D}{{2}}(?::?{_D}{{2}})?)?)?"
+        f"{_END}",
+        f"{_D}{{3}}/{_D}{{1,2}}/{_D}{{1,2}}{_END}",  # 2026/11/30
+        # 30/11/2026, 11/30/26, 30-11-2026, 30.11.2026
+        f"{_D}?(?:/{_D}{{1,2}}/(?:{_D}{{4}}|{_D}{{2}})|-{_D}{{1,2}}-{_D}{{4}}"
+        f"|\\.{_D}{{1,2}}\\.{_D}{{4}}){_END}",
+        # 30 Nov 2026, 1st December, 2026 (a weekday before it is widened in Python)
+        f"(?P<ddate>{_D}?{_ORDINAL} +(?i:{_MONTHS})\\.?,? +{_D}{{4}}{_END})",
+        f"{_D}? ?{_AMPM}{_END}",  # 3pm, 11 a.m.
+    )
+)
+_TOKEN_RX = re.compile(
+    (
+        f"0(?<!{_D}0)(?:"
+        # Tokens that start at a word boundary: UUIDs and hex ids whose first character is
+        # a digit, then dates and times (a run of 1-4 digits and what may follow it).
+        f"(?<!{_W}0)(?:"
+        f"{_H}{{7}}(?:{_UUID_TAIL}|{_H}*{_END})"
+        f"|(?={_D}{{0,3}}+(?:[-/.:]|{_SHORT_RUN_FOLLOWERS}))"
+        f"(?:{_SHORT_RUN_TOKENS})"
+        ")"
+        # UUID or hex id with letters before its first digit: widened and checked in Python.
+        f"|(?<=[a-fA-F]0)(?:(?P<uuidl>{_H}{{0,7}}{_UUID_TAIL})|(?P<hexl>{_H}*{_END}))"
+        # Nov 30 2026, Nov. 30th, 2026: the month name before it is checked in Python.
+        f"|(?P<mdate>(?<=[A-Za-z.] 0){_D}?{_ORDINAL},? +{_D}{{4}}{_END})"
+        # Numbers of 5+ digits, also inside words (ORD12345).
+        f"|{_D}{{4,}}(?!{_D})"
+        ")"
+    ).encode()
+)
+_NUMBER_RX = re.compile(f"0(?<!{_D}0){_D}{{4,}}(?!{_D})".encode())
+_MONTH_TAIL_RX = re.compile(
+    (f"(?:(?<![A-Za-z])(?i:{_WEEKDAYS})\\.?,? +)?(?<![A-Za-z])(?i:{_MONTHS})\\.? \\Z").encode()
+)
+_WEEKDAY_TAIL_RX = re.compile(f"(?<![A-Za-z])(?i:{_WEEKDAYS})\\.?,? +\\Z".encode())
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_HEX_LETTERS = frozenset(b"abcdefABCDEF")
+_WORD_BYTES = frozenset(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\x00")
+# Longest month-first date prefix: "Wednesday, September " is 21 bytes.
+_MONTH_LOOKBACK = 32
+_WEEKDAY_LOOKBACK = 16
+
+
+def _provider_rx(separator: str, prefixes: Sequence[str]) -> re.Pattern[bytes]:
+    """Provider ids with this separator, found at the separator (a fast literal search).
+
+    The match starts at the separator, so the prefix stays ("call_" + placeholder);
+    lookbehinds must have a fixed width, hence one per prefix length.
+    """
+    by_width: dict[int, list[str]] = {}
+    for prefix in prefixes:
+        by_width.setdefault(len(prefix), []).append(re.escape(prefix))
+    behind = "|".join(
+        f"(?<=(?<![0-9A-Za-z\\x00])(?:{'|'.join(names)}){re.escape(separator)})"
+        for names in by_width.values()
+    )
+    return re.compile(
+        f"{re.escape(separator)}(?:{behind})(?=[a-z]*[0-9A-Z])[A-Za-z0-9]{{6,}}".encode()
+    )
+
+
+_PROVIDERS = tuple(
+    (separator.encode(), _provider_rx(separator, prefixes), (separator + "\x00").encode())
+    for separator, prefixes in (
+        (
+            "_",
+            (
+                "call",
+                "toolu",
+                "srvtoolu",
+                "msg",
+                "run",
+                "resp",
+                "req",
+                "fc",
+                "rs",
+                "file",
+                "asst",
+                "thread",
+                "step",
+                "batch",
+            ),
+        ),
+        ("-", ("chatcmpl", "cmpl", "file")),
+    )
+)
+
+
+def _widen(kind: str, data: bytes, shape: bytes, *, start: int, end: int, floor: int) -> int:
+    """Where a token found at its first digit really starts, or -1 if it is no token."""
+    if kind == "ddate":
+        weekday = _WEEKDAY_TAIL_RX.search(data, max(floor, start - _WEEKDAY_LOOKBACK), start)
+        return start if weekday is None else weekday.start()
+    if kind == "mdate":
+        month = _MONTH_TAIL_RX.search(data, max(floor, start - _MONTH_LOOKBACK), start)
+        return -1 if month is None else month.start()
+    begin = start
+    while begin > floor and data[begin - 1] in _HEX_LETTERS:
+        begin -= 1
+    if begin > 0 and data[begin - 1] in _WORD_BYTES:
+        return -1
+    if kind == "hexl":
+        return begin if end - begin >= 8 else -1
+    return begin if shape.index(b"-", start) - begin == 8 else -1
+
+
+def _normalise(data: bytes) -> bytes:
+    """`data` with every volatile token replaced by the placeholder."""
+    for separator, pattern, replacement in _PROVIDERS:
+        if separator in data:
+            data = pattern.sub(replacement, data)
+    shape = data.translate(_DIGITS_TO_ZERO)
+    out: list[bytes] = []
+    append = out.append
+    emitted = search_from = 0
+    while True:
+        for match in _TOKEN_RX.finditer(shape, search_from):
+            start, end = match.span()
+            kind = match.lastgroup
+            if kind is None:
+                append(data[emitted:start])
+                append(_MARK)
+                emitted = end
+                continue
+            begin = _widen(kind, data, shape, start=start, end=end, floor=emitted)
+            if begin < 0:
+                # Not that kind of token after all, but it may start with a long number;
+                # either way, search again inside the span the match covered.
+                number = _NUMBER_RX.match(shape, start)
+                if number is None:
+                    search_from = start + 1
+                else:
+                    append(data[emitted:start])
+                    append(_MARK)
+                    emitted = search_from = number.end()
+                break
+            append(data[emitted:begin])
+            append(_MARK)
+            emitted = end
+        else:
+            break
+    if not out:
+        return data
+    append(data[emitted:])
+    return b"".join(out)
+
+
+def normalise_text(text: str) -> str:
+    """`text` with dates, times, UUIDs, hex and provider ids and long numbers replaced."""
+    return _normalise(text.encode("utf-8", "surrogatepass")).decode("utf-8", "surrogatepass")
+
+
+# --------------------------------------------------------------------------------------
+# Fingerprints
+# --------------------------------------------------------------------------------------
+
+_DIGEST_SIZE = 16
+# Dropped in messages and content parts: provider-assigned per call, or a wrapper around
+# bytes that are hashed by content anyway.
+_VOLATILE_KEYS = frozenset(
+    {
+        "id",
+        "tool_call_id",
+        "tool_use_id",
+        "filename",
+        "file_name",
+        "media_type",
+        "mime_type",
+        "mimeType",
+        "cache_control",
+    }
+)
+# Values under these keys are still message structure (parts, tool calls, payload
+# wrappers); under any other key they are data and kept whole.
+_STRUCTURAL_KEYS = frozenset(
+    {
+        "content",
+        "parts",
+        "tool_calls",
+        "function_call",
+        "function",
+        "functionCall",
+        "functionResponse",
+        "source",
+        "image_url",
+        "input_audio",
+        "inline_data",
+        "inlineData",
+        "file",
+        "file_data",
+        "fileData",
+        "document",
+        "image",
+    }
+)
+_PAYLOAD_KEYS = frozenset({"data", "file_data", "b64_json"})
+_DATA_URL_HEADER_MAX = 256
+
+
+def _blob(content: bytes) -> bytes:
+    """The content hash of one binary payload."""
+    return hashlib.blake2b(content, digest_size=_DIGEST_SIZE, person=b"lw-blob").digest()
+
+
+def _decode_base64(text: str) -> bytes | None:
+    """The bytes of a base64 (or base64url) string, or None when it is not base64."""
+    if not text:
+        return None
+    candidate = text
+    if "-" in candidate or "_" in candidate:
+        candidate = candidate.replace("-", "+").replace("_", "/")
+    try:
+        return base64.b64decode(candidate, validate=True)
+    except (binascii.Error, ValueError):
+        pass
+    squeezed = "".join(candidate.split())
+    if squeezed == candidate:
+        return None
+    try:
+        return base64.b64decode(squeezed, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _data_url_bytes(text: str) -> bytes | None:
+    """The content of a `data:` URL, whatever its media type, or None if it is not one."""
+    if not text.startswith("data:"):
+        return None
+    comma = text.find(",", 5, _DATA_URL_HEADER_MAX)
+    if comma < 0:
+        return None
+    payload = text[comma + 1 :]
+    if text[5:comma].endswith(";base64"):
+        return _decode_base64(payload)
+    return unquote_to_bytes(payload)
+
+
+def _attachment_digest(attachment: bytes | str) -> bytes:
+    """An attachment's content hash: raw bytes, a data URL or base64 hash by their bytes."""
+    if isinstance(attachment, bytes | bytearray | memoryview):
+        return _blob(bytes(attachment))
+    content = _data_url_bytes(attachment)
+    if content is None:
+        content = _decode_base64(attachment)
+    if content is None:
+        content = attachment.encode("utf-8", "surrogatepass")
+    return _blob(content)
+
+
+def _frame(out: list[bytes], tag: bytes, payload: bytes) -> None:
+    """Append one length-prefixed item, so that no two structures share an encoding."""
+    out.append(tag + len(payload).to_bytes(8, "big"))
+    out.append(payload)
+
+
+def _encode(value: object, out: list[bytes], *, structural: bool, payload: bool) -> None:
+    """Append the canonical encoding of a message value (see the module docstring)."""
+    if isinstance(value, str):
+        content = _data_url_bytes(value)
+        if content is None and payload:
+            content = _decode_base64(value)
+        if content is not None:
+            out.append(b"B" + _blob(content))
+        else:
+            _frame(out, b"S", _normalise(value.encode("utf-8", "surrogatepass")))
+    elif isinstance(value, Mapping):
+        items = sorted(((str(key), item) for key, item in value.items()), key=_first)
+        out.append(b"{")
+        for key, item in items:
+            if structural and key in _VOLATILE_KEYS:
+                continue
+            _frame(out, b"K", key.encode("utf-8", "surrogatepass"))
+            inner = structural and key in _STRUCTURAL_KEYS
+            _encode(item, out, structural=inner, payload=inner and key in _PAYLOAD_KEYS)
+        out.append(b"}")
+    elif isinstance(value, bytes | bytearray | memoryview):
+        out.append(b"B" + _blob(bytes(value)))
+    elif isinstance(value, list | tuple):
+        out.append(b"[")
+        for item in value:
+            _encode(item, out, structural=structural, payload=False)
+        out.append(b"]")
+    elif value is None or isinstance(value, bool):
+        out.append(b"n" if value is None else b"t" if value else b"f")
+    else:
+        _frame(out, b"V", _normalise(repr(value).encode("utf-8", "surrogatepass")))
+
+
+def _first(item: tuple[str, object]) -> str:
+    """Sort key of a (key, value) pair: the key only (values need not be comparable)."""
+    return item[0]
+
+
+def _step_fingerprint(model: str, step: str) -> str:
+    """The identity of a call sent with an explicit step: model + step, text ignored."""
+    out: list[bytes] = []
+    _frame(out, b"M", model.encode("utf-8", "surrogatepass"))
+    _frame(out, b"P", step.encode("utf-8", "surrogatepass"))
+    digest = hashlib.blake2b(b"".join(out), digest_size=_DIGEST_SIZE, person=b"lw-step")
+    return digest.hexdigest()
+
+
+def fingerprint_call(
+    model: str,
+    messages: Sequence[Mapping[str, object]],
+    attachments: Sequence[bytes | str] = (),
+    *,
+    step: str | None = None,
+) -> str:
+    """The identity of an LLM call: model, last two messages and attachment content hashes.
+
+    Volatile tokens in the text are normalised first (see `normalise_text`), so rounds
+    that differ only by a timestamp or an id get the same fingerprint. With a `step`, the
+    call is identified by model + step alone: the same step is the same call.
+    """
+    if step:
+        return _step_fingerprint(model, step)
+    out: list[bytes] = []
+    _frame(out, b"M", model.encode("utf-8", "surrogatepass"))
+    for message in messages[-2:]:
+        _encode(message, out, structural=True, payload=False)
+    out.append(b"A")
+    for attachment in attachments:
+        out.append(_attachment_digest(attachment))
+    digest = hashlib.blake2b(b"".join(out), digest_size=_DIGEST_SIZE, person=b"lw-call")
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------
+# Circuits, policy, rules
+# --------------------------------------------------------------------------------------
+
+
+def _quoted(value: str) -> str:
+    """A key component with "/", "=" and "%" escaped, so keys split unambiguously."""
+    return quote(value, safe="")
+
+
+@dataclass(frozen=True, slots=True)
+class Circuit:
+    """Where repeats are counted: an agent (or key id) plus session, plus step when given."""
+
+    root: str
+    session: str | None = None
+    step: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.root:
+            raise ValueError("root must name the agent or key id, got an empty string")
+
+    @property
+    def key(self) -> str:
+        """The circuit's key, e.g. "billing-bot/session=run-42/step=page-3"."""
+        key = _quoted(self.root)
+        if self.session:
+            key += "/session=" + _quoted(self.session)
+        if self.step:
+            key += "/step=" + _quoted(self.step)
+        return key
+
+    def __str__(self) -> str:
+        return self.key
+
+
+def circuit_key(key_or_agent: str, session: str | None, step: str | None = None) -> str:
+    """The circuit key of an agent (or key id) and session, plus step when given."""
+    return Circuit(key_or_agent, session, step).key
+
+
+def _parse_number(name: str, value: object) -> float:
+    """A finite number from config: numbers or numeric strings; bools are not numbers."""
+    number = math.nan
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number
+
+
+def _parse_count(name: str, value: object) -> int:
+    """A whole number from config."""
+    number = _parse_number(name, value)
+    if not number.is_integer():
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    return int(number)
+
+
+_DURATION_RX = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", re.IGNORECASE)
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
+
+
+def _parse_duration(name: str, value: object) -> float:
+    """Seconds from config: a number, or text such as "90", "30s", "10m", "24h", "1d"."""
+    if isinstance(value, str):
+        match = _DURATION_RX.fullmatch(value)
+        if match is None:
+            raise ValueError(f"{name} must be seconds or a duration like 10m or 24h, got {value!r}")
+        return float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
+    return _parse_number(name, value)
+
+
+@dataclass(frozen=True, slots=True)
+class CallLoopPolicy:
+    """How many identical calls a circuit may send per window, and how long it then pauses."""
+
+    max_repeats: int = 5
+    window_seconds: float = 60.0
+    pause_seconds: float = 300.0
+
+    def __post_init__(self) -> None:
+        repeats = self.max_repeats
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+            raise ValueError(
+                f"max_repeats must be a whole number, 1 or more (e.g. 5), got {repeats!r}"
+            )
+        if not (math.isfinite(self.window_seconds) and self.window_seconds > 0):
+            raise ValueError(
+                "window_seconds must be a finite number of seconds above 0 (e.g. 60), "
+                f"got {self.window_seconds!r}"
+            )
+        if not (math.isfinite(self.pause_seconds) and self.pause_seconds >= 0):
+            raise ValueError(
+                "pause_seconds must be a finite number of seconds, 0 or more (e.g. 300), "
+                f"got {self.pause_seconds!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object] | None) -> CallLoopPolicy:
+        """A policy from config; None or {} gives the defaults, unknown keys are ignored."""
+        default = cls()
+        if not data:
+            return default
+        repeats = data.get("max_repeats")
+        window = data.get("window_seconds")
+        pause = data.get("pause_seconds")
+        return cls(
+            max_repeats=(
+                default.max_repeats if repeats is None else _parse_count("max_repeats", repeats)
+            ),
+            window_seconds=(
+                default.window_seconds
+                if window is None
+                else _parse_duration("window_seconds", window)
+            ),
+            pause_seconds=(
+                default.pause_seconds if pause is None else _parse_duration("pause_seconds", pause)
+            ),
+        )
+
+
+_NO_FILTERS: Mapping[str, str] = MappingProxyType({})
+
+
+def _no_filters() -> Mapping[str, str]:
+    """The default of a mapping field: shared, read-only and empty."""
+    return _NO_FILTERS
+
+
+_RULE_KEYS = frozenset({"name", "fields", "max_calls", "window_seconds", "filters", "action"})
+
+
+@dataclass(frozen=True, slots=True)
+class UniquenessRule:
+    """At most `max_calls` calls sharing `fields` per window; then reject or pause the group.
+
+    `filters` limits the rule to calls whose field equals the value, or starts with it
+    when the value ends with "*" ("inv*"; "*" alone: any value).
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    max_calls: int
+    window_seconds: float
+    filters: Mapping[str, str] = field(default_factory=_no_filters, hash=False)
+    action: RuleAction = "reject"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        fields = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
+        if not fields:
+            raise ValueError(f"fields must list at least one of {', '.join(RULE_FIELDS)}")
+        for name in fields:
+            if name not in RULE_FIELDS:
+                raise ValueError(f"fields: {name!r} is not one of {', '.join(RULE_FIELDS)}")
+        if len(set(fields)) != len(fields):
+            raise ValueError(f"fields must not repeat a field, got {list(fields)!r}")
+        object.__setattr__(self, "fields", fields)
+        limit = self.max_calls
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_calls must be a whole number, 1 or more, got {limit!r}")
+        window = self.window_seconds
+        if (
+            not isinstance(window, int | float)
+            or isinstance(window, bool)
+            or not (MIN_RULE_WINDOW <= window <= MAX_RULE_WINDOW)
+        ):
+            raise ValueError(
+                "window_seconds must be from 1 second to 24 hours (1-86400), "
+                f"got {self.window_seconds!r}"
+            )
+        filters: dict[str, str] = {}
+        for name, pattern in self.filters.items():
+            if name not in RULE_FIELDS:
+                raise ValueError(f"filters: {name!r} is not one of {', '.join(RULE_FIELDS)}")
+            if not isinstance(pattern, str) or not pattern:
+                raise ValueError(f"filters: {name} must be a non-empty string, got {pattern!r}")
+            filters[name] = pattern
+        object.__setattr__(self, "filters", MappingProxyType(filters))
+        if self.action not in ("reject", "pause"):
+            raise ValueError(f"action must be reject or pause, got {self.action!r}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> UniquenessRule:
+        """A rule from config; unknown keys are errors, since a typo would drop a limit."""
+        unknown = sorted(set(map(str, data)) - _RULE_KEYS)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown rule field (expected {sorted(_RULE_KEYS)})")
+        for required in ("name", "fields", "max_calls", "window_seconds"):
+            if data.get(required) is None:
+                raise ValueError(f"{required} is required")
+        raw_fields = data["fields"]
+        fields = (
+            (raw_fields,)
+            if isinstance(raw_fields, str)
+            else tuple(map(str, raw_fields))
+            if isinstance(raw_fields, list | tuple)
+            else ()
+        )
+        action = data.get("action", "reject")
+        if action not in ("reject", "pause"):
+            raise ValueError(f"action must be reject or pause, got {action!r}")
+        return cls(
+            name=_text("name", data["name"]),
+            fields=fields,
+            max_calls=_parse_count("max_calls", data["max_calls"]),
+            window_seconds=_parse_duration("window_seconds", data["window_seconds"]),
+            filters=_text_mapping("filters", data.get("filters") or {}),
+            action="pause" if action == "pause" else "reject",
+        )
+
+
+def _text(name: str, value: object) -> str:
+    """A non-empty string from config."""
+    if isinstance(value, str) and value.strip():
+        return value
+    raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def _text_mapping(name: str, value: object) -> dict[str, str]:
+    """A mapping of strings from config (values are checked by the rule)."""
+    if isinstance(value, Mapping):
+        return {str(key): item for key, item in value.items()}
+    raise ValueError(f"{name} must map field names to values, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedCall:
+    """One call from the request log, as `preview_rule` replays it."""
+
+    at: float
+    fingerprint: str
+    fields: Mapping[str, str] = field(default_factory=_no_filters, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class CallReceipt:
+    """What `check` counted for an allowed call, so `record_outcome` can uncount it."""
+
+    at: float
+    call: tuple[str, str]
+    rule_keys: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CallDecision:
+    """The verdict on one LLM call: send it or not, why, and when to try again."""
+
+    allowed: bool
+    code: CallCode
+    retry_after: float
+    count: int
+    circuit: str
+    message: str
+    rule: str | None = None
+    receipt: CallReceipt | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PausedCircuit:
+    """A paused circuit or rule group for status commands and the dashboard.
+
+    `reason` is "loop_detected" or "rule:NAME"; `count` is how many calls the pause has
+    refused so far, the one that opened it included.
+    """
+
+    circuit: str
+    remaining: float
+    reason: str
+    count: int
+
+
+def is_provider_failure(status: int | None, error: str | None = None) -> bool:
+    """True for outcomes that are not the caller's doing: 408, 429, 5xx, no answer at all."""
+    if status is None:
+        return error is not None
+    return status in (408, 429) or status >= 500
+
+
+# --------------------------------------------------------------------------------------
+# Bookkeeping
+# --------------------------------------------------------------------------------------
+
+_NEVER = -math.inf
+# Entries whose last event left the window, freed per call (n idle entries: n/4 calls).
+_SWEEP_PER_CALL = 4
+# Tables are rebuilt once they shrink to a quarter of their peak (dicts never shrink).
+_REBUILD_MIN = 1024
+
+
+class _Windows:
+    """Event times per key in one sliding window; LRU-ordered, swept and capped."""
+
+    __slots__ = ("_cap", "_peak", "_table", "_window")
+
+    def __init__(self, window: float, cap: int) -> None:
+        self._window = window
+        self._cap = cap
+        self._peak = 0
+        # Ordered by last event: `now` never goes back, so the front expires first.
+        self._table: OrderedDict[tuple[str, ...], list[float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def live(self, key: tuple[str, ...], now: float, floor: float) -> list[float]:
+        """The times in the window (an event at t counts in [t, t + window)), after floor."""
+        times = self._table.get(key)
+        if times is None:
+            return []
+        window = self._window
+        dead = 0
+        while dead < len(times) and (times[dead] + window <= now or times[dead] < floor):
+            dead += 1
+        if dead:
+            del times[:dead]
+            if not times:
+                del self._table[key]
+        return times
+
+    def add(self, key: tuple[str, ...], now: float) -> int:
+        """Record one event at `now`; the number of live events of the key after it."""
+        table = self._table
+        times = table.get(key)
+        if times is None:
+            table[key] = [now]
+            if len(table) > self._cap:
+                table.popitem(last=False)
+            self._peak = max(self._peak, len(table))
+            return 1
+        times.append(now)
+        table.move_to_end(key)
+        return len(times)
+
+    def discard(self, key: tuple[str, ...], at: float) -> bool:
+        """Forget one event recorded at `at`, if it is still held."""
+        times = self._table.get(key)
+        if times is None:
+            return False
+        index = bisect_left(times, at)
+        if index == len(times) or times[index] != at:
+            return False
+        del times[index]
+        if not times:
+            del self._table[key]
+        return True
+
+    def sweep(self, now: float) -> None:
+        """Free a few entries whose last event left the window; rebuild a shrunken table."""
+        table = self._table
+        window = self._window
+        for _ in range(_SWEEP_PER_CALL):
+            if not table:
+                break
+            key = next(iter(table))
+            if table[key][-1] + window > now:
+                break
+            del table[key]
+        if self._peak >= _REBUILD_MIN and len(table) * 4 <= self._peak:
+            self._table = OrderedDict(table)
+            self._peak = len(table)
+
+
+@dataclass(slots=True)
+class _Hold:
+    """A pause and/or fresh start on a circuit or rule group (events before are forgotten)."""
+
+    paused_until: float
+    fresh_from: float
+    expires_at: float
+    reason: str
+    rule: str | None
+    count: int
+
+
+def _pause_hold(
+    earlier: _Hold | None, now: float, pause: float, *, reason: str, rule: str | None
+) -> _Hold:
+    """A pause from now; an earlier reopen's fresh start (and its lifetime) carries over."""
+    if earlier is None:
+        return _Hold(now + pause, _NEVER, now + pause, reason, rule, 1)
+    return _Hold(
+        now + pause, earlier.fresh_from, max(earlier.expires_at, now + pause), reason, rule, 1
+    )
+
+
+class _Holds:
+    """Holds by key, swept by halving rebuilds (amortised O(1)) and capped."""
+
+    __slots__ = ("_cap", "_limit", "_table")
+
+    _MIN_LIMIT = 64
+
+    def __init__(self, cap: int) -> None:
+        self._cap = cap
+        self._limit = self._MIN_LIMIT
+        self._table: dict[str, _Hold] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._table)
+
+    def get(self, key: str, now: float) -> _Hold | None:
+        hold = self._table.get(key)
+        if hold is not None and hold.expires_at <= now:
+            del self._table[key]
+            return None
+        return hold
+
+    def put(self, key: str, hold: _Hold, now: float) -> None:
+        table = self._table
+        table.pop(key, None)
+        table[key] = hold
+        if len(table) > self._limit:
+            live = {name: item for name, item in table.items() if item.expires_at > now}
+            if len(live) > self._cap:
+                # Keep the most recently set holds: insertion order is the LRU order here.
+                live = dict(list(live.items())[-self._cap :])
+            self._table = live
+            self._limit = max(self._MIN_LIMIT, 2 * len(live))
+
+    def items(self) -> list[tuple[str, _Hold]]:
+        return list(self._table.items())
+
+
+class _RuleBook:
+    """One uniqueness rule's windows and the keys it gives calls."""
+
+    __slots__ = ("rule", "windows")
+
+    def __init__(self, rule: UniquenessRule, cap: int) -> None:
+        self.rule = rule
+        self.windows = _Windows(rule.window_seconds, cap)
+
+    def key(self, fingerprint: str, fields: Mapping[str, str]) -> tuple[str, ...] | None:
+        """The rule's key for a call, or None when the rule does not apply to it."""
+        rule = self.rule
+        for name, pattern in rule.filters.items():
+            value = _field_value(name, fingerprint, fields)
+            if value is None:
+                return None
+            if pattern.endswith("*"):
+                if not value.startswith(pattern[:-1]):
+                    return None
+            elif value != pattern:
+                return None
+        values: list[str] = []
+        for name in rule.fields:
+            value = _field_value(name, fingerprint, fields)
+            if value is None:
+                return None
+            values.append(value)
+        return tuple(values)
+
+    def group(self, key: tuple[str, ...]) -> str:
+        """The key of the group a "pause" rule pauses: the rule's key without the prompt."""
+        parts = [f"rule={_quoted(self.rule.name)}"]
+        parts.extend(
+            f"{name}={_quoted(value)}"
+            for name, value in zip(self.rule.fields, key, strict=True)
+            if name != "prompt"
+        )
+        return "/".join(parts)
+
+
+def _field_value(name: str, fingerprint: str, fields: Mapping[str, str]) -> str | None:
+    """A call's value for a rule field; "prompt" falls back to the fingerprint."""
+    value = fields.get(name)
+    if value:
+        return value
+    if name == "prompt":
+        return fingerprint or None
+    return None
+
+
+def preview_rule(
+    rule: UniquenessRule, calls: Iterable[LoggedCall], *, pause_seconds: float = 300.0
+) -> int:
+    """How many of these logged calls the rule alone would have refused (or paused).
+
+    The calls are replayed in time order through a guard holding only this rule; each
+    call gets a circuit of its own, so loop detection never interferes.
+    """
+    guard = CallLoopGuard(
+        CallLoopPolicy(max_repeats=1, pause_seconds=pause_seconds), (rule,), clock=_no_clock
+    )
+    refused = 0
+    for index, call in enumerate(sorted(calls, key=_logged_at)):
+        decision = guard.check(
+            circuit=str(index), fingerprint=call.fingerprint, fields=call.fields, now=call.at
+        )
+        refused += not decision.allowed
+    return refused
+
+
+def _no_clock() -> float:
+    """The clock of a replay: every decision is given its time."""
+    raise AssertionError("a replay passes now= to every decision")
+
+
+def _logged_at(call: LoggedCall) -> float:
+    """Sort key of a logged call: its time."""
+    return call.at
+
+
+def _seconds(value: float) -> str:
+    """Seconds for a message: whole seconds, rounded up."""
+    return str(math.ceil(value)) if math.isfinite(value) else "many"
+
+
+# --------------------------------------------------------------------------------------
+# The guard
+# --------------------------------------------------------------------------------------
+
+_EMPTY_FIELDS: Mapping[str, str] = MappingProxyType({})
+
+
+class CallLoopGuard:
+    """Refuses repeated LLM calls per circuit and enforces uniqueness rules; thread-safe."""
+
+    def __init__(
+        self,
+        policy: CallLoopPolicy | None = None,
+        rules: Iterable[UniquenessRule] = (),
+        *,
+        clock: Callable[[], float] | None = None,
+        max_circuits: int = 100_000,
+    ) -> None:
+        if max_circuits < 1:
+            raise ValueError(f"max_circuits must be 1 or more, got {max_circuits!r}")
+        self._policy = policy or CallLoopPolicy()
+        self._clock = clock or time.monotonic
+        self._lock = threading.Lock()
+        self._calls = _Windows(self._policy.window_seconds, max_circuits)
+        self._books: dict[str, _RuleBook] = {}
+        for rule in rules:
+            if rule.name in self._books:
+                raise ValueError(f"rules: the name {rule.name!r} is used twice")
+            self._books[rule.name] = _RuleBook(rule, max_circuits)
+        self._circuit_holds = _Holds(max_circuits)
+        self._group_holds = _Holds(max_circuits)
+        self._longest_window = max(
+            [self._policy.window_seconds, *(b.rule.window_seconds for b in self._books.values())]
+        )
+
+    @property
+    def policy(self) -> CallLoopPolicy:
+        """The policy this guard enforces."""
+        return self._policy
+
+    @property
+    def rules(self) -> tuple[UniquenessRule, ...]:
+        """The uniqueness rules this guard enforces, in order."""
+        return tuple(book.rule for book in self._books.values())
+
+    def __len__(self) -> int:
+        """The number of (circuit, call) windows held."""
+        return len(self._calls)
+
+    def check(
+        self,
+        *,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str] = _EMPTY_FIELDS,
+        now: float | None = None,
+    ) -> CallDecision:
+        """Decide one call and, when it is allowed, count it (see `record_outcome`)."""
+        step = fields.get("step")
+        identity = _step_fingerprint(fields.get("model", ""), step) if step else fingerprint
+        with self._lock:
+            when = self._clock() if now is None else now
+            self._calls.sweep(when)
+            for book in self._books.values():
+                book.windows.sweep(when)
+            hold = self._circuit_holds.get(circuit, when)
+            if hold is not None and hold.paused_until > when:
+                hold.count += 1
+                return self._paused(circuit, hold, when)
+            keyed: list[tuple[_RuleBook, tuple[str, ...], _Hold | None]] = []
+            for book in self._books.values():
+                key = book.key(fingerprint, fields)
+                if key is None:
+                    continue
+                group_hold = (
+                    self._group_holds.get(book.group(key), when) if self._group_holds else None
+                )
+                if group_hold is not None and group_hold.paused_until > when:
+                    group_hold.count += 1
+                    return self._paused(circuit, group_hold, when)
+                keyed.append((book, key, group_hold))
+            call = (circuit, identity)
+            floor = _NEVER if hold is None else hold.fresh_from
+            repeats = len(self._calls.live(call, when, floor))
+            if repeats >= self._policy.max_repeats:
+                return self._open_loop_pause(circuit, repeats + 1, hold, when)
+            for book, key, group_hold in keyed:
+                times = book.windows.live(
+                    key, when, _NEVER if group_hold is None else group_hold.fresh_from
+                )
+                if len(times) >= book.rule.max_calls:
+                    return self._refuse_duplicate(
+                        circuit=circuit,
+                        book=book,
+                        key=key,
+                        times=times,
+                        earlier=group_hold,
+                        now=when,
+                    )
+            count = self._calls.add(call, when)
+            rule_keys = tuple((book.rule.name, key) for book, key, _ in keyed)
+            for book, key, _ in keyed:
+                book.windows.add(key, when)
+            return CallDecision(
+                allowed=True,
+                code="ok",
+                retry_after=0.0,
+                count=count,
+                circuit=circuit,
+                message="",
+                receipt=CallReceipt(at=when, call=call, rule_keys=rule_keys),
+            )
+
+    def record_outcome(
+        self, decision: CallDecision, *, status: int | None = None, error: str | None = None
+    ) -> bool:
+        """Uncount an allowed call the provider failed (429, 408, 5xx, timeout, dropped).
+
+        Other outcomes (success, other 4xx) stay counted: sending again a body the
+        provider rejects is a loop. True when the call was uncounted.
+        """
+        receipt = decision.receipt
+        if receipt is None or not is_provider_failure(status, error):
+            return False
+        with self._lock:
+            removed = self._calls.discard(receipt.call, receipt.at)
+            for name, key in receipt.rule_keys:
+                book = self._books.get(name)
+                if book is not None:
+                    book.windows.discard(key, receipt.at)
+            return removed
+
+    def reopen(self, circuit: str, *, now: float | None = None) -> bool:
+        """Lift the pause of a circuit (or rule group) and forget its counts so far.
+
+        True when a running pause was lifted.
+        """
+        with self._lock:
+            when = self._clock() if now is None else now
+            is_group = circuit.startswith("rule=")
+            holds = self._group_holds if is_group else self._circuit_holds
+            hold = holds.get(circuit, when)
+            lifted = hold is not None and hold.paused_until > when
+            window = self._longest_window if is_group else self._policy.window_seconds
+            holds.put(
+                circuit,
+                _Hold(
+                    paused_until=when,
+                    fresh_from=when,
+                    expires_at=when + window,
+                    reason=hold.reason if hold is not None else "reopened",
+                    rule=hold.rule if hold is not None else None,
+                    count=0,
+                ),
+                when,
+            )
+            return lifted
+
+    def paused(self, *, now: float | None = None) -> list[PausedCircuit]:
+        """The circuits and rule groups paused now, by key."""
+        with self._lock:
+            when = self._clock() if now is None else now
+            found = [
+                PausedCircuit(
+                    circuit=key,
+                    remaining=hold.paused_until - when,
+                    reason=hold.reason,
+                    count=hold.count,
+                )
+                for holds in (self._circuit_holds, self._group_holds)
+                for key, hold in holds.items()
+                if hold.paused_until > when
+            ]
+        return sorted(found, key=_paused_key)
+
+    def _paused(self, circuit: str, hold: _Hold, now: float) -> CallDecision:
+        """The refusal of a call on a paused circuit or group."""
+        remaining = hold.paused_until - now
+        if hold.rule is None:
+            message = MSG_LOOP_PAUSED.format(circuit=circuit, seconds=_seconds(remaining))
+        else:
+            message = MSG_RULE_PAUSED.format(rule=hold.rule, seconds=_seconds(remaining))
+        return CallDecision(
+            allowed=False,
+            code="loop_paused",
+            retry_after=remaining,
+            count=hold.count,
+            circuit=circuit,
+            message=message,
+            rule=hold.rule,
+        )
+
+    def _open_loop_pause(
+        self, circuit: str, count: int, earlier: _Hold | None, now: float
+    ) -> CallDecision:
+        """Refuse the call that repeats too often and pause its circuit."""
+        pause = self._policy.pause_seconds
+        self._circuit_holds.put(
+            circuit, _pause_hold(earlier, now, pause, reason="loop_detected", rule=None), now
+        )
+        return CallDecision(
+            allowed=False,
+            code="loop_detected",
+            retry_after=pause,
+            count=count,
+            circuit=circuit,
+            message=MSG_LOOP_DETECTED.format(circuit=circuit, seconds=_seconds(pause)),
+        )
+
+    def _refuse_duplicate(
+        self,
+        *,
+        circuit: str,
+        book: _RuleBook,
+        key: tuple[str, ...],
+        times: list[float],
+        earlier: _Hold | None,
+        now: float,
+    ) -> CallDecision:
+        """Refuse a call over a rule's limit; a "pause" rule also pauses the rule's group."""
+        rule = book.rule
+        window = f"{rule.window_seconds:g}"
+        if rule.action == "pause":
+            pause = self._policy.pause_seconds
+            hold = _pause_hold(earlier, now, pause, reason=f"rule:{rule.name}", rule=rule.name)
+            self._group_holds.put(book.group(key), hold, now)
+            retry_after = pause
+            message = MSG_DUPLICATE_PAUSED.format(
+                rule=rule.name, limit=rule.max_calls, window=window, seconds=_seconds(pause)
+            )
+        else:
+            retry_after = times[0] + rule.window_seconds - now
+            message = MSG_DUPLICATE.format(
+                rule=rule.name, limit=rule.max_calls, window=window, seconds=_seconds(retry_after)
+            )
+        return CallDecision(
+            allowed=False,
+            code="duplicate_call",
+            retry_after=retry_after,
+            count=len(times) + 1,
+            circuit=circuit,
+            message=message,
+            rule=rule.name,
+        )
+
+
+def _paused_key(paused: PausedCircuit) -> str:
+    """Sort key of a paused entry: its key."""
+    return paused.circuit

@@ -1,0 +1,825 @@
+"""Per-turn tool-call guard: stop an agent that calls the same tool forever.
+
+Four signals, checked before a call runs and again after it is recorded:
+- per-tool counts against the thresholds of the tool's bucket (idempotent or mutating);
+- the no-progress streak: the trailing run of identical fingerprints (tool, canonical
+  arguments, hash of the whole result), kept as a counter plus the last fingerprint;
+- short cycles: the same 2-4 fingerprints repeating, kept as one match counter per
+  period over a ring of the last four fingerprints;
+- the turn timer (`max_time_per_turn`).
+
+A count BLOCK or HALT only happens when the streak this call would extend is at least
+`no_progress_warn`; a busy tool whose results keep changing gets WARN at most.
+
+Decisions the design left open:
+- The turn timer starts at the first check or record after construction or
+  `reset_turn()`, so a guard built long before its first turn does not start out late.
+- A blocked call is recorded by passing the block result (the dict `apply_decision`
+  returns, marked `loop_blocked`) to `record()`. It repeats the last fingerprint of that
+  same call, so retrying a blocked call escalates, and `record()` answers BLOCK with code
+  `blocked` (the call did not run; the next retry's pre-check decides what comes next).
+- A failure and a success with the same text are different results.
+- Severity picks the decision; among equals: time, then no-progress, then cycle, then count.
+- WARN annotates dict and string results only; other results are returned unchanged.
+- Non-JSON values are fingerprinted by `repr`; an object whose `repr` fails or recurses
+  too deep gets its identity, so it can never build a streak (fail open, not closed).
+- At most 1,024 tool names are counted separately per turn; further names share one count.
+- `from_dict` treats a key whose value is None as absent and accepts numeric strings,
+  because admin commands and environment variables deliver text.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import math
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
+from typing import Any, Final, Literal
+
+Bucket = Literal["idempotent", "mutating"]
+
+# Tools known to be safe to repeat whose names carry no read verb.
+# fmt: off
+IDEMPOTENT_TOOLS: Final = frozenset({
+    "date", "df", "du", "env", "free", "git_blame", "git_branch", "git_log", "git_remote",
+    "head", "help", "hostname", "man", "printenv", "ps", "pwd", "sql_select", "tail", "top",
+    "uname", "uptime", "which", "whoami",
+})
+# fmt: on
+
+# Tools known to change state although their names carry a read verb.
+MUTATING_TOOLS: Final = frozenset({"check_in", "check_out"})
+
+# A name with any of these words is mutating, even if it also has a read verb.
+# fmt: off
+MUTATING_VERBS: Final = frozenset({
+    "ack", "acknowledge", "add", "append", "apply", "approve", "archive", "assign", "ban",
+    "buy", "call", "cancel", "charge", "checkout", "chmod", "chown", "clear", "clone",
+    "close", "commit", "confirm", "copy", "cp", "create", "decrement", "del", "delete",
+    "deploy", "destroy", "disable", "download", "drop", "edit", "enable", "enqueue",
+    "erase", "eval", "exec", "execute", "flush", "forget", "grant", "import", "increment",
+    "insert", "install", "invite", "invoke", "kick", "kill", "launch", "login", "logout",
+    "merge", "migrate", "mkdir", "modify", "mount", "move", "mute", "mv", "notify",
+    "overwrite", "patch", "pay", "pin", "post", "provision", "publish", "pull", "purchase",
+    "purge", "push", "put", "rebase", "reboot", "refund", "register", "reject", "remove",
+    "rename", "replace", "reply", "reset", "restart", "restore", "revert", "revoke", "rm",
+    "rmdir", "rollback", "rotate", "run", "save", "schedule", "sell", "send", "set",
+    "shutdown", "sign", "spawn", "start", "stop", "store", "submit", "subscribe", "sync",
+    "terminate", "touch", "transfer", "trigger", "truncate", "unban", "uninstall", "unlink",
+    "unlock", "unmount", "unmute", "unpin", "unset", "unsubscribe", "update", "upload",
+    "upsert", "vote", "wipe", "write",
+})
+# fmt: on
+
+# A name with one of these words and no mutating verb is idempotent.
+# fmt: off
+READ_VERBS: Final = frozenset({
+    "browse", "cat", "check", "compare", "count", "describe", "diff", "exists", "fetch",
+    "find", "get", "glob", "grep", "info", "inspect", "list", "look", "lookup", "ls",
+    "monitor", "peek", "ping", "poll", "preview", "query", "read", "recall", "retrieve",
+    "scan", "search", "show", "sleep", "stat", "status", "verify", "view", "wait", "watch",
+})
+# fmt: on
+
+# Periods of the cycle rule; the ring of recent fingerprints is as long as the longest.
+_PERIODS: Final = (2, 3, 4)
+_LONGEST_PERIOD: Final = max(_PERIODS)
+_MAX_TRACKED_TOOLS: Final = 1024
+_OTHER_TOOLS: Final = "\x00other-tools"
+_BLOCKED_RESULT: Final = "loop-blocked"  # not an int: no result hash equals it
+_WORD_RE: Final = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
+_TRUE_WORDS: Final = frozenset({"true", "1", "yes", "on"})
+_FALSE_WORDS: Final = frozenset({"false", "0", "no", "off"})
+# Flat dicts whose values are all of these types are keyed by their items (no JSON): the
+# common case of model-made arguments. bool and float are left out because True == 1
+# and 1.0 needs normalising first.
+_PLAIN_ARG_TYPES: Final[frozenset[type]] = frozenset({str, int, type(None)})
+_PLAIN_JSON_TYPES: Final[frozenset[type]] = frozenset({str, int, bool, type(None)})
+
+
+class GuardAction(enum.Enum):
+    """What the caller does with a tool call: run it, run it with a warning, skip it, stop."""
+
+    ALLOW = "allow"
+    WARN = "warn"
+    BLOCK = "block"
+    HALT = "halt"
+
+
+_INT_FIELDS: Final = (
+    "idempotent_warn_threshold",
+    "idempotent_block_threshold",
+    "idempotent_halt_threshold",
+    "mutating_warn_threshold",
+    "mutating_block_threshold",
+    "mutating_halt_threshold",
+    "no_progress_warn",
+    "no_progress_halt",
+    "cycle_warn_laps",
+    "cycle_halt_laps",
+)
+_ORDERED_FIELDS: Final = (
+    ("idempotent_warn_threshold", "idempotent_block_threshold"),
+    ("idempotent_block_threshold", "idempotent_halt_threshold"),
+    ("mutating_warn_threshold", "mutating_block_threshold"),
+    ("mutating_block_threshold", "mutating_halt_threshold"),
+    ("no_progress_warn", "no_progress_halt"),
+    ("cycle_warn_laps", "cycle_halt_laps"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LoopGuardConfig:
+    """Thresholds of the tool-call guard: per-tool counts, stuck streaks, cycles, turn time."""
+
+    enabled: bool = True
+    idempotent_warn_threshold: int = 5
+    idempotent_block_threshold: int = 8
+    idempotent_halt_threshold: int = 12
+    mutating_warn_threshold: int = 3
+    mutating_block_threshold: int = 5
+    mutating_halt_threshold: int = 7
+    max_time_per_turn: float = 120.0
+    no_progress_warn: int = 4
+    no_progress_halt: int = 8
+    cycle_warn_laps: int = 3
+    cycle_halt_laps: int = 5
+
+    def __post_init__(self) -> None:
+        if type(self.enabled) is not bool:
+            raise ValueError(f"enabled must be true or false, got {self.enabled!r}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a whole number of 1 or more, got {value!r}")
+        if self.cycle_warn_laps < 2:
+            # One lap of A, B is just two different calls, not a cycle.
+            raise ValueError(f"cycle_warn_laps must be 2 or more, got {self.cycle_warn_laps!r}")
+        for low, high in _ORDERED_FIELDS:
+            if getattr(self, low) > getattr(self, high):
+                raise ValueError(
+                    f"{high} must be at least {low} ({getattr(self, low)}), "
+                    f"got {getattr(self, high)!r}"
+                )
+        seconds = self.max_time_per_turn
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not (math.isfinite(seconds) and seconds > 0)
+        ):
+            raise ValueError(
+                "max_time_per_turn must be a finite number of seconds above 0 (e.g. 120), "
+                f"got {seconds!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object] | None) -> LoopGuardConfig:
+        """Build a config from YAML/admin input: unknown keys ignored, bad values named."""
+        if not data:
+            return cls()
+        changes: dict[str, Any] = {}
+        for spec in fields(cls):
+            value = data.get(spec.name)
+            if value is None:
+                continue
+            if spec.name == "enabled":
+                changes[spec.name] = _parse_bool(spec.name, value)
+            elif spec.name == "max_time_per_turn":
+                changes[spec.name] = _parse_float(spec.name, value)
+            else:
+                changes[spec.name] = _parse_int(spec.name, value)
+        return replace(cls(), **changes)
+
+
+def _parse_bool(name: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str | int):
+        word = str(value).strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def _parse_int(name: str, value: object) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"{name} must be a whole number, got {value!r}")
+
+
+def _parse_float(name: str, value: object) -> float:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            pass
+    raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class LoopGuardDecision:
+    """The guard's answer for one call; `metadata` holds the counts behind it."""
+
+    action: GuardAction
+    code: str
+    message: str
+    metadata: Mapping[str, object]
+
+
+# The frozen __init__ sets each field through object.__setattr__; the slot descriptors
+# do the same in about half the time, and two decisions are built per tool call.
+_new_object: Final = object.__new__
+_set_action: Final = vars(LoopGuardDecision)["action"].__set__
+_set_code: Final = vars(LoopGuardDecision)["code"].__set__
+_set_message: Final = vars(LoopGuardDecision)["message"].__set__
+_set_metadata: Final = vars(LoopGuardDecision)["metadata"].__set__
+
+
+def _decision(
+    action: GuardAction, code: str, message: str, metadata: Mapping[str, object]
+) -> LoopGuardDecision:
+    """`LoopGuardDecision(...)` for the per-call path."""
+    decision: LoopGuardDecision = _new_object(LoopGuardDecision)
+    _set_action(decision, action)
+    _set_code(decision, code)
+    _set_message(decision, message)
+    _set_metadata(decision, metadata)
+    return decision
+
+
+_DISABLED: Final = LoopGuardDecision(
+    GuardAction.ALLOW, "disabled", "loop guard disabled", MappingProxyType({})
+)
+
+
+class ToolExecutionError(Exception):
+    """Raised on HALT: the turn must stop, and retrying the same call will not help."""
+
+    def __init__(self, message: str, tool_name: str = "", is_retryable: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.tool_name = tool_name
+        self.is_retryable = is_retryable
+
+    @classmethod
+    def from_decision(cls, decision: LoopGuardDecision) -> ToolExecutionError:
+        """The error that carries out a HALT decision."""
+        tool = decision.metadata.get("tool")
+        return cls(
+            f"[loop-guard] {decision.message}",
+            tool_name=tool if isinstance(tool, str) else "",
+            is_retryable=False,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LoopGuardStats:
+    """A snapshot of the current turn, for status commands and dashboards."""
+
+    enabled: bool
+    turn_elapsed: float
+    tool_counts: Mapping[str, int]
+    streak: int
+    laps: int
+    progress_marks: int
+    last_progress: str | None
+
+
+def _split_words(name: str) -> list[str]:
+    """The lower-case words of snake_case, camelCase, kebab-case and dotted names."""
+    return [word.lower() for word in _WORD_RE.findall(name)]
+
+
+@functools.lru_cache(maxsize=1024)
+def classify_tool_name(name: str) -> Bucket:
+    """Bucket a tool by the built-in sets, then by the verbs in its name (unknown: mutating)."""
+    words = _split_words(name)
+    normalised = "_".join(words)
+    if normalised in IDEMPOTENT_TOOLS:
+        return "idempotent"
+    if normalised in MUTATING_TOOLS:
+        return "mutating"
+    if not MUTATING_VERBS.isdisjoint(words):
+        return "mutating"
+    if not READ_VERBS.isdisjoint(words):
+        return "idempotent"
+    return "mutating"
+
+
+def _safe_repr(value: object) -> str:
+    """`repr`, or the object's identity when its repr fails or recurses too deep."""
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - any broken __repr__ must not break the guard
+        return f"<{type(value).__qualname__} object at {id(value):#x}>"
+
+
+def _json_encoder() -> Callable[[object], str]:
+    """Compact JSON with sorted keys, non-JSON values by repr.
+
+    json.dumps builds a new C encoder on every call, which costs more than encoding a
+    small dict; this builds it once. Without the C accelerator, the plain encoder.
+    """
+    make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+    if make_c_encoder is None:
+        return json.JSONEncoder(
+            ensure_ascii=False,
+            check_circular=False,
+            sort_keys=True,
+            separators=(",", ":"),
+            default=_safe_repr,
+        ).encode
+    # (markers, default, encoder, indent, key_separator, item_separator, sort_keys,
+    # skipkeys, allow_nan): no cycle markers, cycles end in RecursionError.
+    chunks = make_c_encoder(
+        None, _safe_repr, json.encoder.encode_basestring, None, ":", ",", True, False, True
+    )
+
+    def encode(value: object) -> str:
+        return "".join(chunks(value, 0))
+
+    return encode
+
+
+_encode_json: Final = _json_encoder()
+
+
+def _key_text(key: object) -> str:
+    """A mapping key as JSON would write it, with 1 and 1.0 alike."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    normal = _normalise(key)
+    return normal if isinstance(normal, str) else _encode_json(normal)
+
+
+def _normalise(value: object) -> object:
+    """A JSON-native copy: 1.0 as 1, tuples as lists, str keys, anything else by repr."""
+    if value is None or type(value) is str or type(value) is int or type(value) is bool:
+        return value
+    # Plain leaves are kept without a call: this runs once per node of nested arguments.
+    if type(value) is dict:
+        return {
+            key if type(key) is str else _key_text(key): (
+                item if type(item) in _PLAIN_JSON_TYPES else _normalise(item)
+            )
+            for key, item in value.items()
+        }
+    if type(value) is list or type(value) is tuple:
+        return [item if type(item) in _PLAIN_JSON_TYPES else _normalise(item) for item in value]
+    if type(value) is float:
+        return int(value) if value.is_integer() else value
+    if isinstance(value, Mapping):
+        return {_key_text(key): _normalise(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normalise(item) for item in value]
+    # Subclasses (str/int enums, numpy-like floats) as JSON would write their value.
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return _normalise(float(value))
+    return _safe_repr(value)
+
+
+def _normalise_or_repr(value: object) -> object:
+    try:
+        return _normalise(value)
+    except RecursionError:  # a self-referencing or absurdly deep structure
+        return _safe_repr(value)
+
+
+def _is_flat(mapping: dict[object, object], value_types: frozenset[type]) -> bool:
+    """True when every key is a str and every value's exact type is one of `value_types`."""
+    for key, value in mapping.items():
+        if type(key) is not str or type(value) not in value_types:
+            return False
+    return True
+
+
+def canonical_args(args: object) -> Hashable:
+    """A hashable form of tool arguments, equal exactly for JSON-equivalent values.
+
+    Keys are sorted at every depth, 1 == 1.0 (but not True), tuples are lists and
+    non-JSON values count by repr. Flat dicts of str/int/None (the usual model-made
+    arguments) become a frozenset of items, which needs no sorting; everything else
+    becomes canonical JSON text.
+    """
+    if type(args) is dict and _is_flat(args, _PLAIN_ARG_TYPES):
+        return frozenset(args.items())
+    normal = _normalise_or_repr(args)
+    if type(normal) is dict and _is_flat(normal, _PLAIN_ARG_TYPES):
+        return frozenset(normal.items())
+    return _encode_json(normal)
+
+
+def canonical_json(value: object) -> str:
+    """Canonical JSON text of any value (sorted keys, 1 == 1.0, others by repr)."""
+    if type(value) is dict and _is_flat(value, _PLAIN_JSON_TYPES):
+        return _encode_json(value)
+    if type(value) is list and all(type(item) in _PLAIN_JSON_TYPES for item in value):
+        return _encode_json(value)
+    return _encode_json(_normalise_or_repr(value))
+
+
+def result_hash(result: object, *, success: bool = True) -> int:
+    """A hash of the whole result (falsy ones too) and of whether the call failed.
+
+    Text and bytes are hashed as they are, anything else as canonical JSON, by Python's
+    str/bytes hash: SipHash with a per-process random key, over the whole input, ten
+    times cheaper than blake2b here. A collision (2**-64 per pair) could only make two
+    different results look alike, never hide a repeated one.
+    """
+    # The kind keeps "x" as text, b"x" as bytes and '"x"' as JSON text apart.
+    if type(result) is str:
+        return hash((success, "s", result))
+    if type(result) is bytes:
+        return hash((success, "b", result))
+    return hash((success, "j", canonical_json(result)))
+
+
+_CallKey = tuple[str, Hashable]
+_Fingerprint = tuple[_CallKey, int | str]
+# runs[i]: how many trailing fingerprints equal the one _PERIODS[i] places before them.
+_NO_RUNS: Final = (0,) * len(_PERIODS)
+_NO_CYCLE: Final = (0, 0)  # (laps, period) of the recorded tail
+
+
+def _advance_cycles(
+    ring: deque[_Fingerprint], runs: tuple[int, ...], fp: _Fingerprint, streak: int
+) -> tuple[tuple[int, ...], tuple[int, int]]:
+    """The cycle runs once `fp` is appended to `ring`, and the longest cycle they show."""
+    size = len(ring)
+    advanced = []
+    best = _NO_CYCLE
+    for period, previous in zip(_PERIODS, runs, strict=True):
+        run = previous + 1 if size >= period and ring[-period] == fp else 0
+        advanced.append(run)
+        # A tail of `period` identical fingerprints is a streak, not a cycle.
+        if run and streak < period and (run + period) // period > best[0]:
+            best = ((run + period) // period, period)
+    return tuple(advanced), best
+
+
+class LoopGuard:
+    """Per-turn tool-call guard; thread-safe, O(1) per call, deterministic under `clock`."""
+
+    def __init__(
+        self, config: LoopGuardConfig | None = None, *, clock: Callable[[], float] | None = None
+    ) -> None:
+        cfg = config if config is not None else LoopGuardConfig()
+        self._config = cfg
+        self._clock = clock if clock is not None else time.monotonic
+        self._lock = threading.Lock()
+        self._thresholds: dict[Bucket, tuple[int, int, int]] = {
+            "idempotent": (
+                cfg.idempotent_warn_threshold,
+                cfg.idempotent_block_threshold,
+                cfg.idempotent_halt_threshold,
+            ),
+            "mutating": (
+                cfg.mutating_warn_threshold,
+                cfg.mutating_block_threshold,
+                cfg.mutating_halt_threshold,
+            ),
+        }
+        self._registered: dict[str, Bucket] = {}
+        # The last pre-checked call's args object and key; holding the object keeps its
+        # identity from being reused by another object.
+        self._checked: tuple[object, _CallKey] = (None, ("", None))
+        self._counts: dict[str, int] = {}
+        self._turn_start: float | None = None
+        self._last: _Fingerprint | None = None
+        self._streak = 0
+        self._ring: deque[_Fingerprint] = deque(maxlen=_LONGEST_PERIOD)
+        self._runs = _NO_RUNS
+        self._cycle = _NO_CYCLE
+        self._marks = 0
+        self._last_mark: str | None = None
+
+    @property
+    def config(self) -> LoopGuardConfig:
+        """The thresholds this guard enforces."""
+        return self._config
+
+    def register_tool(self, name: str, *, idempotent: bool) -> None:
+        """Classify a tool explicitly; this wins over the built-in sets and the name."""
+        self._registered[name] = "idempotent" if idempotent else "mutating"
+
+    def classify(self, tool_name: str) -> Bucket:
+        """The tool's bucket: registered, else built-in sets, else the verbs of its name."""
+        bucket = self._registered.get(tool_name)
+        return bucket if bucket is not None else classify_tool_name(tool_name)
+
+    def check(
+        self, tool_name: str, args: object, *, pre: bool = True, now: float | None = None
+    ) -> LoopGuardDecision:
+        """Decide on a call: before it runs (`pre`, counting it) or after it was recorded."""
+        if not self._config.enabled:
+            return _DISABLED
+        key = (tool_name, canonical_args(args))
+        if pre:
+            # record() of this same call reuses the canonical arguments (set atomically).
+            self._checked = (args, key)
+        bucket = self._registered.get(tool_name) or classify_tool_name(tool_name)
+        with self._lock:
+            elapsed = self._elapsed(now)
+            return self._decide(key, self._thresholds[bucket], pre, elapsed)
+
+    def record(
+        self,
+        tool_name: str,
+        args: object,
+        *,
+        success: bool,
+        result: object = None,
+        now: float | None = None,
+    ) -> LoopGuardDecision:
+        """Record a call that ran (or was blocked) and return the post-check decision."""
+        if not self._config.enabled:
+            return _DISABLED
+        checked_args, key = self._checked
+        if checked_args is not args or key[0] != tool_name:
+            key = (tool_name, canonical_args(args))
+        blocked = type(result) is dict and result.get("loop_blocked") is True
+        outcome = _BLOCKED_RESULT if blocked else result_hash(result, success=success)
+        bucket = self._registered.get(tool_name) or classify_tool_name(tool_name)
+        with self._lock:
+            elapsed = self._elapsed(now)
+            counts = self._counts
+            count_key = tool_name
+            if tool_name not in counts and len(counts) >= _MAX_TRACKED_TOOLS:
+                count_key = _OTHER_TOOLS
+            counts[count_key] = counts.get(count_key, 0) + 1
+            last = self._last
+            if blocked:
+                # A blocked call repeats its call's last fingerprint: retrying escalates.
+                self._push(last if last is not None and last[0] == key else (key, outcome))
+                return self._blocked(key)
+            self._push((key, outcome))
+            return self._decide(key, self._thresholds[bucket], False, elapsed)
+
+    def mark_progress(self, label: str) -> None:
+        """Mark a real checkpoint: only later calls can build a streak or a cycle."""
+        with self._lock:
+            self._forget_tail()
+            self._marks += 1
+            self._last_mark = label
+
+    def reset_turn(self) -> None:
+        """Start a new turn: counts, streak, cycle, progress marks and the timer are cleared."""
+        with self._lock:
+            self._forget_tail()
+            self._counts = {}
+            self._turn_start = None
+            self._marks = 0
+            self._last_mark = None
+
+    def get_stats(self, *, now: float | None = None) -> LoopGuardStats:
+        """A snapshot of this turn: elapsed time, per-tool counts, current streak and laps."""
+        with self._lock:
+            start = self._turn_start
+            elapsed = 0.0 if start is None else (self._clock() if now is None else now) - start
+            return LoopGuardStats(
+                enabled=self._config.enabled,
+                turn_elapsed=elapsed,
+                tool_counts=MappingProxyType(dict(self._counts)),
+                streak=self._streak,
+                laps=self._cycle[0],
+                progress_marks=self._marks,
+                last_progress=self._last_mark,
+            )
+
+    def _elapsed(self, now: float | None) -> float:
+        t = self._clock() if now is None else now
+        start = self._turn_start
+        if start is None:
+            self._turn_start = t
+            return 0.0
+        return t - start
+
+    def _forget_tail(self) -> None:
+        self._last = None
+        self._streak = 0
+        self._ring.clear()
+        self._runs = _NO_RUNS
+        self._cycle = _NO_CYCLE
+
+    def _push(self, fp: _Fingerprint) -> None:
+        """Append a recorded fingerprint: update the streak and the per-period cycle runs."""
+        streak = self._streak + 1 if fp == self._last else 1
+        ring = self._ring
+        # Usually nothing repeats and every cycle run ends. Inside a streak as long as the
+        # ring, no cycle can show and the runs restart from zero once the streak breaks.
+        if streak >= _LONGEST_PERIOD or fp not in ring:
+            self._runs = _NO_RUNS
+            self._cycle = _NO_CYCLE
+        else:
+            self._runs, self._cycle = _advance_cycles(ring, self._runs, fp, streak)
+        ring.append(fp)
+        self._last = fp
+        self._streak = streak
+
+    def _decide(
+        self, key: _CallKey, thresholds: tuple[int, int, int], pre: bool, elapsed: float
+    ) -> LoopGuardDecision:
+        cfg = self._config
+        tool = key[0]
+        count = self._counts.get(tool)
+        if count is None:
+            count = self._count(tool)
+        if pre:
+            count += 1
+        last = self._last
+        extends = last is not None and last[0] == key
+        streak = self._streak if extends else 0
+        laps, period = self._cycle
+        # The cycle counts only if this call is the one that continues it.
+        if laps and not (self._ring[-period][0] == key if pre else extends):
+            laps = 0
+        if elapsed > cfg.max_time_per_turn:
+            return _time_exceeded(tool, count, streak, elapsed, cfg.max_time_per_turn)
+        if streak >= cfg.no_progress_halt:
+            return _no_progress(GuardAction.HALT, tool, count, streak, cfg.no_progress_halt)
+        if laps >= cfg.cycle_halt_laps:
+            return self._cycle_decision(GuardAction.HALT, tool, count, laps, period)
+        warn_at, block_at, halt_at = thresholds
+        if streak >= cfg.no_progress_warn:
+            if count >= halt_at:
+                return _count_decision(GuardAction.HALT, tool, count, streak, halt_at)
+            if count >= block_at:
+                return _count_decision(GuardAction.BLOCK, tool, count, streak, block_at)
+            return _no_progress(GuardAction.WARN, tool, count, streak, cfg.no_progress_warn)
+        if laps >= cfg.cycle_warn_laps:
+            return self._cycle_decision(GuardAction.WARN, tool, count, laps, period)
+        if count >= warn_at:
+            return _count_warn(tool, count, streak, thresholds)
+        return _decision(
+            GuardAction.ALLOW,
+            "ok",
+            "allowed",
+            {"tool": tool, "tool_count": count, "streak": streak},
+        )
+
+    def _count(self, tool: str) -> int:
+        counts = self._counts
+        count = counts.get(tool)
+        if count is None:
+            return counts.get(_OTHER_TOOLS, 0) if len(counts) >= _MAX_TRACKED_TOOLS else 0
+        return count
+
+    def _blocked(self, key: _CallKey) -> LoopGuardDecision:
+        tool = key[0]
+        count = self._count(tool)
+        streak = self._streak
+        return _decision(
+            GuardAction.BLOCK,
+            "blocked",
+            f"{tool} was blocked and did not run (call {count} this turn; the same call and "
+            f"result {streak} times in a row). Retrying it the same way will stop the turn: "
+            "change the arguments, use another tool, or answer with what you have.",
+            {"tool": tool, "tool_count": count, "streak": streak},
+        )
+
+    def _cycle_decision(
+        self, action: GuardAction, tool: str, count: int, laps: int, period: int
+    ) -> LoopGuardDecision:
+        cfg = self._config
+        names = ", ".join(fp[0][0] for fp in list(self._ring)[-period:])
+        if action is GuardAction.HALT:
+            code = "cycle_halt"
+            tail = "the turn is stopped because the calls are going round in a circle."
+            threshold = cfg.cycle_halt_laps
+        else:
+            code = "cycle_warn"
+            tail = (
+                f"the turn stops at {cfg.cycle_halt_laps} laps. Repeating the cycle will not "
+                "change the results: try something else or answer with what you have."
+            )
+            threshold = cfg.cycle_warn_laps
+        return _decision(
+            action,
+            code,
+            f"The same {period} tool calls ({names}) returned the same results {laps} times "
+            f"over (threshold {threshold} laps); {tail}",
+            {
+                "tool": tool,
+                "tool_count": count,
+                "laps": laps,
+                "period": period,
+                "threshold": threshold,
+            },
+        )
+
+
+def _time_exceeded(
+    tool: str, count: int, streak: int, elapsed: float, limit: float
+) -> LoopGuardDecision:
+    return _decision(
+        GuardAction.HALT,
+        "time_exceeded",
+        f"This turn has run {elapsed:.1f} s, over its limit of {limit:g} s, so it is stopped "
+        f"at {tool} (call {count} of it). Answer with what you have.",
+        {"tool": tool, "tool_count": count, "streak": streak, "elapsed": elapsed, "limit": limit},
+    )
+
+
+def _no_progress(
+    action: GuardAction, tool: str, count: int, streak: int, threshold: int
+) -> LoopGuardDecision:
+    if action is GuardAction.HALT:
+        code = "no_progress_halt"
+        advice = "the turn is stopped because the tool is stuck."
+    else:
+        code = "no_progress_warn"
+        advice = (
+            "Repeating it will not change the result: change the arguments, try another "
+            "tool, or answer with what you have."
+        )
+    return _decision(
+        action,
+        code,
+        f"{tool} returned the same result for the same arguments {streak} times in a row "
+        f"(threshold {threshold}); {advice}",
+        {"tool": tool, "tool_count": count, "streak": streak, "threshold": threshold},
+    )
+
+
+def _count_decision(
+    action: GuardAction, tool: str, count: int, streak: int, threshold: int
+) -> LoopGuardDecision:
+    if action is GuardAction.HALT:
+        code = "count_halt"
+        verdict = "the turn is stopped."
+    else:
+        code = "count_block"
+        verdict = (
+            "this call was not run. Change the arguments, use another tool, or answer with "
+            "what you have; retrying will stop the turn."
+        )
+    return _decision(
+        action,
+        code,
+        f"{tool} was called {count} times this turn (threshold {threshold}) and returned "
+        f"the same result {streak} times in a row; {verdict}",
+        {"tool": tool, "tool_count": count, "streak": streak, "threshold": threshold},
+    )
+
+
+def _count_warn(
+    tool: str, count: int, streak: int, thresholds: tuple[int, int, int]
+) -> LoopGuardDecision:
+    warn_at, block_at, halt_at = thresholds
+    if count >= block_at:
+        threshold = halt_at if count >= halt_at else block_at
+        why = (
+            f"(threshold {threshold}); it is still allowed because its results keep changing, "
+            "but finish soon or change approach."
+        )
+    else:
+        threshold = warn_at
+        why = (
+            f"(warn threshold {warn_at}, block from {block_at} if the results stop "
+            "changing). Make sure each call is needed."
+        )
+    return _decision(
+        GuardAction.WARN,
+        "count_warn",
+        f"{tool} was called {count} times this turn {why}",
+        {"tool": tool, "tool_count": count, "streak": streak, "threshold": threshold},
+    )
+
+
+def apply_decision(decision: LoopGuardDecision, result: object) -> object:
+    """Apply a decision to a tool result: annotate (WARN), replace (BLOCK) or raise (HALT)."""
+    action = decision.action
+    if action is GuardAction.ALLOW:
+        return result
+    if action is GuardAction.HALT:
+        raise ToolExecutionError.from_decision(decision)
+    if action is GuardAction.BLOCK:
+        return {"error": f"[loop-guard] {decision.message}", "loop_blocked": True}
+    if isinstance(result, Mapping):
+        note = {"action": action.value, "code": decision.code, "message": decision.message}
+        return {**result, "_loop_guard": note}
+    if isinstance(result, str):
+        return f"{result} [loop-guard] {decision.message}"
+    return result

@@ -1,0 +1,315 @@
+"""Silence: a reply that means "say nothing" (NO_REPLY, narration) never reaches the chat.
+
+A reply is normalised before it is compared with the silence tokens: zero-width
+characters removed, case folded, surrounding whitespace (NBSP included), Markdown
+wrapping (`**`, `_`, `~~`, backticks, code fences with a language), brackets, quotes,
+heading/list/quote markers and punctuation stripped from both ends, and runs of spaces,
+`-` and `_` between words made one space. Tokens are normalised the same way, so
+`NO_REPLY`, `no-reply`, `NO REPLY` and `[no_reply]` are one token, and `[SILENT]`
+matches a configured `[silent]` or `SILENT`.
+
+Decisions the design left open:
+- An empty or whitespace-only reply is never sent (`apply_silence` returns None): every
+  platform rejects an empty message, whatever the policy.
+- Narration is silence only when it is marked as narration: wrapped in `*`/`_` or
+  brackets (`*stays silent*`, `(no reply)`, `[no response]`), or nothing but
+  punctuation or a mute emoji (`.`, `…`, `🔇`). A bare "Silent" is an answer, not narration.
+- Only the blank lines next to a stripped token line are removed; a reply with nothing
+  stripped is sent byte for byte.
+- A non-string is never silent: `is_silent` returns False and `apply_silence` hands it
+  back unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+NO_REPLY = "NO_REPLY"
+
+# Zero-width characters, the soft hyphen and the emoji variation selector.
+_INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad\ufe0f"
+# Invisible characters vanish; curly quotes become straight ones so `doesn’t` and
+# `doesn't` normalise alike.
+_TRANSLATION: dict[int, int | None] = {
+    **dict.fromkeys(map(ord, _INVISIBLE), None),
+    **{ord(curly): ord(straight) for curly, straight in zip("‘’“”", "''\"\"", strict=True)},
+}
+_SPACES = "".join(ch for ch in map(chr, range(0x3001)) if ch.isspace())
+_BLANKS = _SPACES + _INVISIBLE
+# str.translate looks every character up in a dict; a regex scan finds the rare reply
+# that needs it far faster.
+_TRANSLATED = re.compile("[" + "".join(map(chr, _TRANSLATION)) + "]")
+_WRAPPERS = _SPACES + "*_~`#>-|\"'„«»‹›()[]{}<>" + ".,!?;:…"
+_FENCE = re.compile(r"(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)\n?[ \t]*(?P=fence)", re.DOTALL)
+_FENCE_OPENERS = ("```", "~~~")
+_SEPARATORS = re.compile("[" + re.escape(_SPACES.replace("\n", "") + "-_") + "]+")
+_NARRATION_OPENERS = "*_([{<"
+_NARRATION_CLOSERS = "*_)]}>"
+
+
+def _visible(text: str) -> str:
+    """The text without invisible characters and with straight quotes."""
+    return text.translate(_TRANSLATION) if _TRANSLATED.search(text) else text
+
+
+def _core(text: str, *, written_so_far: bool = False) -> str:
+    """The normalised content of a reply or token: what is compared for silence.
+
+    With `written_so_far`, the text is the start of a reply still being written: a code
+    fence may still be open, and an unfinished fence opening line yields "" (anything
+    may follow).
+    """
+    core = _visible(text).casefold()
+    while True:
+        inner = core.strip(_SPACES)
+        fenced = _FENCE.fullmatch(inner)
+        if fenced:
+            inner = fenced["body"]
+        elif written_so_far and inner.startswith(_FENCE_OPENERS):
+            if "\n" not in inner:
+                return ""
+            inner = inner.partition("\n")[2]
+        inner = inner.strip(_WRAPPERS)
+        if inner == core:
+            return _SEPARATORS.sub(" ", core)
+        core = inner
+
+
+_NARRATION = frozenset(
+    _core(phrase)
+    for phrase in (
+        "silent",
+        "silence",
+        "silently",
+        "quiet",
+        "nothing",
+        "no reply",
+        "no response",
+        "no answer",
+        "no comment",
+        "no message",
+        "stays silent",
+        "stay silent",
+        "staying silent",
+        "remains silent",
+        "remain silent",
+        "keeps silent",
+        "stays quiet",
+        "remains quiet",
+        "keeps quiet",
+        "says nothing",
+        "say nothing",
+        "not replying",
+        "not responding",
+        "does not reply",
+        "does not respond",
+        "doesn't reply",
+        "doesn't respond",
+    )
+)
+_MUTE_EMOJI = frozenset({"🔇", "🔕", "🤐", "🤫", "😶", "🙊"})
+
+
+def _is_blank(text: str) -> bool:
+    """True when nothing but whitespace and zero-width characters is left."""
+    return not _visible(text).strip()
+
+
+@dataclass(frozen=True, slots=True)
+class SilencePolicy:
+    """Which replies mean "send nothing", and whether token lines and narration are dropped."""
+
+    tokens: tuple[str, ...] = (NO_REPLY,)
+    strip_trailing: bool = True
+    drop_narration: bool = True
+    _token_cores: frozenset[str] = field(init=False, repr=False, compare=False)
+    _silent_cores: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A config list (or a lone string) becomes a tuple, so the policy stays hashable.
+        tokens = (self.tokens,) if isinstance(self.tokens, str) else tuple(self.tokens)
+        cores = frozenset(_core(token) for token in tokens)
+        if "" in cores:
+            raise ValueError(
+                "silence tokens must keep a letter, digit or symbol once normalised, "
+                f"got {tokens!r}"
+            )
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "_token_cores", cores)
+        extra = _NARRATION | _MUTE_EMOJI if self.drop_narration else frozenset()
+        object.__setattr__(self, "_silent_cores", cores | extra)
+
+    def may_become_token(self, line: str) -> bool:
+        """True when a line being written may still turn out to be a silence token."""
+        so_far = _core(line, written_so_far=True)
+        return any(core.startswith(so_far) for core in self._token_cores)
+
+    def may_become_silent(self, text: str) -> bool:
+        """True when a reply being written may still turn out to be silence as a whole."""
+        if _is_blank(text):
+            return True
+        so_far = _core(text, written_so_far=True)
+        return any(core.startswith(so_far) for core in self._silent_cores)
+
+
+_DEFAULT_POLICY = SilencePolicy()
+
+
+def is_silent(text: str, policy: SilencePolicy | None = None) -> bool:
+    """True when the whole reply is a silence token once normalised; never for a non-string."""
+    if not isinstance(text, str):
+        return False
+    return _core(text) in (policy or _DEFAULT_POLICY)._token_cores
+
+
+def _is_narration(text: str, core: str) -> bool:
+    """True for marked narration such as `*stays silent*` or `(no reply)`, or a mute emoji."""
+    if core in _MUTE_EMOJI:
+        return True
+    if core not in _NARRATION:
+        return False
+    marked = _visible(text).strip().rstrip(".,!?;:… ")
+    return bool(marked) and marked[0] in _NARRATION_OPENERS and marked[-1] in _NARRATION_CLOSERS
+
+
+def _says_nothing(text: str, policy: SilencePolicy) -> bool:
+    """True when the reply as a whole must not be sent."""
+    core = _core(text)
+    if not core:
+        # Nothing but whitespace (never sent), or only punctuation and markup (narration).
+        return policy.drop_narration or _is_blank(text)
+    return core in policy._token_cores or (policy.drop_narration and _is_narration(text, core))
+
+
+def apply_silence(text: str, policy: SilencePolicy | None = None) -> str | None:
+    """The reply to send, or None to send nothing; token lines at either end are stripped."""
+    if not isinstance(text, str):
+        return text
+    policy = policy or _DEFAULT_POLICY
+    if _says_nothing(text, policy):
+        return None
+    if not policy.strip_trailing:
+        return text
+    lines = text.split("\n")
+    start, stop = 0, len(lines)
+    while True:
+        head = _first_content(lines, start)
+        if not is_silent(lines[head], policy):
+            break
+        start = head + 1
+        while start < stop and _is_blank(lines[start]):
+            start += 1
+        if start == stop:
+            return None
+    while True:
+        tail = _last_content(lines, stop)
+        if tail == head or not is_silent(lines[tail], policy):
+            break
+        stop = tail
+        while _is_blank(lines[stop - 1]):
+            stop -= 1
+    if (start, stop) == (0, len(lines)):
+        return text
+    rest = "\n".join(lines[start:stop])
+    return None if _says_nothing(rest, policy) else rest
+
+
+def _first_content(lines: list[str], start: int) -> int:
+    """Index of the first non-blank line at or after `start` (one exists)."""
+    while _is_blank(lines[start]):
+        start += 1
+    return start
+
+
+def _last_content(lines: list[str], stop: int) -> int:
+    """Index of the last non-blank line before `stop` (one exists)."""
+    stop -= 1
+    while _is_blank(lines[stop]):
+        stop -= 1
+    return stop
+
+
+class SilenceStreamFilter:
+    """Streams a reply while holding back whatever may still turn out to be silence.
+
+    `feed(chunk)` returns the text that is safe to send now; `finish()` returns the rest,
+    or None when the whole reply was silence (and `feed` never returned any text). What
+    is sent in total equals `apply_silence` of the whole reply: the start is held until
+    it cannot become a token or narration (`N`, `NO`, `NO_`, `*(sil` …), and a last line
+    that may be a token is held with the blank lines before it.
+    """
+
+    def __init__(self, policy: SilencePolicy | None = None) -> None:
+        self._policy = policy or _DEFAULT_POLICY
+        self._parts: list[str] = []
+        self._pending = ""
+        self._sent = 0
+        self._head_done = False
+        self._mid_line = False
+
+    def feed(self, chunk: str) -> str:
+        """Take the next piece of the reply; return what may be sent now (often "")."""
+        self._parts.append(chunk)
+        self._pending += chunk
+        if not self._head_done and not self._settle_head():
+            return ""
+        pending = self._pending
+        hold = self._hold_from(pending)
+        if hold == 0 or (self._sent == 0 and self._policy.may_become_silent(pending[:hold])):
+            return ""
+        out = pending[:hold]
+        self._pending = pending[hold:]
+        self._sent += len(out)
+        self._mid_line = not out.endswith("\n")
+        return out
+
+    def finish(self) -> str | None:
+        """The text still to send once the reply is complete; None when it was all silence."""
+        result = apply_silence("".join(self._parts), self._policy)
+        if result is None:
+            return None if self._sent == 0 else ""
+        return result[self._sent :]
+
+    def _settle_head(self) -> bool:
+        """Strip complete token lines at the start; True once the first line is content."""
+        policy = self._policy
+        while True:
+            pending = self._pending
+            if policy.may_become_silent(pending):
+                return False
+            if not policy.strip_trailing:
+                break
+            lines = pending.split("\n")
+            head = _first_content(lines, 0)
+            if head == len(lines) - 1 or not is_silent(lines[head], policy):
+                break
+            rest = head + 1
+            while rest < len(lines) - 1 and _is_blank(lines[rest]):
+                rest += 1
+            self._pending = "\n".join(lines[rest:])
+        self._head_done = True
+        return True
+
+    def _hold_from(self, pending: str) -> int:
+        """Where the held-back tail of `pending` starts: trailing blank and token lines."""
+        if not self._policy.strip_trailing:
+            return len(pending)
+        end = len(pending)
+        while True:
+            newline = pending.rfind("\n", 0, end)
+            line = pending[newline + 1 : end]
+            if newline < 0 and self._mid_line:
+                # The rest of a line whose start was sent: content, not a token line.
+                is_content = True
+            elif _is_blank(line):
+                is_content = False
+            elif end == len(pending):
+                is_content = not self._policy.may_become_token(line)
+            else:
+                is_content = not is_silent(line, self._policy)
+            if is_content:
+                return newline + 1 + len(line.rstrip(_BLANKS))
+            if newline < 0:
+                return 0
+            end = newline

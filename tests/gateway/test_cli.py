@@ -1,0 +1,200 @@
+"""The command line: subcommands, exit codes, and `run` as a real process with signals."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from runtime_helpers import shadow_package
+
+import connectors
+import gateway.demo
+import gateway.state
+from gateway import __version__
+from gateway.cli import main
+
+ADMIN_SECRET = "lw-admin-secret-5e6f"
+RUN_CONFIG = """
+http: {host: 127.0.0.1, port: 0, admin_token: '${LW_TEST_ADMIN}'}
+agents: {parrot: {kind: scripted, default: 'echo: {text}'}}
+bots:
+  - {id: parrot-room, platform: room, agent: parrot}
+pipeline: {drain_seconds: 5}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "loopwarden.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"loopwarden {__version__}"
+
+
+def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["--help"])
+    assert caught.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("run", "check-config", "demo"):
+        assert command in out
+
+
+def test_a_subcommand_is_required() -> None:
+    with pytest.raises(SystemExit) as caught:
+        main([])
+    assert caught.value.code == 2
+
+
+def test_run_with_an_invalid_config_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, "http: {port: 99999}\n")
+    assert main(["run", "--config", str(path)]) == 2
+    assert capsys.readouterr().err.startswith("config error: http.port: ")
+    assert main(["run", "--config", str(tmp_path / "absent.yaml")]) == 2
+
+
+def test_run_with_a_missing_platform_extra_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shadow_package(connectors, "slack", "import lw_absent_slack_sdk\n", tmp_path, monkeypatch)
+    path = write(
+        tmp_path,
+        "agents: {p: {kind: scripted}}\n"
+        "bots: [{id: s, platform: slack, bot_token: xoxb-1, signing_secret: y, agent: p}]\n",
+    )
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: bots.0.platform: ")
+    assert "pip install 'loopwarden[slack]'" in err
+    assert "xoxb-1" not in err
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """`run` installs a root handler on the captured stderr: take it away afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_run_logs_a_broken_connector_without_its_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    body = (
+        "def create(bot, services):\n"
+        "    raise RuntimeError('rejected ' + bot.bot_token.get_secret_value())\n"
+    )
+    shadow_package(connectors, "slack", body, tmp_path, monkeypatch)
+    path = write(
+        tmp_path,
+        "agents: {p: {kind: scripted}}\n"
+        "bots: [{id: s, platform: slack, bot_token: xoxb-secret-77, signing_secret: sign-0a1b,"
+        " agent: p}]\n",
+    )
+    assert main(["run", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "the gateway could not be built" in err
+    assert "RuntimeError: rejected ***" in err
+    assert "xoxb-secret-77" not in err
+
+
+def test_check_config_reports_an_unavailable_state_backend(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shadow_package(gateway.state, "redis", "import lw_absent_redis\n", tmp_path, monkeypatch)
+    path = write(tmp_path, "state: {backend: redis}\n")
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: state.backend: ")
+    assert "pip install 'loopwarden[redis]'" in err
+
+
+def test_demo_hands_its_arguments_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str] | None] = []
+
+    def fake_demo(argv: list[str] | None = None) -> int:
+        seen.append(argv)
+        return 0
+
+    monkeypatch.setattr(gateway.demo, "main", fake_demo)
+    assert main(["demo", "--port", "0", "--no-browser", "--exit-after", "1"]) == 0
+    assert main(["demo"]) == 0
+    assert seen == [["--port", "0", "--no-browser", "--exit-after", "1"], []]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_run_serves_until_a_signal_then_exits_0(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    path = write(tmp_path, RUN_CONFIG)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gateway",
+        "run",
+        "--config",
+        str(path),
+        "--log-level",
+        "debug",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "LW_TEST_ADMIN": ADMIN_SECRET},
+    )
+    assert process.stderr is not None
+    try:
+        lines: list[str] = []
+        port = await asyncio.wait_for(_served_port(process.stderr, lines), 30)
+        async with aiohttp.ClientSession() as client:
+            async with client.get(f"http://127.0.0.1:{port}/healthz") as response:
+                assert response.status == 200
+            await asyncio.wait_for(_until_ready(client, port), 30)
+        process.send_signal(signum)
+        code = await asyncio.wait_for(process.wait(), 10)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    out, err = await process.communicate()
+    output = "".join(lines) + err.decode() + out.decode()
+    assert code == 0, output
+    assert ADMIN_SECRET not in output
+    assert "gateway stopped" in output
+
+
+async def _served_port(stream: asyncio.StreamReader, lines: list[str]) -> int:
+    """Read the process's log until it says which port it serves on."""
+    while True:
+        line = (await stream.readline()).decode()
+        if not line:
+            raise AssertionError("process ended before serving: " + "".join(lines))
+        lines.append(line)
+        found = re.search(r"http server on [\d.]+:(\d+)", line)
+        if found:
+            return int(found.group(1))
+
+
+async def _until_ready(client: aiohttp.ClientSession, port: int) -> None:
+    """Poll /readyz until every bot is connected."""
+    while True:
+        async with client.get(f"http://127.0.0.1:{port}/readyz") as response:
+            if response.status == 200:
+                return
+        await asyncio.sleep(0.05)

@@ -1,0 +1,186 @@
+"""Bot loop stage: pair budget, one cooldown notice per cooldown, consecutive-bot-turn cap."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+from tests.fakes.inmemory import ConstantAgent, InMemoryRoom, PipelineRig, rig_config
+
+NO_CAP = "policy: {bot_loop: {max_consecutive_bot_turns: 0}}"
+
+
+def notices(room: InMemoryRoom) -> list[str]:
+    return [post.text for post in room.bot_posts() if post.text.startswith("Loop guard:")]
+
+
+async def ping_pong(
+    yaml_text: str = NO_CAP, *, bots: tuple[str, ...] = ("parrot", "echo")
+) -> tuple[PipelineRig, InMemoryRoom]:
+    rig = PipelineRig(rig_config(yaml_text, bots=bots))
+    await rig.start()
+    return rig, InMemoryRoom(rig)
+
+
+async def test_issue3_ping_pong_cut_at_budget_with_one_notice() -> None:
+    rig, room = await ping_pong()
+    await room.post("hi bots")
+    await room.run()
+    # Two replies to the human, then twenty admitted bot-to-bot exchanges, then the notice.
+    pongs = [post for post in room.bot_posts() if post.text == "pong"]
+    assert len(pongs) == 2 + 20
+    [notice] = notices(room)
+    assert re.fullmatch(
+        r"Loop guard: pausing replies between (echo and parrot|parrot and echo) for 1 min "
+        r"\(20 bot messages in 1 min\)\. An admin can /loop reset\.",
+        notice,
+    )
+    assert room.transcript[-1].text == notice
+    assert rig.metrics.value("refusals_total", stage="bot_loop", reason="budget_exceeded") == 1
+    assert rig.metrics.value("guard_decisions_total", guard="bot_loop", code="ok") == 20
+
+
+async def test_issue3_notice_posted_once_per_cooldown() -> None:
+    rig, room = await ping_pong()
+    await room.post("hi bots")
+    await room.run()
+    assert len(notices(room)) == 1
+    # More bot messages during the cooldown: dropped silently.
+    await room.post("still there?", sender_id="U_OTHERBOT", sender_name="otherbot")
+    await room.run()
+    assert len(notices(room)) == 1
+    # After the cooldown, the loop can start again and is cut again, with a new notice.
+    rig.clock.advance(61)
+    await room.post("hi again")
+    await room.run()
+    assert len(notices(room)) == 2
+
+
+async def test_cooldown_refusals_are_silent_and_recorded() -> None:
+    rig, room = await ping_pong()
+    await room.post("hi bots")
+    await room.run()
+    refusals = rig.recent.recent("room:C1", limit=10)
+    assert {r.code for r in refusals} >= {"budget_exceeded", "cooldown"}
+
+
+async def test_no_notice_when_announce_cooldown_off() -> None:
+    rig, room = await ping_pong(
+        "policy: {bot_loop: {max_consecutive_bot_turns: 0, announce_cooldown: false}}"
+    )
+    await room.post("hi bots")
+    await room.run()
+    assert notices(room) == []
+    assert len(room.bot_posts()) == 22
+
+
+async def test_reset_lets_the_next_cooldown_be_announced_again() -> None:
+    rig, room = await ping_pong(NO_CAP + "\nadmins: {room: [U_ALICE]}")
+    await room.post("hi bots")
+    await room.run()
+    await room.post("/loop reset")
+    await room.run()
+    # The acknowledgement is a bot message: the other bot answers it and the loop resumes,
+    # until the budget is spent again and the new cooldown is announced.
+    assert len(notices(room)) == 2
+
+
+async def test_budget_follows_channel_rule() -> None:
+    rig, room = await ping_pong(
+        NO_CAP
+        + "\nchannels: [{match: {channel: 'C*'}, policy: {bot_loop: {max_events_per_window: 4}}}]"
+    )
+    await room.post("hi bots")
+    await room.run()
+    assert len([p for p in room.bot_posts() if p.text == "pong"]) == 2 + 4
+
+
+async def test_decision_log_line_is_readable(caplog: pytest.LogCaptureFixture) -> None:
+    rig, room = await ping_pong()
+    with caplog.at_level(logging.INFO, logger="loopwarden.decision"):
+        await room.post("hi bots")
+        await room.run()
+    lines = [r.getMessage() for r in caplog.records if r.name == "loopwarden.decision"]
+    [exceeded] = [line for line in lines if "budget_exceeded" in line]
+    assert exceeded.startswith("room:C1 bot_loop refused budget_exceeded (event 21 over 20 per")
+    assert "cooldown 1 min" in exceeded
+    assert "pair=" in exceeded
+    [record] = [r for r in caplog.records if "budget_exceeded" in r.getMessage()]
+    assert record.__dict__["decision"] == "budget_exceeded"
+    assert record.__dict__["room"] == "room:C1"
+    assert "hi bots" not in "\n".join(lines)
+
+
+async def test_bot_loop_disabled_lets_bots_talk() -> None:
+    rig, room = await ping_pong("policy: {bot_loop: {enabled: false}}")
+    await room.post("hi bots")
+    posted = await room.run(max_posts=100)
+    assert posted == 100  # nothing stopped them: that is what the guard is for
+
+
+async def test_issue3_consecutive_bot_turn_cap_and_human_reset() -> None:
+    rig, room = await ping_pong(
+        "policy: {bot_loop: {max_consecutive_bot_turns: 5, max_events_per_window: 1000}}"
+    )
+    await room.post("hi bots")
+    await room.run()
+    # Two replies to the human, then five admitted bot turns, each answered once; the
+    # sixth bot message in a row is refused.
+    bot_posts = len(room.bot_posts())
+    assert bot_posts == 2 + 5
+    assert rig.metrics.value("refusals_total", stage="bot_loop", reason="bot_turn_cap") >= 1
+    # A human message resets the count: the bots answer again, up to the cap.
+    await room.post("carry on")
+    await room.run()
+    assert len(room.bot_posts()) == 2 * bot_posts
+
+
+async def test_issue3_bot_turn_counted_once_per_message_with_three_hosted_bots() -> None:
+    rig, room = await ping_pong(
+        "policy: {bot_loop: {max_consecutive_bot_turns: 3, max_events_per_window: 1000}}",
+        bots=("parrot", "echo", "mimic"),
+    )
+    await room.post("hello from a bot", sender_id="U_EXT", sender_name="ext", is_bot=True)
+    # Three hosted bots saw one bot message: it counts as one turn, not three.
+    assert await rig.state.bot_turn("room:C1", is_bot=True) == 2
+
+
+async def test_cap_off_with_zero() -> None:
+    rig, room = await ping_pong("policy: {bot_loop: {max_consecutive_bot_turns: 0}}")
+    await room.post("hi")
+    await room.run()
+    assert rig.metrics.value("refusals_total", stage="bot_loop", reason="bot_turn_cap") == 0
+
+
+async def test_slack_notice_names_the_bang_prefix() -> None:
+    config_text = """
+agents: {a: {kind: scripted, default: pong}}
+bots:
+  - {id: alpha, platform: slack, bot_token: x, signing_secret: y, agent: a}
+  - {id: beta, platform: slack, bot_token: x, signing_secret: y, agent: a}
+policy: {bot_loop: {max_consecutive_bot_turns: 0, max_events_per_window: 2}}
+"""
+    from gateway.config import parse_config
+
+    rig = PipelineRig(parse_config(config_text, env={}))
+    await rig.start()
+    room = InMemoryRoom(rig)
+    await room.post("hi")
+    await room.run()
+    [notice] = notices(room)
+    assert notice.endswith("An admin can !loop reset.")
+
+
+async def test_humans_never_touch_the_pair_budget() -> None:
+    agent = ConstantAgent("hi")
+    rig = PipelineRig(
+        rig_config("policy: {bot_loop: {max_events_per_window: 1}}"), {"parrot": agent}
+    )
+    await rig.start()
+    connector = rig.connector()
+    for _ in range(5):
+        await connector.push(connector.message("hello"))
+    assert len(agent.turns) == 5
+    assert await rig.state.pair_snapshot() == []

@@ -1,0 +1,82 @@
+"""Dedupe: redeliveries and concurrent duplicates are answered once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.context import TurnContext
+from gateway.types import AgentResult
+from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
+
+
+class SlowAgent:
+    """Yields to the event loop mid-turn, so concurrent duplicates really overlap."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    async def respond(self, turn: TurnContext) -> AgentResult:
+        self.turns += 1
+        await asyncio.sleep(0)
+        return AgentResult("once")
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+
+async def test_issue3_concurrent_duplicate_deliveries_answered_once() -> None:
+    agent = SlowAgent()
+    rig = PipelineRig(rig_config(), {"parrot": agent})
+    await rig.start()
+    connector = rig.connector()
+    message = connector.message("hello", event_id="evt-1")
+    await asyncio.gather(*(connector.push(message) for _ in range(20)))
+    assert agent.turns == 1
+    assert connector.texts() == ["once"]
+    assert rig.metrics.value("refusals_total", stage="dedupe", reason="duplicate") == 19
+
+
+async def test_redelivery_later_is_dropped() -> None:
+    agent = ConstantAgent("hi")
+    rig = PipelineRig(rig_config(), {"parrot": agent})
+    await rig.start()
+    connector = rig.connector()
+    message = connector.message("hello", message_id="m-1")
+    await connector.push(message)
+    rig.clock.advance(30)
+    await connector.push(message)
+    assert len(agent.turns) == 1
+
+
+async def test_receipt_expires_after_ttl() -> None:
+    agent = ConstantAgent("hi")
+    config = rig_config("pipeline: {dedupe_ttl_seconds: 60}")
+    rig = PipelineRig(config, {"parrot": agent})
+    await rig.start()
+    connector = rig.connector()
+    message = connector.message("hello", message_id="m-2")
+    await connector.push(message)
+    rig.clock.advance(61)
+    await connector.push(message)
+    assert len(agent.turns) == 2
+
+
+async def test_same_message_to_two_hosted_bots_is_not_a_duplicate() -> None:
+    rig = PipelineRig(rig_config(bots=("parrot", "echo")))
+    await rig.start()
+    for bot_id in ("parrot", "echo"):
+        connector = rig.connector(bot_id)
+        await connector.push(connector.message("hello", message_id="shared-1"))
+    assert rig.connector("parrot").texts() == ["pong"]
+    assert rig.connector("echo").texts() == ["pong"]
+
+
+async def test_dedupe_can_be_switched_off() -> None:
+    agent = ConstantAgent("hi")
+    rig = PipelineRig(rig_config("pipeline: {dedupe: false}"), {"parrot": agent})
+    await rig.start()
+    connector = rig.connector()
+    message = connector.message("hello", message_id="m-3")
+    await connector.push(message)
+    await connector.push(message)
+    assert len(agent.turns) == 2

@@ -1,0 +1,555 @@
+"""BotLoopGuard and BotLoopPolicy: the pair budget, cooldown, memory bound and config parsing."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import tracemalloc
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot, pair_key
+
+WINDOW = 60.0
+COOLDOWN = 60.0
+
+
+def _guard(budget: int = 3, window: float = WINDOW, cooldown: float = COOLDOWN) -> BotLoopGuard:
+    policy = BotLoopPolicy(
+        max_events_per_window=budget, window_seconds=window, cooldown_seconds=cooldown
+    )
+    return BotLoopGuard(policy)
+
+
+def _decide(guard: BotLoopGuard, now: float, a: str = "a", b: str = "b") -> PairDecision:
+    return guard.decide(self_bot_id=a, sender_bot_id=b, now=now)
+
+
+# --- BotLoopPolicy -------------------------------------------------------------------
+
+
+def test_policy_defaults() -> None:
+    assert BotLoopPolicy() == BotLoopPolicy(
+        enabled=True, max_events_per_window=20, window_seconds=60.0, cooldown_seconds=60.0
+    )
+
+
+@pytest.mark.parametrize("data", [None, {}])
+def test_from_dict_empty_gives_defaults(data: dict[str, object] | None) -> None:
+    assert BotLoopPolicy.from_dict(data) == BotLoopPolicy()
+
+
+def test_from_dict_reads_fields_and_ignores_unknown_keys() -> None:
+    policy = BotLoopPolicy.from_dict(
+        {
+            "enabled": True,
+            "max_events_per_window": 6,
+            "window_seconds": 30,
+            "cooldown_seconds": 120.5,
+            "max_consecutive_bot_turns": 30,
+            "announce_cooldown": False,
+        }
+    )
+    assert policy == BotLoopPolicy(True, 6, 30.0, 120.5)
+
+
+def test_from_dict_none_value_means_default() -> None:
+    assert BotLoopPolicy.from_dict({"window_seconds": None}) == BotLoopPolicy()
+
+
+@pytest.mark.parametrize("budget", [0, -5, "0"])
+def test_budget_below_one_is_clamped(budget: object) -> None:
+    assert BotLoopPolicy.from_dict({"max_events_per_window": budget}).max_events_per_window == 1
+    assert BotLoopPolicy(max_events_per_window=0).max_events_per_window == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("false", False),
+        ("FALSE", False),
+        ("0", False),
+        ("no", False),
+        ("No", False),
+        ("off", False),
+        (" Off ", False),
+        (False, False),
+        (0, False),
+        ("true", True),
+        ("True", True),
+        ("1", True),
+        ("yes", True),
+        ("on", True),
+        (True, True),
+        (1, True),
+    ],
+)
+def test_enabled_accepts_words(value: object, expected: bool) -> None:
+    assert BotLoopPolicy.from_dict({"enabled": value}).enabled is expected
+
+
+@pytest.mark.parametrize("value", ["maybe", "", 2, 1.5, [True]])
+def test_enabled_rejects_other_values(value: object) -> None:
+    with pytest.raises(ValueError, match="enabled"):
+        BotLoopPolicy.from_dict({"enabled": value})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("window_seconds", 0),
+        ("window_seconds", -1),
+        ("window_seconds", "0"),
+        ("window_seconds", float("inf")),
+        ("window_seconds", float("nan")),
+        ("window_seconds", "abc"),
+        ("window_seconds", True),
+        ("window_seconds", [60]),
+        ("cooldown_seconds", -0.5),
+        ("cooldown_seconds", "-1"),
+        ("cooldown_seconds", "soon"),
+        ("cooldown_seconds", False),
+        ("cooldown_seconds", float("inf")),
+        ("max_events_per_window", "twenty"),
+        ("max_events_per_window", True),
+        ("max_events_per_window", 2.5),
+        ("max_events_per_window", {"n": 1}),
+    ],
+)
+def test_from_dict_rejects_bad_numbers_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        BotLoopPolicy.from_dict({field: value})
+
+
+def test_error_message_says_how_to_fix() -> None:
+    with pytest.raises(ValueError, match=r"window_seconds must be .* above 0 \(e\.g\. 60\)"):
+        BotLoopPolicy.from_dict({"window_seconds": 0})
+
+
+def test_from_dict_accepts_numeric_strings() -> None:
+    policy = BotLoopPolicy.from_dict(
+        {"max_events_per_window": " 7 ", "window_seconds": "1.5", "cooldown_seconds": "0"}
+    )
+    assert policy == BotLoopPolicy(True, 7, 1.5, 0.0)
+
+
+def test_whole_float_budget_is_accepted() -> None:
+    assert BotLoopPolicy.from_dict({"max_events_per_window": 6.0}).max_events_per_window == 6
+
+
+def test_direct_construction_validates_durations() -> None:
+    with pytest.raises(ValueError, match="window_seconds"):
+        BotLoopPolicy(window_seconds=0)
+    with pytest.raises(ValueError, match="cooldown_seconds"):
+        BotLoopPolicy(cooldown_seconds=-1)
+
+
+policies = st.builds(
+    BotLoopPolicy,
+    enabled=st.booleans(),
+    max_events_per_window=st.integers(min_value=1, max_value=10_000),
+    window_seconds=st.floats(min_value=1e-3, max_value=1e6),
+    cooldown_seconds=st.floats(min_value=0, max_value=1e6),
+)
+
+
+@given(policies)
+def test_from_dict_round_trips(policy: BotLoopPolicy) -> None:
+    as_dict = dataclasses.asdict(policy)
+    assert BotLoopPolicy.from_dict(as_dict) == policy
+    assert BotLoopPolicy.from_dict({k: str(v) for k, v in as_dict.items()}) == policy
+
+
+# --- the pair budget --------------------------------------------------------------------
+
+
+def test_pair_key_is_sorted() -> None:
+    assert pair_key("b", "a") == pair_key("a", "b") == ("a", "b")
+
+
+def test_budget_then_refusal_opens_cooldown() -> None:
+    guard = _guard(budget=3)
+    assert [_decide(guard, t) for t in (0.0, 1.0, 2.0)] == [
+        PairDecision(True, "ok", 0.0, 1),
+        PairDecision(True, "ok", 0.0, 2),
+        PairDecision(True, "ok", 0.0, 3),
+    ]
+    assert _decide(guard, 3.0) == PairDecision(False, "budget_exceeded", COOLDOWN, 3)
+    assert _decide(guard, 10.0) == PairDecision(False, "cooldown", COOLDOWN - 7.0, 3)
+
+
+def test_observe_matches_decide() -> None:
+    guard = _guard(budget=2)
+    assert guard.observe(self_bot_id="a", sender_bot_id="b", now=0.0)
+    assert guard.observe(self_bot_id="a", sender_bot_id="b", now=1.0)
+    assert not guard.observe(self_bot_id="a", sender_bot_id="b", now=2.0)
+    assert not guard.observe(self_bot_id="a", sender_bot_id="b", now=3.0)
+
+
+def test_cooldown_is_not_extended_and_ends_on_time() -> None:
+    guard = _guard(budget=1, cooldown=10.0)
+    assert _decide(guard, 0.0).allowed
+    assert _decide(guard, 5.0).reason == "budget_exceeded"
+    for t in (6.0, 9.0, 14.999):
+        assert _decide(guard, t).reason == "cooldown"
+    assert _decide(guard, 15.0) == PairDecision(True, "ok", 0.0, 1)
+
+
+def test_fresh_window_after_cooldown() -> None:
+    guard = _guard(budget=2, window=100.0, cooldown=10.0)
+    _decide(guard, 0.0)
+    _decide(guard, 1.0)
+    assert _decide(guard, 2.0).reason == "budget_exceeded"
+    # The two events at 0 and 1 are still inside their window but no longer count.
+    assert _decide(guard, 12.0) == PairDecision(True, "ok", 0.0, 1)
+    assert _decide(guard, 13.0) == PairDecision(True, "ok", 0.0, 2)
+    assert _decide(guard, 14.0).reason == "budget_exceeded"
+
+
+def test_event_counts_in_half_open_window() -> None:
+    guard = _guard(budget=1, window=10.0)
+    assert _decide(guard, 0.0).allowed
+    assert _decide(guard, 9.999).reason == "budget_exceeded"
+    other = _guard(budget=1, window=10.0)
+    assert _decide(other, 0.0).allowed
+    assert _decide(other, 10.0) == PairDecision(True, "ok", 0.0, 1)
+
+
+def test_zero_cooldown_refuses_only_the_exceeding_event() -> None:
+    guard = _guard(budget=1, cooldown=0.0)
+    assert _decide(guard, 0.0).allowed
+    assert _decide(guard, 1.0) == PairDecision(False, "budget_exceeded", 0.0, 1)
+    assert _decide(guard, 1.0) == PairDecision(True, "ok", 0.0, 1)
+
+
+@pytest.mark.parametrize("budget", [64, 65, 500])
+def test_large_budgets_slide_like_small_ones(budget: int) -> None:
+    window = float(budget)
+    guard = _guard(budget=budget, window=window)
+    assert all(_decide(guard, float(t)).allowed for t in range(budget))
+    assert _decide(guard, budget - 0.5).reason == "budget_exceeded"
+    # One event a second with a window of `budget` seconds never exceeds the budget.
+    other = _guard(budget=budget, window=window)
+    for t in range(3 * budget):
+        assert _decide(other, float(t)) == PairDecision(True, "ok", 0.0, min(t + 1, budget))
+
+
+def test_direction_does_not_matter() -> None:
+    guard = _guard(budget=2)
+    assert _decide(guard, 0.0, "a", "b").allowed
+    assert _decide(guard, 1.0, "b", "a").allowed
+    assert _decide(guard, 2.0, "a", "b").reason == "budget_exceeded"
+    assert _decide(guard, 3.0, "b", "a").reason == "cooldown"
+
+
+def test_pairs_and_scopes_are_independent() -> None:
+    guard = _guard(budget=1)
+    assert guard.observe(self_bot_id="a", sender_bot_id="b", now=0.0, scope="room1")
+    assert not guard.observe(self_bot_id="a", sender_bot_id="b", now=1.0, scope="room1")
+    assert guard.observe(self_bot_id="a", sender_bot_id="b", now=1.0, scope="room2")
+    assert guard.observe(self_bot_id="a", sender_bot_id="b", now=1.0)
+    assert guard.observe(self_bot_id="a", sender_bot_id="c", now=1.0, scope="room1")
+    assert len(guard) == 4
+
+
+def test_disabled_guard_admits_everything_and_holds_nothing() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(enabled=False, max_events_per_window=1))
+    assert not guard.enabled
+    for t in range(10):
+        assert guard.observe(self_bot_id="a", sender_bot_id="b", now=float(t))
+    assert _decide(guard, 11.0) == PairDecision(True, "disabled", 0.0, 0)
+    assert len(guard) == 0
+
+
+def test_default_policy_and_properties() -> None:
+    guard = BotLoopGuard()
+    assert guard.enabled
+    assert guard.policy == BotLoopPolicy()
+    assert all(guard.observe(self_bot_id="a", sender_bot_id="b", now=0.0) for _ in range(20))
+    assert not guard.observe(self_bot_id="a", sender_bot_id="b", now=0.0)
+
+
+def test_injected_clock_is_used_when_now_is_omitted() -> None:
+    now = [0.0]
+    guard = BotLoopGuard(BotLoopPolicy(max_events_per_window=1), clock=lambda: now[0])
+    assert guard.observe(self_bot_id="a", sender_bot_id="b")
+    now[0] = 30.0
+    assert guard.decide(self_bot_id="a", sender_bot_id="b").reason == "budget_exceeded"
+    now[0] = 89.0
+    assert guard.decide(self_bot_id="a", sender_bot_id="b").retry_after == pytest.approx(1.0)
+    assert guard.snapshot()[0].cooldown_remaining == pytest.approx(1.0)
+    now[0] = 90.0
+    assert guard.observe(self_bot_id="a", sender_bot_id="b")
+
+
+def test_max_pairs_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_pairs"):
+        BotLoopGuard(max_pairs=0)
+
+
+# --- reset and snapshot -------------------------------------------------------------------
+
+
+def _filled_guard() -> BotLoopGuard:
+    guard = _guard(budget=5)
+    for scope in ("r1", "r2"):
+        for a, b in (("x", "y"), ("x", "z"), ("y", "z")):
+            guard.observe(self_bot_id=a, sender_bot_id=b, now=0.0, scope=scope)
+    return guard
+
+
+def _pairs(guard: BotLoopGuard) -> set[tuple[str | None, str, str]]:
+    return {(s.scope, s.bot_a, s.bot_b) for s in guard.snapshot(now=1.0)}
+
+
+def test_reset_all() -> None:
+    guard = _filled_guard()
+    guard.reset()
+    assert len(guard) == 0
+    assert guard.snapshot(now=1.0) == []
+
+
+def test_reset_scope() -> None:
+    guard = _filled_guard()
+    guard.reset(scope="r1")
+    assert _pairs(guard) == {("r2", "x", "y"), ("r2", "x", "z"), ("r2", "y", "z")}
+
+
+def test_reset_bot() -> None:
+    guard = _filled_guard()
+    guard.reset(bot_id="x")
+    assert _pairs(guard) == {("r1", "y", "z"), ("r2", "y", "z")}
+
+
+def test_reset_bot_in_scope() -> None:
+    guard = _filled_guard()
+    guard.reset(scope="r2", bot_id="z")
+    assert len(guard) == 4
+    assert _pairs(guard) == {("r1", "x", "y"), ("r1", "x", "z"), ("r1", "y", "z"), ("r2", "x", "y")}
+
+
+def test_reset_lets_a_cooling_pair_talk_again() -> None:
+    guard = _guard(budget=1)
+    _decide(guard, 0.0)
+    assert not _decide(guard, 1.0).allowed
+    guard.reset(bot_id="b")
+    assert _decide(guard, 2.0).allowed
+
+
+def test_snapshot_lists_live_pairs_with_counts_and_cooldown() -> None:
+    guard = _guard(budget=2, window=10.0, cooldown=30.0)
+    for t in (0.0, 1.0, 2.0):
+        guard.observe(self_bot_id="b", sender_bot_id="a", now=t, scope="room")
+    guard.observe(self_bot_id="c", sender_bot_id="d", now=5.0, scope="other")
+    assert guard.snapshot(now=6.0) == [
+        PairSnapshot("room", "a", "b", 2, 26.0),
+        PairSnapshot("other", "c", "d", 1, 0.0),
+    ]
+    assert guard.snapshot("other", now=6.0) == [PairSnapshot("other", "c", "d", 1, 0.0)]
+    # At 16 the events have left the window and the other pair is idle; the cooldown runs on.
+    assert guard.snapshot(now=16.0) == [PairSnapshot("room", "a", "b", 0, 16.0)]
+    assert guard.snapshot(now=32.0) == []
+
+
+# --- memory -----------------------------------------------------------------------------
+
+
+def test_idle_pairs_are_forgotten_as_traffic_goes_on() -> None:
+    guard = _guard(budget=10_000, window=10.0, cooldown=5.0)
+    for i in range(1000):
+        guard.observe(self_bot_id=f"a{i}", sender_bot_id="b", now=i / 1000)
+    assert len(guard) == 1000
+    t = 1.0
+    while t < 25.0:
+        guard.observe(self_bot_id="live", sender_bot_id="b", now=t)
+        t += 0.5
+    assert len(guard) == 1
+
+
+def test_pair_in_long_cooldown_is_kept() -> None:
+    guard = _guard(budget=1, window=1.0, cooldown=100.0)
+    _decide(guard, 0.0)
+    _decide(guard, 0.5)
+    for t in range(1, 90):
+        guard.observe(self_bot_id="x", sender_bot_id="y", now=float(t))
+    assert _decide(guard, 90.0).reason == "cooldown"
+
+
+def test_max_pairs_caps_the_table_and_keeps_recent_pairs() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(max_events_per_window=1), max_pairs=100)
+    for i in range(1000):
+        guard.observe(self_bot_id="hot", sender_bot_id="peer", now=float(i))
+        guard.observe(self_bot_id=f"n{i}", sender_bot_id="peer", now=float(i))
+        assert len(guard) <= 100
+    # The hot pair, touched on every step, survived the flood with its cooldown intact.
+    assert _decide(guard, 1000.0, "hot", "peer").reason == "cooldown"
+
+
+def test_memory_is_given_back_after_many_idle_pairs() -> None:
+    # The cap is far above the pair count: it is the sweep that must give memory back.
+    guard = BotLoopGuard(BotLoopPolicy(), max_pairs=1_000_000)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(100_000):
+            guard.observe(self_bot_id=f"bot{i}", sender_bot_id="peer", now=i * 1e-4)
+        grown = tracemalloc.get_traced_memory()[0] - base
+        t = 200.0
+        for _ in range(100_000):
+            guard.observe(self_bot_id="live", sender_bot_id="peer", now=t)
+            t += 1.0
+        left = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert len(guard) == 1
+    assert grown > 10_000_000
+    assert left < 1_000_000
+
+
+# --- properties ---------------------------------------------------------------------------
+
+
+class _ReferenceGuard:
+    """The rules of DESIGN.md written as plainly as possible, one pair at a time."""
+
+    def __init__(self, policy: BotLoopPolicy) -> None:
+        self.policy = policy
+        self.times: dict[tuple[str | None, str, str], list[float]] = {}
+        self.cooldown_until: dict[tuple[str | None, str, str], float] = {}
+
+    def observe(self, key: tuple[str | None, str, str], now: float) -> bool:
+        until = self.cooldown_until.get(key)
+        if until is not None:
+            if now < until:
+                return False
+            del self.cooldown_until[key]
+            self.times[key] = []
+        window = [t for t in self.times.get(key, []) if t + self.policy.window_seconds > now]
+        if len(window) < self.policy.max_events_per_window:
+            self.times[key] = [*window, now]
+            return True
+        self.times[key] = window
+        self.cooldown_until[key] = now + self.policy.cooldown_seconds
+        return False
+
+
+events = st.lists(
+    st.tuples(
+        st.floats(min_value=0, max_value=20, allow_nan=False),
+        st.sampled_from(["a", "b", "c"]),
+        st.sampled_from(["a", "b", "c", "d"]),
+        st.sampled_from([None, "room"]),
+    ),
+    max_size=200,
+)
+small_policies = st.builds(
+    BotLoopPolicy,
+    # 65 takes the deque path for event times, the others the list path.
+    max_events_per_window=st.sampled_from([1, 2, 3, 5, 65]),
+    window_seconds=st.sampled_from([0.5, 1.0, 7.5, 30.0]),
+    cooldown_seconds=st.sampled_from([0.0, 0.5, 3.0, 50.0]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(small_policies, events)
+def test_guard_matches_the_reference_model(
+    policy: BotLoopPolicy, steps: list[tuple[float, str, str, str | None]]
+) -> None:
+    guard = BotLoopGuard(policy)
+    reference = _ReferenceGuard(policy)
+    now = 0.0
+    for dt, a, b, scope in steps:
+        now += dt
+        expected = reference.observe((scope, *pair_key(a, b)), now)
+        assert guard.observe(self_bot_id=a, sender_bot_id=b, now=now, scope=scope) is expected
+    assert len(guard) <= len(reference.times)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    small_policies,
+    st.lists(st.tuples(st.floats(min_value=0, max_value=10), st.booleans()), max_size=300),
+)
+def test_budget_holds_in_every_window_and_nothing_passes_a_cooldown(
+    policy: BotLoopPolicy, steps: list[tuple[float, bool]]
+) -> None:
+    guard = BotLoopGuard(policy)
+    # Each cooldown starts a fresh window, so windows are checked within one epoch: the
+    # events admitted between two cooldowns.
+    admitted: list[tuple[int, float]] = []
+    epoch = 0
+    cooldown_until = -1.0
+    now = 0.0
+    for dt, forward in steps:
+        now += dt
+        a, b = ("x", "y") if forward else ("y", "x")
+        decision = guard.decide(self_bot_id=a, sender_bot_id=b, now=now)
+        if decision.allowed:
+            assert now >= cooldown_until
+            admitted.append((epoch, now))
+        elif decision.reason == "budget_exceeded":
+            cooldown_until = now + policy.cooldown_seconds
+            epoch += 1
+        else:
+            assert decision.reason == "cooldown"
+            assert now < cooldown_until
+    for start_epoch, start in admitted:
+        in_window = [
+            t
+            for e, t in admitted
+            if e == start_epoch and start <= t < start + policy.window_seconds
+        ]
+        assert len(in_window) <= policy.max_events_per_window
+
+
+@settings(max_examples=100, deadline=None)
+@given(small_policies, st.lists(st.tuples(st.floats(0, 5), st.booleans()), max_size=100))
+def test_both_directions_share_one_budget(
+    policy: BotLoopPolicy, steps: list[tuple[float, bool]]
+) -> None:
+    mixed, one_way = BotLoopGuard(policy), BotLoopGuard(policy)
+    now = 0.0
+    for dt, forward in steps:
+        now += dt
+        a, b = ("x", "y") if forward else ("y", "x")
+        assert mixed.decide(self_bot_id=a, sender_bot_id=b, now=now) == one_way.decide(
+            self_bot_id="x", sender_bot_id="y", now=now
+        )
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(min_value=1, max_value=300), st.sampled_from([0.5, 2.0, 10.0]))
+def test_table_shrinks_back_to_the_live_pairs(idle: int, period: float) -> None:
+    guard = _guard(budget=1000, window=period, cooldown=period / 2)
+    for i in range(idle):
+        guard.observe(self_bot_id=f"idle{i}", sender_bot_id="x", now=0.0)
+    assert len(guard) == idle
+    # Idle pairs are forgotten within two periods: eight calls a quarter period apart.
+    for step in range(1, 9):
+        guard.observe(self_bot_id="live", sender_bot_id="x", now=step * period / 4)
+    assert len(guard) == 1
+
+
+def test_many_threads_on_one_pair_admit_exactly_the_budget() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(max_events_per_window=500), clock=lambda: 0.0)
+    admitted: list[int] = []
+    start = threading.Barrier(8)
+
+    def worker() -> None:
+        start.wait()
+        ok = 0
+        for i in range(1000):
+            a, b = ("a", "b") if i % 2 else ("b", "a")
+            ok += guard.observe(self_bot_id=a, sender_bot_id=b)
+        admitted.append(ok)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(admitted) == 500
+    assert guard.decide(self_bot_id="a", sender_bot_id="b").reason == "cooldown"

@@ -1,0 +1,708 @@
+"""LoopGuard: the per-turn tool-call guard (counts, no-progress streaks, cycles, turn time)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from guards.loop_guard import (
+    GuardAction,
+    LoopGuard,
+    LoopGuardConfig,
+    LoopGuardDecision,
+    ToolExecutionError,
+    apply_decision,
+    canonical_args,
+    result_hash,
+)
+
+ALLOW, WARN, BLOCK, HALT = GuardAction.ALLOW, GuardAction.WARN, GuardAction.BLOCK, GuardAction.HALT
+
+# Thresholds so high that only the rule under test can fire.
+QUIET = LoopGuardConfig(
+    idempotent_warn_threshold=10_000,
+    idempotent_block_threshold=10_000,
+    idempotent_halt_threshold=10_000,
+    mutating_warn_threshold=10_000,
+    mutating_block_threshold=10_000,
+    mutating_halt_threshold=10_000,
+    no_progress_warn=10_000,
+    no_progress_halt=10_000,
+    cycle_warn_laps=9_999,
+    cycle_halt_laps=10_000,
+)
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call as an agent saw it: the pre-check, and the post-check when the call ran."""
+
+    pre: LoopGuardDecision
+    post: LoopGuardDecision | None
+
+
+def drive(
+    guard: LoopGuard,
+    tool: str,
+    args: dict[str, object],
+    outcome: Callable[[int], tuple[bool, object]],
+    calls: int,
+) -> list[Step]:
+    """Act like an agent: check first, skip (and record) blocked calls, stop at HALT."""
+    steps: list[Step] = []
+    for n in range(1, calls + 1):
+        pre = guard.check(tool, args)
+        if pre.action is HALT:
+            steps.append(Step(pre, None))
+            break
+        if pre.action is BLOCK:
+            guard.record(tool, args, success=False, result=apply_decision(pre, None))
+            steps.append(Step(pre, None))
+            continue
+        success, result = outcome(n)
+        steps.append(Step(pre, guard.record(tool, args, success=success, result=result)))
+    return steps
+
+
+def pre_actions(steps: list[Step]) -> list[GuardAction]:
+    return [step.pre.action for step in steps]
+
+
+def same_error(_n: int) -> tuple[bool, object]:
+    return False, "FileNotFoundError: [Errno 2] No such file or directory: 'missing.yaml'"
+
+
+def test_polling_tool_with_changing_results_is_never_blocked_or_halted() -> None:
+    guard = LoopGuard()
+
+    def poll(n: int) -> tuple[bool, object]:
+        if n == 20:
+            return True, {"job": 42, "status": "COMPLETE"}
+        return True, {"job": 42, "status": "IN_PROGRESS", "progress": n * 5}
+
+    steps = drive(guard, "check_status", {"job": 42}, poll, 20)
+
+    assert len(steps) == 20
+    seen = {step.pre.action for step in steps} | {s.post.action for s in steps if s.post}
+    assert seen <= {ALLOW, WARN}
+
+
+def test_stuck_read_with_same_error_warns_from_5th_blocks_at_8th_halts_at_9th() -> None:
+    # Defaults: idempotent 5/8/12, no_progress 4/8. Calls 1-7 run and fail identically
+    # (streak 7); the 8th is blocked (count 8, streak 7 >= 4) and still counts, so the
+    # 9th pre-check sees streak 8 = no_progress_halt.
+    guard = LoopGuard()
+
+    steps = drive(guard, "read_file", {"path": "missing.yaml"}, same_error, 20)
+
+    assert pre_actions(steps) == [ALLOW] * 4 + [WARN] * 3 + [BLOCK, HALT]
+    assert [step.pre.code for step in steps[-2:]] == ["count_block", "no_progress_halt"]
+    assert steps[3].post is not None
+    assert steps[3].post.code == "no_progress_warn"  # the 4th identical result
+
+
+def test_stuck_mutating_tool_warns_from_3rd_blocks_at_5th_halts_at_7th() -> None:
+    guard = LoopGuard()
+    runs: list[int] = []
+
+    def fail(n: int) -> tuple[bool, object]:
+        runs.append(n)
+        return False, "PermissionError: read-only file system"
+
+    steps = drive(guard, "write_file", {"path": "/etc/x", "content": "y"}, fail, 20)
+
+    assert pre_actions(steps) == [ALLOW] * 2 + [WARN] * 2 + [BLOCK] * 2 + [HALT]
+    assert runs == [1, 2, 3, 4]  # the blocked 5th and 6th calls never ran
+    assert steps[-1].pre.code == "count_halt"
+
+
+def test_mutating_tool_with_changing_results_only_warns() -> None:
+    guard = LoopGuard()
+
+    steps = drive(guard, "write_file", {"path": "log.txt"}, lambda n: (True, f"wrote {n}"), 20)
+
+    assert len(steps) == 20
+    assert {step.pre.action for step in steps} <= {ALLOW, WARN}
+    assert {step.post.action for step in steps if step.post} <= {ALLOW, WARN}
+    assert steps[-1].pre.code == "count_warn"
+
+
+def test_same_result_for_different_args_is_not_a_streak() -> None:
+    guard = LoopGuard()
+    cities = ["Paris", "Lima", "Oslo", "Pune", "Cairo", "Quito", "Perth", "Riga", "Seoul", "Tunis"]
+
+    for city in cities:
+        pre = guard.check("get_weather", {"city": city})
+        post = guard.record("get_weather", {"city": city}, success=True, result="sunny")
+        assert HALT not in (pre.action, post.action)
+        assert BLOCK not in (pre.action, post.action)
+    assert guard.get_stats().streak == 1
+
+
+def test_args_differing_in_key_order_and_int_float_are_the_same_call() -> None:
+    first = {"a": 1, "b": {"x": 1, "y": 2}}
+    second = {"b": {"y": 2, "x": 1}, "a": 1.0}
+    assert canonical_args(first) == canonical_args(second)
+
+    guard = LoopGuard(LoopGuardConfig(no_progress_warn=2))
+    guard.record("read_file", first, success=True, result="same")
+    guard.record("read_file", second, success=True, result="same")
+    assert guard.get_stats().streak == 2
+    assert guard.check("read_file", first).code == "no_progress_warn"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"flag": True}, {"flag": 1}),
+        ({"n": 1}, {"n": "1"}),
+        ({"v": None}, {}),
+        ({"items": [1, 2]}, {"items": [2, 1]}),
+        ({"outer": {"a": 1}}, {"outer": {"a": True}}),
+    ],
+)
+def test_args_that_json_tells_apart_are_different_calls(
+    first: dict[str, object], second: dict[str, object]
+) -> None:
+    assert canonical_args(first) != canonical_args(second)
+
+
+def test_tuples_count_as_lists_and_odd_values_by_repr() -> None:
+    assert canonical_args({"xs": (1, 2)}) == canonical_args({"xs": [1, 2.0]})
+    assert canonical_args({1: "a"}) == canonical_args({"1": "a"})
+    assert canonical_args(None) == canonical_args(None)
+    assert canonical_args("raw text") != canonical_args({"raw text": None})
+    assert canonical_args({"when": range(3)}) == canonical_args({"when": range(3)})
+
+
+def test_self_referencing_args_do_not_break_the_guard() -> None:
+    looped: dict[str, object] = {"a": 1}
+    looped["self"] = looped
+    guard = LoopGuard()
+
+    assert guard.check("read_file", looped).action is ALLOW
+    assert guard.record("read_file", looped, success=True, result=looped).action is ALLOW
+
+
+def test_results_differing_only_after_the_1000th_character_are_different() -> None:
+    head = "x" * 1000
+    assert result_hash(head + "A") != result_hash(head + "B")
+    assert result_hash({"body": head + "A"}) != result_hash({"body": head + "B"})
+
+    guard = LoopGuard()
+    guard.record("read_file", {"path": "log"}, success=True, result=head + "A")
+    guard.record("read_file", {"path": "log"}, success=True, result=head + "B")
+    assert guard.get_stats().streak == 1
+
+
+@pytest.mark.parametrize("falsy", ["", [], {}, 0, False, None, b""], ids=repr)
+def test_falsy_results_still_build_a_streak(falsy: object) -> None:
+    guard = LoopGuard()
+    decisions = [
+        guard.record("list_files", {"dir": "empty"}, success=True, result=falsy) for _ in range(8)
+    ]
+
+    assert [d.action for d in decisions] == [ALLOW] * 3 + [WARN] * 4 + [HALT]
+    assert decisions[-1].code == "no_progress_halt"
+
+
+def test_falsy_results_of_different_kinds_differ() -> None:
+    hashes = {result_hash(value) for value in ["", [], {}, 0, False, None, b""]}
+    assert len(hashes) == 7
+    assert result_hash("x", success=True) != result_hash("x", success=False)
+
+
+def test_alternating_calls_with_identical_results_warn_then_halt_by_the_cycle_rule() -> None:
+    guard = LoopGuard()
+    calls = [("get_status", {"job": 1}, "pending"), ("list_jobs", {}, "job 1")]
+    pre: list[LoopGuardDecision] = []
+    post: list[LoopGuardDecision] = []
+    for n in range(11):
+        tool, args, result = calls[n % 2]
+        pre.append(guard.check(tool, args))
+        if pre[-1].action is HALT:
+            break
+        post.append(guard.record(tool, args, success=True, result=result))
+
+    assert [d.action for d in pre] == [ALLOW] * 6 + [WARN] * 4 + [HALT]
+    assert {d.code for d in pre[6:10]} == {"cycle_warn"}
+    assert pre[-1].code == "cycle_halt"
+    assert pre[-1].metadata["laps"] == 5
+    assert post[5].code == "cycle_warn"  # the 3rd lap completes at the 6th call
+    assert post[9].code == "cycle_halt"
+
+
+def test_a_cycle_whose_result_changes_is_progress() -> None:
+    guard = LoopGuard()
+    decisions: list[LoopGuardDecision] = []
+    for lap in range(12):
+        decisions.append(guard.check("get_status", {"job": 1}))
+        decisions.append(guard.record("get_status", {"job": 1}, success=True, result="running"))
+        decisions.append(guard.check("read_log", {"job": 1}))
+        decisions.append(guard.record("read_log", {"job": 1}, success=True, result=f"line {lap}"))
+
+    assert {d.action for d in decisions} <= {ALLOW, WARN}
+    assert not any(d.code.startswith("cycle") for d in decisions)
+
+
+@pytest.mark.parametrize("period", [3, 4])
+def test_longer_cycles_are_caught_too(period: int) -> None:
+    guard = LoopGuard()
+    tools = [f"get_part_{i}" for i in range(period)]
+    codes = []
+    for n in range(period * 5):
+        tool = tools[n % period]
+        codes.append(guard.record(tool, {}, success=True, result="same").code)
+
+    assert codes[period * 3 - 1] == "cycle_warn"
+    assert codes[-1] == "cycle_halt"
+
+
+def test_a_different_tool_ends_the_streak() -> None:
+    guard = LoopGuard()
+    for _ in range(3):
+        guard.record("read_file", {"path": "a"}, success=True, result="same")
+    guard.record("list_files", {"dir": "."}, success=True, result="same")
+    guard.record("read_file", {"path": "a"}, success=True, result="same")
+
+    assert guard.get_stats().streak == 1
+    assert guard.check("read_file", {"path": "a"}).code == "count_warn"  # 5th call, not stuck
+
+
+def test_mark_progress_ends_the_streak() -> None:
+    guard = LoopGuard()
+    for _ in range(4):
+        guard.record("read_file", {"path": "a"}, success=True, result="same")
+    assert guard.check("read_file", {"path": "a"}).code == "no_progress_warn"
+
+    guard.mark_progress("stage-1-complete")
+
+    decision = guard.check("read_file", {"path": "a"})
+    assert (decision.code, decision.metadata["streak"]) == ("count_warn", 0)
+    stats = guard.get_stats()
+    assert (stats.streak, stats.progress_marks, stats.last_progress) == (0, 1, "stage-1-complete")
+
+
+def test_reset_turn_clears_counts_streak_and_timer() -> None:
+    clock = FakeClock()
+    guard = LoopGuard(clock=clock)
+    for _ in range(4):
+        guard.record("read_file", {"path": "a"}, success=True, result="same")
+    clock.now = 100.0
+
+    guard.reset_turn()
+
+    stats = guard.get_stats()
+    assert (stats.turn_elapsed, dict(stats.tool_counts), stats.streak) == (0.0, {}, 0)
+    clock.now = 200.0  # the next turn's timer starts at its first call
+    assert guard.check("read_file", {"path": "a"}).action is ALLOW
+    clock.now = 300.0
+    assert guard.get_stats().turn_elapsed == 100.0
+
+
+def test_turn_timer_halts_with_time_exceeded() -> None:
+    clock = FakeClock()
+    guard = LoopGuard(LoopGuardConfig(max_time_per_turn=120.0), clock=clock)
+    assert guard.check("read_file", {"path": "a"}).action is ALLOW
+    clock.now = 120.0
+    assert guard.check("read_file", {"path": "b"}).action is ALLOW
+
+    clock.now = 120.5
+    decision = guard.check("read_file", {"path": "c"})
+
+    assert (decision.action, decision.code) == (HALT, "time_exceeded")
+    assert "120" in decision.message
+    assert guard.record("read_file", {"path": "c"}, success=True, now=121.0).code == "time_exceeded"
+
+
+def test_now_overrides_the_clock() -> None:
+    guard = LoopGuard(LoopGuardConfig(max_time_per_turn=10.0), clock=lambda: 0.0)
+    assert guard.check("read_file", {}, now=1000.0).action is ALLOW
+    assert guard.check("read_file", {}, now=1011.0).code == "time_exceeded"
+
+
+@pytest.mark.parametrize(
+    "name", ["read_file", "list_files", "search_docs", "get_weather", "check_status", "show_config"]
+)
+def test_read_tools_are_idempotent(name: str) -> None:
+    assert LoopGuard().classify(name) == "idempotent"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "write_file",
+        "forget_memory",
+        "update_settings",
+        "checkout_cart",
+        "delete_listing",
+        "frobnicate",
+        "getOrCreateUser",
+        "find-and-replace",
+        "check_in",
+    ],
+)
+def test_state_changing_and_unknown_tools_are_mutating(name: str) -> None:
+    assert LoopGuard().classify(name) == "mutating"
+
+
+@pytest.mark.parametrize("name", ["fetchPageTitle", "web.search", "git_log", "pwd", "db-query"])
+def test_names_are_split_in_every_style(name: str) -> None:
+    assert LoopGuard().classify(name) == "idempotent"
+
+
+def test_register_tool_overrides_classification() -> None:
+    guard = LoopGuard()
+    guard.register_tool("frobnicate", idempotent=True)
+    guard.register_tool("read_file", idempotent=False)
+
+    assert guard.classify("frobnicate") == "idempotent"
+    assert guard.classify("read_file") == "mutating"
+    assert LoopGuard().classify("read_file") == "idempotent"  # per guard, not global
+
+
+def test_registered_bucket_sets_the_thresholds() -> None:
+    guard = LoopGuard()
+    guard.register_tool("frobnicate", idempotent=True)
+    for n in range(4):
+        guard.record("frobnicate", {"n": n}, success=True, result=n)
+
+    assert guard.check("frobnicate", {"n": 4}).code == "count_warn"  # idempotent: 5th call
+
+
+@pytest.fixture
+def fast_switching() -> Iterator[None]:
+    """Switch threads as often as possible so that an unlocked update would lose counts."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def run_threads(threads: int, work: Callable[[int], None]) -> None:
+    start = threading.Barrier(threads)
+
+    def worker(index: int) -> None:
+        start.wait()
+        work(index)
+
+    pool = [threading.Thread(target=worker, args=(index,)) for index in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_concurrent_check_and_record_lose_no_count() -> None:
+    guard = LoopGuard(QUIET)
+    threads, per_thread = 8, 400
+
+    def agent(worker: int) -> None:
+        for n in range(per_thread):
+            tool = "read_file" if n % 2 else "write_file"
+            guard.check(tool, {"worker": worker, "n": n})
+            guard.record(tool, {"worker": worker, "n": n}, success=True, result=n)
+
+    run_threads(threads, agent)
+
+    counts = guard.get_stats().tool_counts
+    assert counts == {
+        "read_file": threads * per_thread // 2,
+        "write_file": threads * per_thread // 2,
+    }
+
+
+@pytest.mark.usefixtures("fast_switching")
+def test_concurrent_identical_calls_lose_no_streak_step() -> None:
+    guard = LoopGuard(QUIET)
+    threads, per_thread = 8, 400
+
+    def agent(_worker: int) -> None:
+        for _ in range(per_thread):
+            guard.check("read_file", {"path": "a"})
+            guard.record("read_file", {"path": "a"}, success=True, result="same")
+
+    run_threads(threads, agent)
+
+    stats = guard.get_stats()
+    assert (stats.streak, stats.tool_counts["read_file"]) == (threads * per_thread,) * 2
+
+
+def test_exceptions_recorded_as_failures_build_a_streak() -> None:
+    def fetch_url() -> str:
+        raise TimeoutError("upstream took too long")
+
+    guard = LoopGuard()
+    decisions = []
+    for _ in range(8):
+        try:
+            fetch_url()
+        except TimeoutError as exc:
+            text = f"{type(exc).__name__}: {exc}"
+            decisions.append(guard.record("fetch_url", {"url": "x"}, success=False, result=text))
+
+    assert [d.code for d in decisions[3:]] == ["no_progress_warn"] * 4 + ["no_progress_halt"]
+
+
+def test_a_blocked_call_counts_and_extends_the_streak() -> None:
+    guard = LoopGuard()
+    for _ in range(7):
+        guard.record("read_file", {"path": "a"}, success=True, result="same")
+    pre = guard.check("read_file", {"path": "a"})
+    assert pre.action is BLOCK
+
+    post = guard.record("read_file", {"path": "a"}, success=False, result=apply_decision(pre, None))
+
+    assert (post.action, post.code) == (BLOCK, "blocked")
+    stats = guard.get_stats()
+    assert (stats.tool_counts["read_file"], stats.streak) == (8, 8)
+
+
+def test_count_block_is_downgraded_while_results_change() -> None:
+    guard = LoopGuard()
+    for n in range(11):
+        guard.record("read_file", {"path": "a"}, success=True, result=n)
+
+    decision = guard.check("read_file", {"path": "a"})
+
+    assert (decision.action, decision.code) == (WARN, "count_warn")
+    assert decision.metadata["tool_count"] == 12
+    assert "results keep changing" in decision.message
+
+
+def test_decisions_explain_tool_count_and_threshold() -> None:
+    guard = LoopGuard()
+    for _ in range(4):
+        guard.record("read_file", {"path": "a"}, success=True, result="same")
+    decision = guard.check("read_file", {"path": "a"})
+
+    assert decision.metadata == {
+        "tool": "read_file",
+        "tool_count": 5,
+        "streak": 4,
+        "threshold": 4,
+    }
+    assert "read_file" in decision.message
+    assert "4 times" in decision.message
+    assert "change the arguments" in decision.message
+
+
+def test_many_tool_names_share_one_count_past_the_cap() -> None:
+    guard = LoopGuard(QUIET)
+    for n in range(1100):
+        guard.record(f"tool_{n}", {}, success=True, result=n)
+
+    assert len(guard.get_stats().tool_counts) <= 1025
+
+
+def test_disabled_guard_always_allows() -> None:
+    guard = LoopGuard(LoopGuardConfig(enabled=False))
+    for _ in range(50):
+        assert guard.check("delete_file", {"path": "/"}).code == "disabled"
+        assert guard.record("delete_file", {"path": "/"}, success=True).action is ALLOW
+    assert guard.get_stats().tool_counts == {}
+
+
+def test_config_defaults_match_the_design() -> None:
+    config = LoopGuardConfig.from_dict(None)
+    assert config == LoopGuardConfig()
+    assert LoopGuardConfig.from_dict({}) == config
+    assert (config.idempotent_warn_threshold, config.idempotent_block_threshold) == (5, 8)
+    assert (config.idempotent_halt_threshold, config.mutating_warn_threshold) == (12, 3)
+    assert (config.mutating_block_threshold, config.mutating_halt_threshold) == (5, 7)
+    assert (config.no_progress_warn, config.no_progress_halt) == (4, 8)
+    assert (config.cycle_warn_laps, config.cycle_halt_laps) == (3, 5)
+    assert config.max_time_per_turn == 120.0
+    assert config.enabled is True
+
+
+def test_from_dict_ignores_unknown_keys_and_reads_text() -> None:
+    config = LoopGuardConfig.from_dict(
+        {"enabled": "no", "no_progress_halt": "10", "max_time_per_turn": "30", "colour": "red"}
+    )
+    assert (config.enabled, config.no_progress_halt, config.max_time_per_turn) == (
+        False,
+        10,
+        30.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"enabled": "maybe"}, "enabled"),
+        ({"idempotent_warn_threshold": 0}, "idempotent_warn_threshold"),
+        ({"mutating_block_threshold": "many"}, "mutating_block_threshold"),
+        ({"no_progress_warn": 2.5}, "no_progress_warn"),
+        ({"no_progress_halt": True}, "no_progress_halt"),
+        ({"max_time_per_turn": -1}, "max_time_per_turn"),
+        ({"max_time_per_turn": "soon"}, "max_time_per_turn"),
+        ({"max_time_per_turn": float("nan")}, "max_time_per_turn"),
+        ({"cycle_warn_laps": 1}, "cycle_warn_laps"),
+        ({"idempotent_warn_threshold": 9}, "idempotent_block_threshold"),
+        ({"no_progress_warn": 9}, "no_progress_halt"),
+    ],
+)
+def test_from_dict_names_the_bad_field(data: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        LoopGuardConfig.from_dict(data)
+
+
+def test_get_stats_reports_the_turn() -> None:
+    clock = FakeClock()
+    guard = LoopGuard(clock=clock)
+    assert guard.get_stats().turn_elapsed == 0.0
+    guard.record("read_file", {"path": "a"}, success=True, result="x")
+    guard.record("read_file", {"path": "a"}, success=True, result="x")
+    guard.record("write_file", {"path": "b"}, success=True, result="ok")
+    clock.now = 2.5
+
+    stats = guard.get_stats()
+
+    assert stats.turn_elapsed == 2.5
+    assert dict(stats.tool_counts) == {"read_file": 2, "write_file": 1}
+    assert stats.streak == 1
+    assert stats.enabled is True
+
+
+def warn_decision() -> LoopGuardDecision:
+    return LoopGuardDecision(WARN, "count_warn", "read_file was called 5 times", {"tool": "x"})
+
+
+def test_apply_decision_allow_returns_the_result_untouched() -> None:
+    result = {"a": 1}
+    allow = LoopGuardDecision(ALLOW, "ok", "allowed", {})
+    assert apply_decision(allow, result) is result
+
+
+def test_apply_decision_warn_annotates_a_copy_of_a_dict() -> None:
+    result = {"a": 1}
+
+    annotated = apply_decision(warn_decision(), result)
+
+    assert annotated == {
+        "a": 1,
+        "_loop_guard": {
+            "action": "warn",
+            "code": "count_warn",
+            "message": "read_file was called 5 times",
+        },
+    }
+    assert result == {"a": 1}
+
+
+def test_apply_decision_warn_appends_to_a_string() -> None:
+    annotated = apply_decision(warn_decision(), "contents")
+    assert annotated == "contents [loop-guard] read_file was called 5 times"
+
+
+def test_apply_decision_warn_leaves_other_results_alone() -> None:
+    assert apply_decision(warn_decision(), [1, 2]) == [1, 2]
+
+
+def test_apply_decision_block_replaces_the_result() -> None:
+    block = LoopGuardDecision(BLOCK, "count_block", "stop repeating", {"tool": "read_file"})
+    assert apply_decision(block, "contents") == {
+        "error": "[loop-guard] stop repeating",
+        "loop_blocked": True,
+    }
+
+
+def test_apply_decision_halt_raises_a_non_retryable_error() -> None:
+    halt = LoopGuardDecision(HALT, "no_progress_halt", "stuck", {"tool": "read_file"})
+
+    with pytest.raises(ToolExecutionError, match="stuck") as caught:
+        apply_decision(halt, "contents")
+
+    assert caught.value.is_retryable is False
+    assert caught.value.tool_name == "read_file"
+
+
+json_leaf = st.none() | st.booleans() | st.integers() | st.text(max_size=5)
+json_value = st.recursive(
+    json_leaf | st.floats(allow_nan=False, allow_infinity=False),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=12,
+)
+
+
+def reversed_keys(value: object) -> object:
+    """The same value with every dict built in the opposite key order, ints as floats."""
+    if isinstance(value, dict):
+        return {key: reversed_keys(value[key]) for key in reversed(list(value))}
+    if isinstance(value, list):
+        return [reversed_keys(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**53:
+        return float(value)
+    return value
+
+
+@given(st.dictionaries(st.text(max_size=4), json_value, max_size=5))
+def test_canonical_args_ignore_key_order_and_int_float(args: dict[str, object]) -> None:
+    assert canonical_args(args) == canonical_args(reversed_keys(args))
+
+
+@given(st.dictionaries(st.text(max_size=4), json_value, max_size=5))
+def test_canonical_args_survive_a_json_round_trip(args: dict[str, object]) -> None:
+    assert canonical_args(args) == canonical_args(json.loads(json.dumps(args)))
+
+
+tool_calls = st.lists(
+    st.tuples(
+        st.sampled_from(["read_file", "write_file", "get_status", "run_tests"]),
+        st.dictionaries(st.sampled_from(["path", "n"]), st.integers(0, 2), max_size=2),
+    ),
+    max_size=60,
+)
+
+
+@given(tool_calls)
+@settings(max_examples=60)
+def test_calls_whose_results_all_differ_are_never_blocked_or_halted(
+    calls: list[tuple[str, dict[str, object]]],
+) -> None:
+    guard = LoopGuard()
+    for n, (tool, args) in enumerate(calls):
+        pre = guard.check(tool, args)
+        post = guard.record(tool, args, success=True, result=f"result {n}")
+        assert pre.action in (ALLOW, WARN)
+        assert post.action in (ALLOW, WARN)
+
+
+@given(
+    warn=st.integers(1, 10),
+    extra=st.integers(0, 10),
+    length=st.integers(1, 25),
+)
+@settings(max_examples=80)
+def test_a_streak_warns_and_halts_exactly_at_its_thresholds(
+    warn: int, extra: int, length: int
+) -> None:
+    halt = warn + extra
+    config = replace(QUIET, no_progress_warn=warn, no_progress_halt=halt)
+    guard = LoopGuard(config)
+    for _ in range(length):
+        post = guard.record("read_file", {"path": "a"}, success=True, result="same")
+    pre = guard.check("read_file", {"path": "a"})
+
+    expected = HALT if length >= halt else WARN if length >= warn else ALLOW
+    assert post.action is expected
+    assert pre.action is expected

@@ -1,0 +1,177 @@
+"""guarded_call / guarded_call_sync: the whole LoopGuard protocol around one tool call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from guards.loop_guard import LoopGuard, LoopGuardConfig, ToolExecutionError
+from guards.tool_wrapper import guarded_call, guarded_call_sync
+
+
+class Tool:
+    """A tool that counts its runs and returns a fixed result (or raises a fixed error)."""
+
+    def __init__(self, result: object = "same", error: BaseException | None = None) -> None:
+        self.runs = 0
+        self.result = result
+        self.error = error
+
+    def __call__(self, **_args: object) -> object:
+        self.runs += 1
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    async def acall(self, **args: object) -> object:
+        return self(**args)
+
+
+ARGS = {"path": "/etc/x", "content": "y"}
+
+
+def test_sync_call_returns_the_result_and_records_it() -> None:
+    guard = LoopGuard()
+    tool = Tool({"ok": True})
+
+    assert guarded_call_sync(guard, "write_file", tool, ARGS) == {"ok": True}
+    assert tool.runs == 1
+    assert guard.get_stats().tool_counts == {"write_file": 1}
+
+
+async def test_async_call_returns_the_result_and_records_it() -> None:
+    guard = LoopGuard()
+    tool = Tool("contents")
+
+    assert await guarded_call(guard, "read_file", tool.acall, {"path": "a"}) == "contents"
+    assert guard.get_stats().tool_counts == {"read_file": 1}
+
+
+async def test_async_wrapper_runs_sync_tools_too() -> None:
+    guard = LoopGuard()
+    assert await guarded_call(guard, "read_file", Tool("contents"), {"path": "a"}) == "contents"
+
+
+def test_sync_stuck_tool_is_blocked_without_running_then_halted() -> None:
+    guard = LoopGuard()
+    tool = Tool("same")
+    results = [guarded_call_sync(guard, "write_file", tool, ARGS) for _ in range(6)]
+
+    with pytest.raises(ToolExecutionError) as caught:
+        guarded_call_sync(guard, "write_file", tool, ARGS)
+
+    assert tool.runs == 4  # calls 5 and 6 were blocked and did not run
+    assert isinstance(results[4], dict)
+    assert results[4]["loop_blocked"] is True
+    assert str(results[4]["error"]).startswith("[loop-guard] ")
+    assert caught.value.is_retryable is False
+    assert caught.value.tool_name == "write_file"
+
+
+async def test_async_stuck_tool_is_blocked_without_running_then_halted() -> None:
+    guard = LoopGuard()
+    tool = Tool("same")
+    results = [await guarded_call(guard, "write_file", tool.acall, ARGS) for _ in range(6)]
+
+    with pytest.raises(ToolExecutionError) as caught:
+        await guarded_call(guard, "write_file", tool.acall, ARGS)
+
+    assert tool.runs == 4
+    assert isinstance(results[5], dict)
+    assert results[5]["loop_blocked"] is True
+    assert caught.value.is_retryable is False
+
+
+def test_warn_annotates_the_result() -> None:
+    guard = LoopGuard()
+    tool = Tool("done")
+    results = [guarded_call_sync(guard, "write_file", tool, ARGS) for _ in range(3)]
+
+    assert results[:2] == ["done", "done"]
+    assert isinstance(results[2], str)
+    assert results[2].startswith("done [loop-guard] write_file was called 3 times")
+
+
+def test_failures_are_recorded_re_raised_and_escalate_to_halt() -> None:
+    guard = LoopGuard()
+    error = FileNotFoundError("missing.yaml")
+    tool = Tool(error=error)
+    for _ in range(7):
+        with pytest.raises(FileNotFoundError):
+            guarded_call_sync(guard, "read_file", tool, {"path": "missing.yaml"})
+    assert any("[loop-guard]" in note for note in error.__notes__)
+
+    blocked = guarded_call_sync(guard, "read_file", tool, {"path": "missing.yaml"})
+    with pytest.raises(ToolExecutionError) as caught:
+        guarded_call_sync(guard, "read_file", tool, {"path": "missing.yaml"})
+
+    assert isinstance(blocked, dict)
+    assert blocked["loop_blocked"] is True
+    assert tool.runs == 7
+    assert "8 times in a row" in str(caught.value)
+
+
+# Count thresholds out of the way: the no-progress streak warns at 2 and halts at 3.
+STREAK_ONLY = LoopGuardConfig(
+    idempotent_warn_threshold=100,
+    idempotent_block_threshold=100,
+    idempotent_halt_threshold=100,
+    mutating_warn_threshold=100,
+    mutating_block_threshold=100,
+    mutating_halt_threshold=100,
+    no_progress_warn=2,
+    no_progress_halt=3,
+)
+
+
+def test_a_failure_whose_post_check_halts_raises_chained_to_it() -> None:
+    guard = LoopGuard(STREAK_ONLY)
+    error = ValueError("bad input")
+    tool = Tool(error=error)
+    with pytest.raises(ValueError, match="bad input"):
+        guarded_call_sync(guard, "parse_doc", tool, {"doc": 1})
+    with pytest.raises(ValueError, match="bad input"):
+        guarded_call_sync(guard, "parse_doc", tool, {"doc": 1})
+    assert error.__notes__[-1].startswith("[loop-guard] parse_doc returned the same result")
+
+    with pytest.raises(ToolExecutionError) as caught:
+        guarded_call_sync(guard, "parse_doc", tool, {"doc": 1})
+
+    assert caught.value.__cause__ is error
+    assert tool.runs == 3
+
+
+async def test_async_timeouts_are_recorded_as_failures_and_halt() -> None:
+    guard = LoopGuard(STREAK_ONLY)
+    timeout = TimeoutError("upstream took too long")
+    tool = Tool(error=timeout)
+    for _ in range(2):
+        with pytest.raises(TimeoutError):
+            await guarded_call(guard, "fetch_status", tool.acall, {"job": 1})
+
+    with pytest.raises(ToolExecutionError) as caught:
+        await guarded_call(guard, "fetch_status", tool.acall, {"job": 1})
+
+    assert caught.value.__cause__ is timeout
+    assert caught.value.is_retryable is False
+    assert guard.get_stats().streak == 3
+
+
+async def test_cancellation_is_not_recorded_as_a_failure() -> None:
+    guard = LoopGuard()
+    tool = Tool(error=asyncio.CancelledError())
+
+    with pytest.raises(asyncio.CancelledError):
+        await guarded_call(guard, "wait_for_job", tool.acall, {"job": 1})
+
+    assert guard.get_stats().tool_counts == {}
+
+
+def test_sync_wrapper_refuses_an_async_tool_without_recording_it() -> None:
+    guard = LoopGuard()
+
+    with pytest.raises(TypeError, match="guarded_call"):
+        guarded_call_sync(guard, "read_file", Tool().acall, {"path": "a"})
+
+    assert guard.get_stats().tool_counts == {}
