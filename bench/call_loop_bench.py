@@ -20,10 +20,11 @@ from guards.call_loop import (
 
 MODEL = "gpt-4o-mini"
 WORDS = (
-    "please check the order status for this customer and extract the invoice totals from "
-    "the attached page then summarise what changed since the last run and whether a refund "
-    "is due according to the policy of the billing team"
-).split()
+    "please", "check", "the", "order", "status", "for", "this", "customer", "and", "extract",
+    "invoice", "totals", "from", "attached", "page", "then", "summarise", "what", "changed",
+    "since", "last", "run", "whether", "a", "refund", "is", "due", "according", "to", "policy",
+    "of", "billing", "team",
+)  # fmt: skip
 
 Conversation = list[Mapping[str, object]]
 
@@ -106,12 +107,12 @@ def tool_round(size: int, rng: random.Random) -> Conversation:
     ]
 
 
-def per_call(action: Callable[[], object], budget: float = 0.3) -> float:
-    """Best-of-5 seconds per call of `action`, each run lasting about `budget` seconds."""
+def per_call(action: Callable[[], object]) -> float:
+    """Seconds per call of `action`: the best of many short runs (robust on a busy machine)."""
     timer = timeit.Timer(action)
-    number, _ = timer.autorange()
-    number = max(1, int(number * budget / 0.2))
-    return min(timer.repeat(repeat=5, number=number)) / number
+    number, elapsed = timer.autorange()
+    number = max(1, int(number * 0.01 / elapsed))
+    return min(timer.repeat(repeat=60, number=number)) / number
 
 
 def bench_fingerprint(name: str, messages: Sequence[Mapping[str, object]]) -> None:
@@ -132,52 +133,60 @@ def bench_fingerprint(name: str, messages: Sequence[Mapping[str, object]]) -> No
     )
 
 
+class CheckLoad:
+    """A stream of check() calls over 1000 circuits, half of them matching a rule filter."""
+
+    def __init__(self, guard: CallLoopGuard) -> None:
+        rng = random.Random(7)
+        self.guard = guard
+        self.circuits = [circuit_key("agent", f"session-{i}") for i in range(1000)]
+        self.fingerprints = [f"{rng.getrandbits(128):032x}" for _ in range(1000)]
+        self.index = 0
+
+    def fields(self) -> dict[str, str]:
+        """The header fields of the next call (also built by the baseline)."""
+        self.index += 1
+        i = self.index
+        feature = "invoices" if i % 2 else "chat"
+        return {"session": f"session-{i % 1000}", "step": f"p{i}", "feature": feature}
+
+    def check(self) -> None:
+        """One decision."""
+        fields = self.fields()
+        self.guard.check(
+            circuit=self.circuits[self.index % 1000],
+            fingerprint=self.fingerprints[self.index % 1000],
+            fields=fields,
+            now=self.index * 0.001,
+        )
+
+    def baseline(self) -> None:
+        """The same fields and one blake2b of the fingerprint: the floor of any decision."""
+        self.fields()
+        fingerprint = self.fingerprints[self.index % 1000].encode()
+        hashlib.blake2b(fingerprint, digest_size=16).hexdigest()
+
+
 def bench_check() -> None:
     """Print check()'s time per call over many circuits, with and without two rules."""
-    rng = random.Random(7)
-    fingerprints = [fingerprint_call(MODEL, [{"role": "user", "content": prose(300, rng)}])]
-    fingerprints *= 1
-    fingerprints += [f"{rng.getrandbits(128):032x}" for _ in range(999)]
-    circuits = [circuit_key("agent", f"session-{i}") for i in range(1000)]
-    rules = [
+    rules = (
         UniquenessRule("once-per-step", ("session", "step"), 1, 86_400.0),
-        UniquenessRule("invoices", ("customer", "prompt"), 3, 600.0, filters={"feature": "inv*"}),
-    ]
+        UniquenessRule("invoices", ("session", "prompt"), 3, 600.0, filters={"feature": "inv*"}),
+    )
     for label, guard_rules in (("no rules", ()), ("two rules", rules)):
-        guard = CallLoopGuard(rules=guard_rules)
-        clock = [0.0]
-        index = [0]
-
-        def check(guard: CallLoopGuard = guard) -> None:
-            i = index[0] = index[0] + 1
-            clock[0] += 0.001
-            fields = {"session": f"session-{i % 1000}", "step": f"p{i}", "customer": "c1"}
-            fields["feature"] = "invoices" if i % 2 else "chat"
-            guard.check(
-                circuit=circuits[i % 1000],
-                fingerprint=fingerprints[i % 1000],
-                fields=fields,
-                now=clock[0],
-            )
-
-        def baseline() -> None:
-            i = index[0] = index[0] + 1
-            fields = {"session": f"session-{i % 1000}", "step": f"p{i}", "customer": "c1"}
-            fields["feature"] = "invoices" if i % 2 else "chat"
-            hashlib.blake2b(fingerprints[i % 1000].encode(), digest_size=16).hexdigest()
-
-        ours = per_call(check)
-        plain = per_call(baseline)
+        load = CheckLoad(CallLoopGuard(rules=guard_rules))
+        ours = per_call(load.check)
+        plain = per_call(load.baseline)
         print(
-            f"check() over 1000 circuits, {label:<10}               {ours * 1e6:8.2f} us"
-            f"   (same fields + one blake2b: {plain * 1e6:5.2f} us, ratio {ours / plain:4.1f}x)"
+            f"{'check(), 1000 circuits, ' + label:<44}          check() {ours * 1e6:8.2f} us"
+            f"   fields+blake2b {plain * 1e6:5.2f} us   ratio {ours / plain:5.1f}x"
         )
 
 
 def main() -> None:
     """Run every benchmark and print one line each."""
     rng = random.Random(42)
-    print("CallLoopGuard benchmark (best of 5; baseline measured in the same run)")
+    print("CallLoopGuard benchmark (best of 60 short runs; baselines measured in the same run)")
     bench_fingerprint("4 KB chat (system + turns)", chat(4096, rng))
     bench_fingerprint("4 KB, all in the last two messages", last_two_heavy(4096, rng, prose))
     bench_fingerprint("4 KB agent round (tool call + JSON result)", tool_round(4096, rng))

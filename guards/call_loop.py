@@ -18,7 +18,8 @@ Decisions the design left open:
   ("call_Abc123" becomes "call_" + placeholder) and need a digit or a capital letter in
   their suffix, so words such as "run_tests" stay. A UUID whose first group has no
   digit, a date without a year ("Nov 30") and thousands separators ("12,345") are not
-  normalised. The placeholder counts as a word character, which keeps it idempotent.
+  normalised, nor is the model name. The placeholder (a NUL byte) counts as a word
+  character in every boundary test, which keeps normalisation idempotent.
 - Message structure: dict keys are sorted; `id`, `tool_call_id`, `tool_use_id`,
   `filename`, `file_name`, media/mime types and `cache_control` are dropped in messages
   and content parts, never inside tool arguments or tool output (there an "id" is data).
@@ -26,9 +27,10 @@ Decisions the design left open:
   (data URLs anywhere; `data`, `file_data`, `b64_json` in content parts) hash by their
   decoded bytes. A string attachment that is neither a data URL nor base64 (a remote URL)
   hashes by its text: a pure guard cannot fetch it.
-- Step: with a step (the `step=` argument here, the "step" field in `check`), a call is
-  identified by model + step and its text is ignored, so "attempt 3" and "attempt 4" sent
-  with the same step are the same call; `circuit_key` also puts the step in the circuit.
+- Step: with a step (the `step=` argument here; in `check` the "step" field, with the
+  "model" field), a call is identified by model + step and its text is ignored, so
+  "attempt 3" and "attempt 4" sent with the same step are the same call; `circuit_key`
+  also puts the step in the circuit.
 - Counting: `check` counts an allowed call at once (so concurrent repeats are caught
   before they reach the provider) and hands back a receipt; `record_outcome` uncounts it
   when the provider failed (429, 408, 5xx, or no status with an error: timeout, dropped
@@ -256,6 +258,8 @@ def _normalise(data: bytes) -> bytes:
         if separator in data:
             data = pattern.sub(replacement, data)
     shape = data.translate(_DIGITS_TO_ZERO)
+    if b"0" not in shape:
+        return data  # every token kind holds a digit
     out: list[bytes] = []
     append = out.append
     emitted = search_from = 0
@@ -394,30 +398,30 @@ def _attachment_digest(attachment: bytes | str) -> bytes:
 
 
 def _frame(out: list[bytes], tag: bytes, payload: bytes) -> None:
-    """Append one length-prefixed item, so that no two structures share an encoding."""
-    out.append(tag + len(payload).to_bytes(8, "big"))
+    """Append one item as tag, decimal length, ":" and payload: no two structures collide."""
+    out.append(b"%s%d:" % (tag, len(payload)))
     out.append(payload)
 
 
 def _encode(value: object, out: list[bytes], *, structural: bool, payload: bool) -> None:
     """Append the canonical encoding of a message value (see the module docstring)."""
     if isinstance(value, str):
-        content = _data_url_bytes(value)
+        content = _data_url_bytes(value) if value.startswith("data:") else None
         if content is None and payload:
             content = _decode_base64(value)
-        if content is not None:
-            out.append(b"B" + _blob(content))
-        else:
+        if content is None:
             _frame(out, b"S", _normalise(value.encode("utf-8", "surrogatepass")))
-    elif isinstance(value, Mapping):
-        items = sorted(((str(key), item) for key, item in value.items()), key=_first)
+        else:
+            out.append(b"B" + _blob(content))
+    elif isinstance(value, dict | Mapping):
         out.append(b"{")
-        for key, item in items:
-            if structural and key in _VOLATILE_KEYS:
+        for key in sorted(value, key=str):
+            name = key if isinstance(key, str) else str(key)
+            if structural and name in _VOLATILE_KEYS:
                 continue
-            _frame(out, b"K", key.encode("utf-8", "surrogatepass"))
-            inner = structural and key in _STRUCTURAL_KEYS
-            _encode(item, out, structural=inner, payload=inner and key in _PAYLOAD_KEYS)
+            _frame(out, b"K", name.encode("utf-8", "surrogatepass"))
+            inner = structural and name in _STRUCTURAL_KEYS
+            _encode(value[key], out, structural=inner, payload=inner and name in _PAYLOAD_KEYS)
         out.append(b"}")
     elif isinstance(value, bytes | bytearray | memoryview):
         out.append(b"B" + _blob(bytes(value)))
@@ -430,11 +434,6 @@ def _encode(value: object, out: list[bytes], *, structural: bool, payload: bool)
         out.append(b"n" if value is None else b"t" if value else b"f")
     else:
         _frame(out, b"V", _normalise(repr(value).encode("utf-8", "surrogatepass")))
-
-
-def _first(item: tuple[str, object]) -> str:
-    """Sort key of a (key, value) pair: the key only (values need not be comparable)."""
-    return item[0]
 
 
 def _step_fingerprint(model: str, step: str) -> str:
@@ -725,7 +724,13 @@ class CallReceipt:
 
 @dataclass(frozen=True, slots=True)
 class CallDecision:
-    """The verdict on one LLM call: send it or not, why, and when to try again."""
+    """The verdict on one LLM call: send it or not, why, and when to try again (seconds).
+
+    `count` is the number of identical calls in the window with this one ("ok",
+    "loop_detected"), of calls with this rule key ("duplicate_call"), or of calls the
+    running pause refused so far ("loop_paused"). `receipt` (allowed calls only) goes
+    back to `record_outcome`.
+    """
 
     allowed: bool
     code: CallCode
@@ -961,9 +966,7 @@ def preview_rule(
     The calls are replayed in time order through a guard holding only this rule; each
     call gets a circuit of its own, so loop detection never interferes.
     """
-    guard = CallLoopGuard(
-        CallLoopPolicy(max_repeats=1, pause_seconds=pause_seconds), (rule,), clock=_no_clock
-    )
+    guard = CallLoopGuard(CallLoopPolicy(max_repeats=1, pause_seconds=pause_seconds), (rule,))
     refused = 0
     for index, call in enumerate(sorted(calls, key=_logged_at)):
         decision = guard.check(
@@ -971,11 +974,6 @@ def preview_rule(
         )
         refused += not decision.allowed
     return refused
-
-
-def _no_clock() -> float:
-    """The clock of a replay: every decision is given its time."""
-    raise AssertionError("a replay passes now= to every decision")
 
 
 def _logged_at(call: LoggedCall) -> float:

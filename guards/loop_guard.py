@@ -20,7 +20,14 @@ Decisions the design left open:
   `blocked` (the call did not run; the next retry's pre-check decides what comes next).
 - A failure and a success with the same text are different results.
 - Severity picks the decision; among equals: time, then no-progress, then cycle, then count.
+- `record()` reuses the canonical arguments that the `check()` just before it computed
+  for the same tool and the same args object, so arguments are canonicalised once per
+  call; args changed in place between the two record the call that was checked.
+- Results are hashed with Python's keyed SipHash (see `result_hash`), not blake2b: it
+  covers the whole result as well and costs a fraction, which the 5 us budget needs.
 - WARN annotates dict and string results only; other results are returned unchanged.
+- Results count as equal when their JSON with sorted keys is, except that 1 and 1.0
+  differ there (a result that changed type changed); in arguments they are equal.
 - Non-JSON values are fingerprinted by `repr`; an object whose `repr` fails or recurses
   too deep gets its identity, so it can never build a streak (fail open, not closed).
 - At most 1,024 tool names are counted separately per turn; further names share one count.
@@ -101,6 +108,7 @@ _FALSE_WORDS: Final = frozenset({"false", "0", "no", "off"})
 # common case of model-made arguments. bool and float are left out because True == 1
 # and 1.0 needs normalising first.
 _PLAIN_ARG_TYPES: Final[frozenset[type]] = frozenset({str, int, type(None)})
+# JSON leaves that normalising leaves as they are.
 _PLAIN_JSON_TYPES: Final[frozenset[type]] = frozenset({str, int, bool, type(None)})
 
 
@@ -431,29 +439,32 @@ def canonical_args(args: object) -> Hashable:
     return _encode_json(normal)
 
 
-def canonical_json(value: object) -> str:
-    """Canonical JSON text of any value (sorted keys, 1 == 1.0, others by repr)."""
-    if type(value) is dict and _is_flat(value, _PLAIN_JSON_TYPES):
-        return _encode_json(value)
-    if type(value) is list and all(type(item) in _PLAIN_JSON_TYPES for item in value):
-        return _encode_json(value)
-    return _encode_json(_normalise_or_repr(value))
+def _result_text(result: object) -> str:
+    """JSON text of a result with sorted keys (others by repr), normalised only if needed.
+
+    Unlike arguments, a result that turned 1 into 1.0 counts as changed; the encoder
+    alone handles everything else and fails only on keys it cannot sort or on cycles.
+    """
+    try:
+        return _encode_json(result)
+    except (TypeError, ValueError, RecursionError):
+        return _encode_json(_normalise_or_repr(result))
 
 
 def result_hash(result: object, *, success: bool = True) -> int:
     """A hash of the whole result (falsy ones too) and of whether the call failed.
 
     Text and bytes are hashed as they are, anything else as canonical JSON, by Python's
-    str/bytes hash: SipHash with a per-process random key, over the whole input, ten
-    times cheaper than blake2b here. A collision (2**-64 per pair) could only make two
-    different results look alike, never hide a repeated one.
+    str/bytes hash: SipHash with a per-process random key, over the whole input, several
+    times cheaper than blake2b for typical results. A collision (2**-64 per pair) could
+    only make two different results look alike, never hide a repeated one.
     """
     # The kind keeps "x" as text, b"x" as bytes and '"x"' as JSON text apart.
     if type(result) is str:
         return hash((success, "s", result))
     if type(result) is bytes:
         return hash((success, "b", result))
-    return hash((success, "j", canonical_json(result)))
+    return hash((success, "j", _result_text(result)))
 
 
 _CallKey = tuple[str, Hashable]
@@ -461,21 +472,23 @@ _Fingerprint = tuple[_CallKey, int | str]
 # runs[i]: how many trailing fingerprints equal the one _PERIODS[i] places before them.
 _NO_RUNS: Final = (0,) * len(_PERIODS)
 _NO_CYCLE: Final = (0, 0)  # (laps, period) of the recorded tail
+_NOTHING: Final = object()
 
 
 def _advance_cycles(
     ring: deque[_Fingerprint], runs: tuple[int, ...], fp: _Fingerprint, streak: int
 ) -> tuple[tuple[int, ...], tuple[int, int]]:
-    """The cycle runs once `fp` is appended to `ring`, and the longest cycle they show."""
+    """The cycle runs once `fp` is appended to `ring`, and the longest cycle (2+ laps)."""
     size = len(ring)
     advanced = []
     best = _NO_CYCLE
     for period, previous in zip(_PERIODS, runs, strict=True):
         run = previous + 1 if size >= period and ring[-period] == fp else 0
         advanced.append(run)
+        laps = (run + period) // period  # A,B,A,B: run 2, two laps
         # A tail of `period` identical fingerprints is a streak, not a cycle.
-        if run and streak < period and (run + period) // period > best[0]:
-            best = ((run + period) // period, period)
+        if laps >= 2 and streak < period and laps > best[0]:
+            best = (laps, period)
     return tuple(advanced), best
 
 
@@ -487,6 +500,7 @@ class LoopGuard:
     ) -> None:
         cfg = config if config is not None else LoopGuardConfig()
         self._config = cfg
+        self._enabled = cfg.enabled
         self._clock = clock if clock is not None else time.monotonic
         self._lock = threading.Lock()
         self._thresholds: dict[Bucket, tuple[int, int, int]] = {
@@ -504,7 +518,7 @@ class LoopGuard:
         self._registered: dict[str, Bucket] = {}
         # The last pre-checked call's args object and key; holding the object keeps its
         # identity from being reused by another object.
-        self._checked: tuple[object, _CallKey] = (None, ("", None))
+        self._checked: tuple[object, _CallKey] = (_NOTHING, ("", ""))
         self._counts: dict[str, int] = {}
         self._turn_start: float | None = None
         self._last: _Fingerprint | None = None
@@ -533,7 +547,7 @@ class LoopGuard:
         self, tool_name: str, args: object, *, pre: bool = True, now: float | None = None
     ) -> LoopGuardDecision:
         """Decide on a call: before it runs (`pre`, counting it) or after it was recorded."""
-        if not self._config.enabled:
+        if not self._enabled:
             return _DISABLED
         key = (tool_name, canonical_args(args))
         if pre:
@@ -541,8 +555,10 @@ class LoopGuard:
             self._checked = (args, key)
         bucket = self._registered.get(tool_name) or classify_tool_name(tool_name)
         with self._lock:
-            elapsed = self._elapsed(now)
-            return self._decide(key, self._thresholds[bucket], pre, elapsed)
+            t = self._clock() if now is None else now
+            if self._turn_start is None:
+                self._turn_start = t
+            return self._decide(key, self._thresholds[bucket], pre, t - self._turn_start)
 
     def record(
         self,
@@ -554,7 +570,7 @@ class LoopGuard:
         now: float | None = None,
     ) -> LoopGuardDecision:
         """Record a call that ran (or was blocked) and return the post-check decision."""
-        if not self._config.enabled:
+        if not self._enabled:
             return _DISABLED
         checked_args, key = self._checked
         if checked_args is not args or key[0] != tool_name:
@@ -563,12 +579,18 @@ class LoopGuard:
         outcome = _BLOCKED_RESULT if blocked else result_hash(result, success=success)
         bucket = self._registered.get(tool_name) or classify_tool_name(tool_name)
         with self._lock:
-            elapsed = self._elapsed(now)
+            t = self._clock() if now is None else now
+            if self._turn_start is None:
+                self._turn_start = t
+            elapsed = t - self._turn_start
             counts = self._counts
-            count_key = tool_name
-            if tool_name not in counts and len(counts) >= _MAX_TRACKED_TOOLS:
-                count_key = _OTHER_TOOLS
-            counts[count_key] = counts.get(count_key, 0) + 1
+            count = counts.get(tool_name)
+            if count is not None:
+                counts[tool_name] = count + 1
+            elif len(counts) < _MAX_TRACKED_TOOLS:
+                counts[tool_name] = 1
+            else:
+                counts[_OTHER_TOOLS] = counts.get(_OTHER_TOOLS, 0) + 1
             last = self._last
             if blocked:
                 # A blocked call repeats its call's last fingerprint: retrying escalates.
@@ -607,14 +629,6 @@ class LoopGuard:
                 progress_marks=self._marks,
                 last_progress=self._last_mark,
             )
-
-    def _elapsed(self, now: float | None) -> float:
-        t = self._clock() if now is None else now
-        start = self._turn_start
-        if start is None:
-            self._turn_start = t
-            return 0.0
-        return t - start
 
     def _forget_tail(self) -> None:
         self._last = None
@@ -655,13 +669,25 @@ class LoopGuard:
         # The cycle counts only if this call is the one that continues it.
         if laps and not (self._ring[-period][0] == key if pre else extends):
             laps = 0
+        if (
+            count < thresholds[0]
+            and streak < cfg.no_progress_warn
+            and laps < cfg.cycle_warn_laps
+            and elapsed <= cfg.max_time_per_turn
+        ):
+            return _decision(
+                GuardAction.ALLOW,
+                "ok",
+                "allowed",
+                {"tool": tool, "tool_count": count, "streak": streak},
+            )
         if elapsed > cfg.max_time_per_turn:
             return _time_exceeded(tool, count, streak, elapsed, cfg.max_time_per_turn)
         if streak >= cfg.no_progress_halt:
             return _no_progress(GuardAction.HALT, tool, count, streak, cfg.no_progress_halt)
         if laps >= cfg.cycle_halt_laps:
             return self._cycle_decision(GuardAction.HALT, tool, count, laps, period)
-        warn_at, block_at, halt_at = thresholds
+        _, block_at, halt_at = thresholds
         if streak >= cfg.no_progress_warn:
             if count >= halt_at:
                 return _count_decision(GuardAction.HALT, tool, count, streak, halt_at)
@@ -670,14 +696,7 @@ class LoopGuard:
             return _no_progress(GuardAction.WARN, tool, count, streak, cfg.no_progress_warn)
         if laps >= cfg.cycle_warn_laps:
             return self._cycle_decision(GuardAction.WARN, tool, count, laps, period)
-        if count >= warn_at:
-            return _count_warn(tool, count, streak, thresholds)
-        return _decision(
-            GuardAction.ALLOW,
-            "ok",
-            "allowed",
-            {"tool": tool, "tool_count": count, "streak": streak},
-        )
+        return _count_warn(tool, count, streak, thresholds)
 
     def _count(self, tool: str) -> int:
         counts = self._counts

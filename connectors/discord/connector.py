@@ -34,8 +34,13 @@ Decisions where DESIGN.md is silent:
 - Rate limits: discord.py waits out a 429 and tries again (5 tries) by itself, so a send
   normally succeeds once. When it gives up, or the wait would exceed `max_ratelimit_timeout`
   (30 s), `send` raises `DeliveryError(retryable=True, retry_after=…)`; so does a connection
-  that could not be opened (nothing was sent). Any other failure is not retryable: the
-  message may have been posted, and a reply is posted at most once.
+  that could not be opened (nothing was sent).
+- Exactly once: every message is posted with a nonce and `enforce_nonce`, so Discord
+  returns the message already created instead of posting the same nonce twice (for a few
+  minutes). A send that failed after it may have reached Discord (a timeout, a dropped
+  connection, a 5xx) is retryable, and the next send of the same text to the same place
+  reuses its nonce; any other send gets a fresh one. Other failures (403, 404, 400) are
+  final.
 - Typing: shown when the turn is still running after `typing_delay` (0.5 s) and nothing was
   posted to the channel meanwhile; one `POST …/typing`, which Discord shows for about 10 s
   or until the bot posts. A quick answer needs no indicator, and a typing request that
@@ -47,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import secrets
 import time
 import warnings
 from collections import Counter, OrderedDict, deque
@@ -80,6 +86,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_LENGTH = 2000
 LANE_LIMIT = 1000
 STARTERS_KEPT = 1024
+UNSETTLED_KEPT = 256
 TYPING_DELAY = 0.5
 THREAD_ARCHIVE_MINUTES: Literal[1440] = 1440
 THREAD_EXISTS = 160004  # Discord error code: a thread was already opened on this message
@@ -133,6 +140,7 @@ class RoutedHTTPClient(HTTPClient):
             DiscordWebSocket.DEFAULT_GATEWAY
         ):
             target = self.gateway_url.with_query(target.query)
+        log.debug("opening the gateway at %s", target.with_query(None))
         return await super().ws_connect(str(target), compress=compress)
 
 
@@ -174,6 +182,9 @@ class DiscordConnector:
         self._lanes: dict[str, deque[InboundMessage]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._posts: Counter[str] = Counter()
+        # Sends that failed after they may have reached Discord: (target, reply_to, text) →
+        # the nonce to post the same message with again.
+        self._unsettled: OrderedDict[tuple[int, str | None, str], int] = OrderedDict()
         # reply_in_thread: message id → name of the thread to open on it (None: replying in
         # the channel because opening failed). Opened threads leave the map.
         self._starters: OrderedDict[str, str | None] = OrderedDict()
@@ -238,7 +249,7 @@ class DiscordConnector:
                 await client.connect(reconnect=True)
                 reason = "the gateway connection ended"
             except Exception as exc:  # any failure: report it to start, or log in again
-                error = self._start_error(exc)
+                error = self._start_error(exc, client)
                 if not ready.done():
                     ready.set_exception(error)
                     return
@@ -260,6 +271,10 @@ class DiscordConnector:
 
     def _new_client(self, ready: asyncio.Future[None]) -> discord.Client:
         """A client with this bot's HTTP routing, guarded parsers and connection events."""
+        # discord.py warns once that voice needs extra packages; voice is never used here.
+        for flag in ("warn_nacl", "warn_dave"):
+            if getattr(discord.VoiceClient, flag, False):
+                setattr(discord.VoiceClient, flag, False)
         client = discord.Client(
             intents=gateway_intents(),
             max_messages=None,
@@ -318,10 +333,18 @@ class DiscordConnector:
         if not ready.done():
             ready.set_result(None)
 
-    def _start_error(self, exc: Exception) -> ConnectorError:
+    def _start_error(self, exc: Exception, client: discord.Client) -> ConnectorError:
         """A failure as a ConnectorError that says what to fix and never holds the token."""
         if isinstance(exc, ConnectorError):
             return exc
+        http = client.http
+        if client.ws is None and isinstance(http, RoutedHTTPClient) and http.gateway_url:
+            # discord.py fails oddly (AttributeError) when its very first connection fails.
+            return ConnectorError(
+                PLATFORM,
+                f"bot {self.bot_id}: could not open the gateway at "
+                f"{http.gateway_url.with_query(None)} ({type(exc).__name__})",
+            )
         if isinstance(exc, discord.LoginFailure) or (
             isinstance(exc, discord.ConnectionClosed) and exc.code == 4004
         ):
@@ -431,16 +454,28 @@ class DiscordConnector:
                 f"discord bot {self.bot_id}: not connected", retryable=not self._closing
             )
         target, reference = await self._destination(client, channel_id, reply)
+        key = (target, reply.reply_to, reply.text)
+        nonce = self._unsettled.pop(key, None)
+        if nonce is None:
+            nonce = secrets.randbits(63)
+        channel = client.get_partial_messageable(target)
         try:
-            channel = client.get_partial_messageable(target)
             if reference is None:
-                message = await channel.send(reply.text, allowed_mentions=ALLOWED_MENTIONS)
+                message = await channel.send(
+                    reply.text, nonce=nonce, allowed_mentions=ALLOWED_MENTIONS
+                )
             else:
                 message = await channel.send(
-                    reply.text, reference=reference, allowed_mentions=ALLOWED_MENTIONS
+                    reply.text, nonce=nonce, reference=reference, allowed_mentions=ALLOWED_MENTIONS
                 )
         except Exception as exc:  # each failure says whether a retry is safe
-            raise self._delivery_error("sending a message", exc) from None
+            error = self._delivery_error("sending a message", exc)
+            if _may_have_posted(exc):
+                self._unsettled[key] = nonce
+                while len(self._unsettled) > UNSETTLED_KEPT:
+                    self._unsettled.popitem(last=False)
+                error.retryable = True
+            raise error from None
         self._posts[str(target)] += 1
         return str(message.id)
 
@@ -540,6 +575,15 @@ def _thread_parent(client: discord.Client, channel_id: object) -> str | None:
         return None
     channel = client.get_channel(int(channel_id))
     return str(channel.parent_id) if isinstance(channel, discord.Thread) else None
+
+
+def _may_have_posted(exc: Exception) -> bool:
+    """True when a failed send may still have created the message (retry with its nonce)."""
+    if isinstance(exc, discord.DiscordServerError):
+        return True
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    return isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError)
 
 
 def _retry_after(exc: discord.HTTPException) -> float | None:

@@ -1,10 +1,10 @@
 """The Slack connector: a slack-bolt `AsyncApp` routes payloads, slack-sdk's web client posts.
 
-Composition, not inheritance: an `AsyncApp` receives payloads (from Socket Mode through
-bolt's `AsyncSocketModeHandler`, or from the Events API route this connector adds to the
-gateway's aiohttp server) and calls this class's two listeners; `connectors.slack.inbound`
-translates; an `AsyncWebClient(token, base_url)` posts replies. Nothing else of bolt is used:
-replies go through the gateway's delivery, not `say()`.
+Composition, not inheritance: slack-bolt's `AsyncApp` routes each payload (from slack-sdk's
+aiohttp Socket Mode client, or from the Events API route this connector adds to the
+gateway's aiohttp server) to this class's two listeners; `connectors.slack.inbound`
+translates; an `AsyncWebClient(token, base_url)` posts replies. Replies go through the
+gateway's delivery, not bolt's `say()`.
 
 Decisions where DESIGN.md is silent:
 - Socket Mode when `app_token` is set, else the Events API at `/slack/{bot_id}/events`.
@@ -12,8 +12,9 @@ Decisions where DESIGN.md is silent:
   5 minutes old): a forged, unsigned or stale request gets 401, then a body that is neither
   a JSON object nor a form-encoded slash command gets 400, and a request while the
   connector is not running 503 (Slack redelivers it). `url_verification` and `ssl_check`
-  are answered by bolt. A payload nobody listens to gets 200 all the same, so Slack does
-  not retry what will never be handled.
+  are answered by bolt. A payload nobody listens to, or one bolt cannot even read, gets
+  200 all the same (in Socket Mode: every envelope is acknowledged), so Slack does not
+  retry what will never be handled.
 - Every listener only translates and queues: the message is handed to the pipeline on a
   task this connector tracks, and bolt acknowledges (HTTP 200 or the Socket Mode ack) at
   once, well within Slack's 3 seconds. Messages of one channel are handed over one at a
@@ -50,11 +51,20 @@ from urllib.parse import parse_qs
 
 import aiohttp
 from aiohttp import web
-from slack_bolt.adapter.socket_mode.aiohttp import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncBoltRequest
 from slack_bolt.authorization import AuthorizeResult
+from slack_bolt.error import BoltUnhandledRequestError
+from slack_bolt.logger.messages import (
+    warning_client_prioritized_and_token_skipped,
+    warning_token_skipped,
+)
+from slack_bolt.response import BoltResponse
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
+from slack_sdk.socket_mode.aiohttp import SocketModeClient
+from slack_sdk.socket_mode.async_client import AsyncBaseSocketModeClient
+from slack_sdk.socket_mode.request import SocketModeRequest
+from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from connectors.slack.inbound import (
@@ -70,12 +80,29 @@ from gateway.errors import ConnectorError, DeliveryError
 from gateway.types import InboundMessage, Reply
 
 log = logging.getLogger(__name__)
+_bolt_log = logging.getLogger(f"{__name__}.bolt")
 
 MAX_MESSAGE_LENGTH = 4000
-PING_INTERVAL = 10.0
+PING_INTERVAL = 5.0
 DEFAULT_RETRY_AFTER = 1.0
 _FORM = "application/x-www-form-urlencoded"
 _ANY_EVENT = re.compile(".*")
+
+
+class _DropAdvice(logging.Filter):
+    """Drops bolt's start-up advice about SLACK_BOT_TOKEN, which this composition never uses.
+
+    bolt reads that environment variable even when given a client, and warns that the token
+    "will be unused": true, and misleading in a gateway whose tokens come from its config.
+    """
+
+    _ADVICE = frozenset({warning_client_prioritized_and_token_skipped(), warning_token_skipped()})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() not in self._ADVICE
+
+
+#X_bolt_log.addFilter(_DropAdvice())
 
 
 class _WallClock(Clock):
@@ -88,7 +115,7 @@ class _WallClock(Clock):
         return self._now()
 
 
-class _Lanes:
+class ChannelLanes:
     """One lock per channel, so a channel's messages are handed over in arrival order."""
 
     def __init__(self) -> None:
@@ -110,6 +137,7 @@ class _Lanes:
                 del self._locks[key]
 
     def __len__(self) -> int:
+        """The channels with a message waiting or being handed over."""
         return len(self._locks)
 
 
@@ -148,11 +176,11 @@ class SlackConnector:
         self._session: aiohttp.ClientSession | None = None
         self._web: AsyncWebClient | None = None
         self._app: AsyncApp | None = None
-        self._socket: AsyncSocketModeHandler | None = None
+        self._socket: SocketModeClient | None = None
         self._identity: BotIdentity | None = None
         self._sink: Sink | None = None
         self._running = False
-        self._lanes = _Lanes()
+        self._lanes = ChannelLanes()
         self._tasks: set[asyncio.Task[None]] = set()
         if self.socket_mode:
             return
@@ -170,7 +198,7 @@ class SlackConnector:
             return False
         if self._socket is None:
             return True
-        client = self._socket.client
+        client = self._socket
         session = client.current_session
         return not client.closed and session is not None and not session.closed
 
@@ -190,7 +218,7 @@ class SlackConnector:
             session=session,
             retry_handlers=[],
         )
-        socket: AsyncSocketModeHandler | None = None
+        socket: SocketModeClient | None = None
         try:
             identity = await self._authenticate(web_client)
             app = self._build_app(identity, session)
@@ -254,38 +282,41 @@ class SlackConnector:
             process_before_response=True,
             # handle_events verifies before parsing, so that forged is 401 and garbage 400.
             request_verification_enabled=False,
-            logger=logging.getLogger(f"{__name__}.bolt"),
+            # Unhandled payloads go to _on_bolt_error (quiet, counted) instead of a warning.
+            raise_error_for_unhandled_request=True,
+            logger=_bolt_log,
         )
         app.event(_ANY_EVENT)(self._on_event)
         app.command(COMMAND)(self._on_command)
+        app.error(self._on_bolt_error)
         return app
 
-    async def _open_socket(self, app: AsyncApp) -> AsyncSocketModeHandler:
+    async def _open_socket(self, app: AsyncApp) -> SocketModeClient:
         """Open the Socket Mode websocket; a refused app token is a ConnectorError."""
         app_token = self._config.app_token
         if app_token is None:
             raise ConnectorError(PLATFORM, f"bot {self.bot_id}: socket mode needs app_token")
-        handler = AsyncSocketModeHandler(
-            app,
-            app_token.get_secret_value(),
+        client = SocketModeClient(
+            app_token=app_token.get_secret_value(),
             logger=logging.getLogger(f"{__name__}.socket"),
+            web_client=app.client,
             ping_interval=self._ping_interval,
         )
-        client = handler.client
+        client.socket_mode_request_listeners.append(self._on_envelope)
         try:
             # Asked here, not in connect(), which retries a refused token forever.
             client.wss_uri = await client.issue_new_wss_url()
             await client.connect()  # type: ignore[no-untyped-call]  # slack-sdk leaves it untyped
         except SlackApiError as exc:
-            await _close_socket(handler)
+            await _close_socket(client)
             raise ConnectorError(
                 PLATFORM,
                 f"bot {self.bot_id}: apps.connections.open refused the app token ({_error(exc)})",
             ) from None
         except BaseException:
-            await _close_socket(handler)
+            await _close_socket(client)
             raise
-        return handler
+        return client
 
     async def aclose(self) -> None:
         """Close Socket Mode, cancel hand-overs still waiting, release the HTTP session."""
@@ -327,17 +358,58 @@ class SlackConnector:
                 retry,
                 request.headers.get("X-Slack-Retry-Reason", "no reason"),
             )
-        headers: dict[str, str | Sequence[str]] = dict(request.headers)
-        response = await app.async_dispatch(AsyncBoltRequest(body=text, headers=headers))
-        if response.status == 404:
-            # Unhandled by bolt (a payload type nobody listens to): a retry would not help.
-            self._drop(Skip.UNSUPPORTED, "events api")
+        response = await self._dispatch(app, text, dict(request.headers), mode="http")
+        if response is None:
             return web.Response(text="")
         return web.Response(
             status=response.status,
             text=response.body,
             headers=response.first_headers_without_set_cookie(),
         )
+
+    async def _on_envelope(
+        self, client: AsyncBaseSocketModeClient, request: SocketModeRequest
+    ) -> None:
+        """Socket Mode: let bolt route the payload, then acknowledge the envelope, always."""
+        app = self._app
+        response = None
+        if app is not None and self._running:
+            if request.retry_attempt:
+                log.debug(
+                    "slack bot %s: redelivery %s (%s)",
+                    self.bot_id,
+                    request.retry_attempt,
+                    request.retry_reason or "no reason",
+                )
+            response = await self._dispatch(app, request.payload, {}, mode="socket_mode")
+        payload = None
+        if response is not None and response.body and request.accepts_response_payload:
+            body = json.loads(response.body) if _is_json(response) else {"text": response.body}
+            payload = body if isinstance(body, dict) else None
+        await client.send_socket_mode_response(
+            SocketModeResponse(envelope_id=request.envelope_id, payload=payload)
+        )
+
+    async def _dispatch(
+        self,
+        app: AsyncApp,
+        body: str | dict[str, Any],
+        headers: dict[str, str | Sequence[str]],
+        *,
+        mode: str,
+    ) -> BoltResponse | None:
+        """bolt's answer to one payload; None when there is nothing for Slack to retry."""
+        try:
+            request = AsyncBoltRequest(body=body, headers=headers, mode=mode)
+        except Exception:  # noqa: BLE001 - bolt cannot read it: odd values in untrusted JSON
+            self._drop(Skip.MALFORMED, f"{mode} payload")
+            return None
+        response = await app.async_dispatch(request)
+        if response.status == 404:
+            # Unhandled by bolt (a payload type nobody listens to): a retry would not help.
+            self._drop(Skip.UNSUPPORTED, f"{mode} payload")
+            return None
+        return response
 
     def _signed(self, request: web.Request, body: bytes) -> bool:
         verifier = self._verifier
@@ -360,6 +432,15 @@ class SlackConnector:
         """bolt listener for `/loop`: acknowledge with no text, queue the command."""
         await ack()
         self._accept(body)
+
+    async def _on_bolt_error(self, error: Exception) -> None:
+        """bolt's error handler: an unhandled payload is counted by _dispatch, others logged."""
+        if isinstance(error, BoltUnhandledRequestError):
+            return
+        log.warning(
+            "slack bot %s: bolt failed on a payload (%s)", self.bot_id, type(error).__name__
+        )
+        log.debug("bolt failure of slack bot %s", self.bot_id, exc_info=error)
 
     def _accept(self, payload: Mapping[str, Any]) -> None:
         """Translate one payload and queue it for the pipeline, or count why it was dropped."""
@@ -459,9 +540,14 @@ def _payload_text(body: bytes, content_type: str) -> str | None:
         return None
 
 
-async def _close_socket(handler: AsyncSocketModeHandler) -> None:
+async def _close_socket(client: SocketModeClient) -> None:
     """Close the websocket, its monitor tasks and its own HTTP session."""
-    await handler.close_async()  # type: ignore[no-untyped-call]  # slack-bolt leaves it untyped
+    await client.close()  # type: ignore[no-untyped-call]  # slack-sdk leaves it untyped
+
+
+def _is_json(response: BoltResponse) -> bool:
+    content_type = response.first_headers_without_set_cookie().get("content-type", "")
+    return content_type.startswith("application/json")
 
 
 def _event_type(payload: Mapping[str, Any]) -> str:

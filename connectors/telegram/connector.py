@@ -11,6 +11,9 @@ Decisions where DESIGN.md is silent:
   in a batch are handled concurrently, those of one chat in order; the next getUpdates, which
   confirms the batch, is sent only once every update of it was handed over and its sink
   call returned (or it was deliberately dropped). `aclose` confirms what was handled.
+  When the sink raises, that update and the rest of its chat stay unconfirmed and are
+  fetched again after a short wait; after `MAX_SINK_ATTEMPTS` (5) failures the update is
+  dropped and logged, so one poisonous update cannot stall a chat forever.
 - A failing getUpdates (dropped connection, 5xx, 409 conflict, a refused token) marks the
   bot disconnected (`/readyz` 503) and is retried with doubling delays; `RetryAfter` waits
   as told. Nothing here ever stops the loop but `aclose`.
@@ -84,6 +87,7 @@ MAX_MESSAGE_LENGTH = 4096
 BATCH_LIMIT = 100
 PEER_QUEUE_SIZE = 1000
 TYPING_DELAY = 1.0
+MAX_SINK_ATTEMPTS = 5
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
@@ -124,6 +128,7 @@ class TelegramConnector:
         self._closing = False
         self._offset: int | None = None
         self._group_chats: set[int] = set()
+        self._sink_failures: Counter[int] = Counter()
         self._peer_queue: asyncio.Queue[Message] = asyncio.Queue(PEER_QUEUE_SIZE)
         self._tasks: set[asyncio.Task[None]] = set()
         if config.mode == "webhook":
@@ -151,6 +156,7 @@ class TelegramConnector:
             base_file_url=f"{self._root}/file/bot",
             get_updates_request=poller,
         )
+        ready = False
         try:
             await bot.initialize()
             me = bot.bot
@@ -163,16 +169,18 @@ class TelegramConnector:
                     secret_token=secret.get_secret_value() if secret else None,
                     allowed_updates=ALLOWED_UPDATES,
                 )
+            ready = True
         except InvalidToken:
-            await bot.shutdown()
             raise ConnectorError(
                 PLATFORM, f"bot {self.bot_id}: the Bot API refused the token"
             ) from None
         except TelegramError as exc:
-            await bot.shutdown()
             raise ConnectorError(
                 PLATFORM, f"bot {self.bot_id}: start failed: {self._describe(exc)}"
             ) from None
+        finally:
+            if not ready:  # also when the runtime's connect timeout cancels us
+                await bot.shutdown()
         self._bot, self._poller, self._sink = bot, poller, sink
         self._identity = BotIdentity(
             bot_id=self.bot_id,
@@ -219,7 +227,7 @@ class TelegramConnector:
             except RetryAfter as exc:
                 wait = _retry_after_seconds(exc)
                 log.warning("telegram bot %s: getUpdates rate limited for %.0fs", self.bot_id, wait)
-                await asyncio.sleep(wait)
+                await self._sleep(wait)
                 continue
             except (TelegramError, TypeError, ValueError) as exc:
                 self._connected = False
@@ -233,7 +241,7 @@ class TelegramConnector:
                     self._describe(exc),
                     delay,
                 )
-                await asyncio.sleep(delay)
+                await self._sleep(delay)
                 delay = min(delay * 2, cap)
                 continue
             if not self._connected:
@@ -241,9 +249,10 @@ class TelegramConnector:
             self._connected, delay = True, first
             if batch:
                 log.debug("telegram bot %s: getUpdates gave %d update(s)", self.bot_id, len(batch))
-                await self._handle_batch(batch)
+                if not await self._handle_batch(batch):
+                    await self._sleep(first)  # not a hot loop while the pipeline refuses
             elif self._config.poll_timeout <= 0:
-                await asyncio.sleep(first)
+                await self._sleep(first)
 
     async def _fetch_updates(self) -> list[object]:
         """One raw getUpdates call: the JSON objects, each parsed later on its own."""
@@ -265,11 +274,12 @@ class TelegramConnector:
             raise TypeError("getUpdates answered something other than a list")
         return list(result)
 
-    async def _handle_batch(self, batch: list[object]) -> None:
+    async def _handle_batch(self, batch: list[object]) -> bool:
         """Hand a batch over (chats concurrently, each chat in order), then move the offset.
 
         The offset moves past the longest run of updates that were handed over or dropped,
         also when the batch is cut short by `aclose`, so only unhandled updates come again.
+        False when an update was not taken by the sink (it comes again with the next fetch).
         """
         ids = sorted({i for i in map(_update_id, batch) if i is not None})
         done: set[int] = set()
@@ -289,14 +299,34 @@ class TelegramConnector:
                 self._offset = first_open
             elif ids:
                 self._offset = ids[-1] + 1
+        return first_open is None
 
     async def _run_lane(
         self, lane: Iterable[tuple[int | None, InboundMessage]], done: set[int]
     ) -> None:
+        """Hand one chat's updates over in order; stop at one the sink did not take."""
         for update_id, message in lane:
-            await self._hand_over(message)
+            if not await self._hand_over(message) and not self._give_up(update_id):
+                return
             if update_id is not None:
                 done.add(update_id)
+
+    def _give_up(self, update_id: int | None) -> bool:
+        """True once an update failed in the sink `MAX_SINK_ATTEMPTS` times (then dropped)."""
+        if update_id is None:
+            return True
+        self._sink_failures[update_id] += 1
+        if self._sink_failures[update_id] < MAX_SINK_ATTEMPTS:
+            return False
+        del self._sink_failures[update_id]
+        self._drop(Skip.SINK_FAILED, update_id)
+        log.error(
+            "telegram bot %s: update %s dropped after %d failed hand-overs",
+            self.bot_id,
+            update_id,
+            MAX_SINK_ATTEMPTS,
+        )
+        return True
 
     async def _confirm_offset(self) -> None:
         """Tell Telegram what was handled, so a restart does not see it again."""
@@ -407,7 +437,7 @@ class TelegramConnector:
         try:
             self._peer_queue.put_nowait(message)
         except asyncio.QueueFull:
-            self._drop(Skip.NOT_VISIBLE, None)
+            self.dropped["peer_queue_full"] += 1
             log.warning("telegram bot %s: peer queue full, message dropped", self.bot_id)
 
     async def _peer_worker(self) -> None:

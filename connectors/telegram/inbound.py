@@ -50,6 +50,7 @@ class Skip(enum.StrEnum):
     OTHER_BOT = "addressed_to_other_bot"
     SELF = "own_message"
     NOT_VISIBLE = "not_visible"
+    SINK_FAILED = "sink_failed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,11 @@ Dispatches to a bot whose connection is down wait in its session's backlog for a
 
 Hooks: `message` / `redeliver` / `dispatch` inject events; `sent`, `typing_calls` and
 `threads_opened` record what bots did; `fail_next_sends(n)` answers the next n message
-posts with 429; `drop_connections()` cuts every gateway connection without a close frame;
-`on_send` lets a test react to each posted message (e.g. play another bot that answers).
+posts with 429; `lose_next_answers(n)` posts the next n but answers 503, as if the answer
+were lost (a post with a `nonce` already seen and `enforce_nonce` gets the message that
+nonce made, as on Discord); `drop_connections()` cuts every gateway connection without a
+close frame and `close_connections(code)` closes them with a close code; `on_send` lets a
+test react to each posted message (e.g. play another bot that answers).
 
 Standalone, for tests that run gateways in other processes:
 `python -m tests.fakes.discord_server --port N --config fake.json` serves a world described
@@ -87,7 +90,7 @@ class FakeUser:
 
 @dataclass(frozen=True, slots=True)
 class FakeChannel:
-    """A guild text channel, a thread in one (`parent_id`), or a DM (no guild)."""
+    """A guild text channel, a thread in one (`parent_id`), or a DM of a person with a bot."""
 
     id: int
     name: str
@@ -95,6 +98,7 @@ class FakeChannel:
     guild_id: int | None = None
     parent_id: int | None = None
     recipient: FakeUser | None = None
+    dm_bot_id: int | None = None
 
     def to_json(self) -> Json:
         """The channel object."""
@@ -240,8 +244,9 @@ class World:
 
     @classmethod
     def from_json(cls, data: Json) -> World:
-        """A world from `{"bots": [{token, id, username}], "users": [{id, username, bot?}],
-        "guilds": [{id, name, members: [ids], channels: [{id, name, parent_id?}]}]}`."""
+        """A world from JSON: `{"bots": [{token, id, username}], "users": [{id, username,
+        bot?}], "guilds": [{id, name, members: [ids], channels: [{id, name, parent_id?}]}],
+        "dms": [{id, user, bot}]}` (bots are listed as guild members by id too)."""
         world = cls()
         for bot in data.get("bots", []):
             world.add_bot(bot["token"], FakeUser(int(bot["id"]), bot["username"], bot=True))
@@ -260,6 +265,8 @@ class World:
                     channel.get("name", "channel"),
                     parent_id=int(parent) if parent else None,
                 )
+        for dm in data.get("dms", []):
+            world.add_dm(int(dm["id"]), world.users[int(dm["user"])], world.users[int(dm["bot"])])
         return world
 
     def add_bot(self, token: str, user: FakeUser) -> FakeUser:
@@ -286,9 +293,9 @@ class World:
         self.channels[channel_id] = channel
         return channel
 
-    def add_dm(self, channel_id: int, person: FakeUser) -> FakeChannel:
-        """A DM channel between a person and whichever bot it is used with."""
-        channel = FakeChannel(channel_id, person.username, DM, recipient=person)
+    def add_dm(self, channel_id: int, person: FakeUser, bot: FakeUser) -> FakeChannel:
+        """A DM channel between a person and a bot."""
+        channel = FakeChannel(channel_id, person.username, DM, recipient=person, dm_bot_id=bot.id)
         self.users[person.id] = person
         self.channels[channel_id] = channel
         return channel
@@ -300,9 +307,7 @@ class World:
     def tokens_seeing(self, channel: FakeChannel) -> list[str]:
         """The bots a message in this channel is dispatched to."""
         guild = self.guild_of(channel)
-        if guild is None:
-            return list(self.bots)
-        ids = {user.id for user in guild.members}
+        ids = {user.id for user in guild.members} if guild else {channel.dm_bot_id}
         return [token for token, user in self.bots.items() if user.id in ids]
 
 
@@ -323,7 +328,10 @@ class DiscordFake:
         self._sessions: dict[str, _Session] = {}
         self._live: dict[str, _Session] = {}
         self._transports: set[asyncio.Transport] = set()
+        self._sockets: set[web.WebSocketResponse] = set()
         self._fail_sends: deque[float] = deque()
+        self._lose_answers: deque[int] = deque()
+        self._nonces: dict[tuple[int, int, str], Json] = {}
         self._ids = itertools.count(((int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22) + 1)
         self._runner: web.AppRunner | None = None
         self.port = 0
@@ -405,11 +413,11 @@ class DiscordFake:
     ) -> Json:
         """Someone posts in a channel; every bot that can see it gets MESSAGE_CREATE."""
         channel = self.world.channels.get(channel_id)
-        message = self._build_message(
+        message = self.build_message(
             channel_id,
-            channel.guild_id if channel else None,
             author,
             content,
+            guild_id=channel.guild_id if channel else None,
             reply_to=reply_to,
             ping_reply=ping_reply,
             type_=type,
@@ -437,6 +445,10 @@ class DiscordFake:
         """Answer the next `count` message posts with 429 and this `retry_after`."""
         self._fail_sends.extend([retry_after] * count)
 
+    def lose_next_answers(self, count: int, status: int = 503) -> None:
+        """Post the next `count` messages, then answer with this status (a lost answer)."""
+        self._lose_answers.extend([status] * count)
+
     @property
     def pending_failures(self) -> int:
         """Injected 429s not yet served."""
@@ -446,6 +458,11 @@ class DiscordFake:
         """Cut every gateway connection at the TCP level, without a close frame."""
         for transport in list(self._transports):
             transport.abort()
+
+    async def close_connections(self, code: int) -> None:
+        """Close every gateway connection with this close code (4010 etc.: no resuming)."""
+        for ws in list(self._sockets):
+            await ws.close(code=code)
 
     # ------------------------------------------------------------------ REST
 
@@ -522,9 +539,17 @@ class DiscordFake:
             message = self._posted(token, user, channel, body)
         except _RestError as exc:
             return _error(exc)
+        if self._lose_answers:
+            status = self._lose_answers.popleft()
+            return _json({"message": "Service Unavailable", "code": 0}, status=status)
         return _json(message)
 
     def _posted(self, token: str, user: FakeUser, channel: FakeChannel, body: Json) -> Json:
+        nonce = body.get("nonce")
+        if isinstance(nonce, str | int) and body.get("enforce_nonce"):
+            key = (user.id, channel.id, str(nonce))
+            if key in self._nonces:  # Discord returns the message this nonce already made
+                return self._nonces[key]
         content = body.get("content")
         if not isinstance(content, str) or not content or len(content) > MAX_CONTENT:
             raise _RestError(400, 50035, "Invalid Form Body")
@@ -538,11 +563,18 @@ class DiscordFake:
             reply_to = None
         allowed = body.get("allowed_mentions")
         ping = bool(allowed.get("replied_user", False)) if isinstance(allowed, dict) else True
-        message = self._build_message(
-            channel.id, channel.guild_id, user, content, reply_to=reply_to, ping_reply=ping
+        message = self.build_message(
+            channel.id,
+            user,
+            content,
+            guild_id=channel.guild_id,
+            reply_to=reply_to,
+            ping_reply=ping,
         )
-        if isinstance(body.get("nonce"), str | int):
-            message["nonce"] = body["nonce"]
+        if isinstance(nonce, str | int):
+            message["nonce"] = nonce
+            if body.get("enforce_nonce"):
+                self._nonces[(user.id, channel.id, str(nonce))] = message
         message_id = int(message["id"])
         self._messages[message_id] = message
         posted = PostedMessage(
@@ -578,17 +610,18 @@ class DiscordFake:
             raise _RestError(400, 50035, "Invalid Form Body")
         return self.world.add_channel(parent.guild_id, starter, name, parent_id=parent.id)
 
-    def _build_message(
+    def build_message(
         self,
         channel_id: int,
-        guild_id: int | None,
         author: FakeUser | None,
         content: str,
         *,
-        reply_to: int | None,
-        ping_reply: bool,
+        guild_id: int | None = None,
+        reply_to: int | None = None,
+        ping_reply: bool = True,
         type_: int | None = None,
     ) -> Json:
+        """A message object as Discord would send it (not stored, not dispatched)."""
         mentioned = {int(m) for m in _MENTION.findall(content)}
         referenced = self._messages.get(reply_to) if reply_to is not None else None
         if referenced is not None and ping_reply and referenced.get("author"):
@@ -641,6 +674,7 @@ class DiscordFake:
         transport = request.transport
         if transport is not None:
             self._transports.add(transport)
+        self._sockets.add(ws)
         compressor = zlib.compressobj() if request.query.get("compress") == "zlib-stream" else None
         outbox: asyncio.Queue[str | None] = asyncio.Queue()
         writer = asyncio.create_task(self._write(ws, outbox, compressor))
@@ -670,6 +704,7 @@ class DiscordFake:
                 await writer
             if transport is not None:
                 self._transports.discard(transport)
+            self._sockets.discard(ws)
         return ws
 
     async def _write(

@@ -190,14 +190,34 @@ async def test_odd_updates_are_dropped_and_polling_goes_on(
     }
 
 
-async def test_a_failing_sink_does_not_stop_polling(fake: TelegramFake, started: Started) -> None:
+async def test_a_failing_sink_leaves_the_update_to_be_fetched_again(
+    fake: TelegramFake, started: Started
+) -> None:
     connector, inbox = await started()
     inbox.fail = True
-    fake.group_message(GROUP, ALICE, "boom")
-    await wait_for(lambda: connector.dropped["sink_error"] == 1)
+    [boom] = fake.group_message(OTHER_GROUP, ALICE, "boom")
+    fake.group_message(OTHER_GROUP, ALICE, "after boom")
+    await wait_for(lambda: connector.dropped["sink_error"] >= 2)
+    # The chat stops at the failed update: the next one of it was not handed over.
+    assert "after boom" not in inbox.texts()
+    assert fake.pending(TOKEN)[0]["update_id"] == boom["update_id"]
     inbox.fail = False
-    fake.group_message(GROUP, ALICE, "fine")
-    await wait_for(lambda: inbox.texts() == ["boom", "fine"])
+    await wait_for(lambda: inbox.texts()[-2:] == ["boom", "after boom"])
+    await wait_for(lambda: not fake.pending(TOKEN))
+
+
+async def test_an_update_the_sink_keeps_refusing_is_dropped_in_the_end(
+    fake: TelegramFake, started: Started
+) -> None:
+    connector, inbox = await started()
+    inbox.fail = True
+    fake.group_message(OTHER_GROUP, ALICE, "poison")
+    await wait_for(lambda: connector.dropped["sink_failed"] == 1)
+    assert inbox.texts() == ["poison"] * 5
+    inbox.fail = False
+    fake.group_message(OTHER_GROUP, ALICE, "fine")
+    await wait_for(lambda: inbox.texts()[-1] == "fine")
+    assert inbox.texts().count("poison") == 5
 
 
 async def test_dropped_connection_reconnects(fake: TelegramFake, started: Started) -> None:

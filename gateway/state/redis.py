@@ -1,0 +1,565 @@
+"""Redis state: budgets, cooldowns, receipts and pauses shared by every gateway replica.
+
+Each decision is one server-side Lua script call (EVALSHA; redis-py loads a script again
+when the server answers NOSCRIPT, e.g. after a restart lost the script cache), so replicas
+never race on a read-modify-write. Time is the Redis server's `TIME`, read inside the
+script, so replicas whose clocks disagree still agree on windows and cooldowns; tests may
+inject a clock whose value is passed to the scripts instead. Every key expires by itself
+(PEXPIRE to the window, cooldown or TTL it serves), so an idle pair or room costs nothing.
+Needs Redis 5 or later (scripts call TIME before writing, which needs effects
+replication, the default since 5 and the only mode since 7).
+
+Keys, under `key_prefix` (default `lw:`):
+- `pair:{room␟a␟b}`: list of the instants the pair's admitted events stop counting, oldest
+  first; `pair:{room␟a␟b}:cd`: the end of the pair's cooldown (␟ is U+001F; the braces
+  are a hash tag, so both keys of a pair live in one cluster slot).
+- `turns:{room}`: consecutive bot turns; `turns:{room}:seen:<message key>`: the count a
+  message produced, so every hosted bot (and replica) that sees it gets the same one.
+- `claim:<key>`: once-only claims (dedupe receipts, admin commands, cooldown notices).
+- `ovr:<room>`: a hash of runtime overrides (JSON values); `pause:<room>`; `audit`: a list
+  of JSON entries, newest first, capped.
+
+Decisions where DESIGN.md is silent:
+- Outage (connection refused, timeout, read-only replica, out of memory): decisions follow
+  `on_error`. `allow`: `pair_decide` admits (reason `ok`, count 0), `claim` is granted,
+  `bot_turn` counts 0. `deny`: `pair_decide` refuses with reason `cooldown` (the guards'
+  reasons are fixed; `cooldown` is the one refusal that posts no notice) and
+  `retry_after` the probe interval, `claim` is refused, so nothing is answered. In both,
+  reads answer empty, a lost audit entry is dropped, and changes (`pause`, `set`, `reset`)
+  raise `StateError`, so an admin is never told a change was made when it was not.
+  The first failure logs one warning and the first success after it one info line;
+  `unavailable_calls` counts the calls that could not reach Redis and `degraded` tells
+  whether the store is in an outage. While degraded, one call per `probe_interval` (1 s)
+  goes to Redis and the rest fail fast, so an unreachable host does not add a connect
+  timeout to every message; the first probe that succeeds ends the outage.
+- A pair is kept without its policy (events are stored as the instants they stop
+  counting): after `/loop set` the events already in the window count against the new
+  budget, and a running cooldown is kept.
+- A room's consecutive-bot-turn count expires after a day without bot messages.
+- The URL is never logged (it may hold a password); error texts are logged with the
+  password masked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Literal, TypeVar, cast
+from urllib.parse import urlsplit
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from gateway.errors import StateError
+from gateway.state.base import AuditEntry
+from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+OnError = Literal["allow", "deny"]
+
+AUDIT_KEEP = 10_000
+_SEP = "\x1f"
+_TURNS_SEEN_MS = 600_000
+_TURNS_IDLE_MS = 86_400_000
+_SCAN_COUNT = 1000
+_AUDIT_CHUNK = 200
+_UNAVAILABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,
+    redis_errors.OutOfMemoryError,
+    redis_errors.ClusterDownError,
+    OSError,
+)
+_DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
+_FAIL_OPEN = PairDecision(allowed=True, reason="ok", retry_after=0.0, count=0)
+
+# Shared by every script: `now` from ARGV (an injected clock) or the server's TIME.
+_PRELUDE = """
+local function clock(given)
+  if given ~= '' then return tonumber(given) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function num(x) return string.format('%.17g', x) end
+local function ms(seconds) return math.max(1, math.ceil(seconds * 1000)) end
+"""
+
+# KEYS: events, cooldown. ARGV: now, budget, window, cooldown.
+# Returns {code, retry_after, count}: code 0 ok, 1 budget exceeded, 2 cooldown.
+_PAIR_DECIDE = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[1])
+local budget, window, cooldown = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local until_at = redis.call('GET', KEYS[2])
+if until_at then
+  until_at = tonumber(until_at)
+  if now < until_at then
+    local live = 0
+    for _, ends in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+      if tonumber(ends) > now then live = live + 1 end
+    end
+    return {2, num(until_at - now), live}
+  end
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
+while true do
+  local oldest = redis.call('LINDEX', KEYS[1], 0)
+  if not oldest or tonumber(oldest) > now then break end
+  redis.call('LPOP', KEYS[1])
+end
+local count = redis.call('LLEN', KEYS[1])
+if count < budget then
+  count = redis.call('RPUSH', KEYS[1], num(now + window))
+  redis.call('PEXPIRE', KEYS[1], ms(window))
+  return {0, '0', count}
+end
+-- The cooldown marker lives as long as the events: a zero cooldown still means the next
+-- event starts a fresh window.
+local cooldown_end = now + cooldown
+local keep = math.max(tonumber(redis.call('LINDEX', KEYS[1], -1)), cooldown_end) - now
+redis.call('SET', KEYS[2], num(cooldown_end), 'PX', ms(keep))
+redis.call('PEXPIRE', KEYS[1], ms(keep))
+return {1, num(cooldown_end - now), count}
+"""
+)
+
+# KEYS: events, cooldown. ARGV: now. Returns {count, cooldown left} for a live pair, else nil.
+_PAIR_VIEW = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[1])
+local live = 0
+for _, ends in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+  if tonumber(ends) > now then live = live + 1 end
+end
+local until_at = redis.call('GET', KEYS[2])
+if until_at then
+  until_at = tonumber(until_at)
+  if now >= until_at then return false end
+  return {live, num(until_at - now)}
+end
+if live == 0 then return false end
+return {live, '0'}
+"""
+)
+
+# KEYS: claim. ARGV: now, ttl seconds. Returns 1 for the first claimant, else 0.
+_CLAIM = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[1])
+local held = redis.call('GET', KEYS[1])
+if held and tonumber(held) > now then return 0 end
+local ttl = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], num(now + ttl), 'PX', ms(ttl))
+return 1
+"""
+)
+
+# KEYS: counter[, seen]. ARGV: is_bot (1/0), seen ms, idle ms. Returns the count.
+_BOT_TURN = """
+if KEYS[2] then
+  local seen = redis.call('GET', KEYS[2])
+  if seen then return tonumber(seen) end
+end
+local count = 0
+if ARGV[1] == '1' then
+  count = redis.call('INCR', KEYS[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+else
+  redis.call('DEL', KEYS[1])
+end
+if KEYS[2] then redis.call('SET', KEYS[2], count, 'PX', ARGV[2]) end
+return count
+"""
+
+# KEYS: pause. ARGV: now, seconds ('' = until resumed).
+_PAUSE = (
+    _PRELUDE
+    + """
+if ARGV[2] == '' then
+  redis.call('SET', KEYS[1], 'inf')
+  return 1
+end
+local seconds = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], num(clock(ARGV[1]) + seconds), 'PX', ms(seconds))
+return 1
+"""
+)
+
+# KEYS: pause. ARGV: now. Returns seconds left ('inf' when indefinite) or nil.
+_PAUSE_REMAINING = (
+    _PRELUDE
+    + """
+local paused = redis.call('GET', KEYS[1])
+if not paused then return false end
+if paused == 'inf' then return 'inf' end
+local left = tonumber(paused) - clock(ARGV[1])
+if left <= 0 then
+  redis.call('DEL', KEYS[1])
+  return false
+end
+return num(left)
+"""
+)
+
+
+class RedisStateStore:
+    """A StateStore in Redis: one atomic script per decision, server time, self-expiring keys."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        on_error: OnError = "allow",
+        key_prefix: str = "lw:",
+        clock: Callable[[], float] | None = None,
+        timeout: float = 2.0,
+        probe_interval: float = 1.0,
+    ) -> None:
+        # One immediate retry on a fresh connection: after a Redis restart the pooled
+        # connections are dead, and the first command on each must not count as an outage.
+        self._client = Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,)),
+        )
+        self._password = urlsplit(url).password
+        self._on_error = on_error
+        self._prefix = key_prefix
+        self._clock = clock
+        self._probe_interval = probe_interval
+        register = self._client.register_script
+        self._pair_decide = register(_PAIR_DECIDE)
+        self._pair_view = register(_PAIR_VIEW)
+        self._claim = register(_CLAIM)
+        self._bot_turn = register(_BOT_TURN)
+        self._pause = register(_PAUSE)
+        self._pause_remaining = register(_PAUSE_REMAINING)
+        self._scripts = (
+            self._pair_decide,
+            self._pair_view,
+            self._claim,
+            self._bot_turn,
+            self._pause,
+            self._pause_remaining,
+        )
+        self._down = False
+        self._down_since = 0.0
+        self._probe_at = 0.0
+        self.unavailable_calls = 0
+        """Calls that could not reach Redis (counted across outages)."""
+
+    def __repr__(self) -> str:
+        # The URL may hold a password: never part of a repr that could end up in a log.
+        return f"RedisStateStore(key_prefix={self._prefix!r}, on_error={self._on_error!r})"
+
+    @property
+    def degraded(self) -> bool:
+        """True while Redis is unreachable and `on_error` decides."""
+        return self._down
+
+    async def start(self) -> None:
+        """Load the scripts; an unreachable Redis is an outage (logged), not a start failure."""
+
+        async def load() -> None:
+            for script in self._scripts:
+                await self._client.script_load(script.script)
+
+        try:
+            await self._guarded(load)
+        except StateError:
+            return
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._client.aclose()
+
+    # Outage handling
+
+    async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one Redis call; an unreachable Redis becomes a StateError (logged once)."""
+        if self._down:
+            now = time.monotonic()
+            if now < self._probe_at:
+                self.unavailable_calls += 1
+                raise StateError("the redis state store is unreachable")
+            self._probe_at = now + self._probe_interval
+        try:
+            result = await call()
+        except _UNAVAILABLE as exc:
+            self._failed(exc)
+            raise StateError("the redis state store is unreachable") from None
+        if self._down:
+            self._recovered()
+        return result
+
+    def _failed(self, exc: BaseException) -> None:
+        self.unavailable_calls += 1
+        if self._down:
+            return
+        self._down = True
+        self._down_since = time.monotonic()
+        self._probe_at = self._down_since + self._probe_interval
+        consequence = (
+            "admitting messages without shared budgets"
+            if self._on_error == "allow"
+            else "refusing messages"
+        )
+        log.warning(
+            "redis state store unreachable (%s); on_error=%s: %s until it is back",
+            self._describe(exc),
+            self._on_error,
+            consequence,
+        )
+
+    def _recovered(self) -> None:
+        self._down = False
+        log.warning(
+            "redis state store reachable again after %.1f s; %d call(s) failed meanwhile",
+            time.monotonic() - self._down_since,
+            self.unavailable_calls,
+        )
+
+    def _describe(self, exc: BaseException) -> str:
+        """The error's type and text, with the URL's password masked."""
+        text = f"{type(exc).__name__}: {exc}"
+        return text.replace(self._password, "***") if self._password else text
+
+    def _now(self) -> str:
+        """The injected clock's time for a script, or '' to use the server's TIME."""
+        return "" if self._clock is None else repr(self._clock())
+
+    # Keys
+
+    def _pair_keys(self, scope: str, a: str, b: str) -> tuple[str, str]:
+        events = f"{self._prefix}pair:{{{scope}{_SEP}{a}{_SEP}{b}}}"
+        return events, events + ":cd"
+
+    async def _pairs(self, scope: str | None, bot_id: str | None) -> list[tuple[str, str, str]]:
+        """The pairs held, by SCAN (an admin-command path, never per message)."""
+        head = f"{self._prefix}pair:{{"
+        pattern = _glob_escape(head) + (_glob_escape(scope + _SEP) if scope is not None else "")
+        found: set[tuple[str, str, str]] = set()
+        async for key in self._client.scan_iter(match=pattern + "*}", count=_SCAN_COUNT):
+            parts = str(key)[len(head) : -1].split(_SEP)
+            if len(parts) != 3:
+                continue
+            room, a, b = parts
+            if (scope is None or room == scope) and (bot_id is None or bot_id in (a, b)):
+                found.add((room, a, b))
+        return sorted(found)
+
+    # Pairs
+
+    async def pair_decide(
+        self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
+    ) -> PairDecision:
+        """Record one bot-to-bot exchange and decide it in one script call."""
+        if not policy.enabled:
+            return _DISABLED
+        a, b = pair_key(self_bot_id, sender_bot_id)
+        keys = self._pair_keys(scope, a, b)
+        args = (
+            self._now(),
+            policy.max_events_per_window,
+            repr(policy.window_seconds),
+            repr(policy.cooldown_seconds),
+        )
+        try:
+            code, retry_after, count = await self._guarded(
+                lambda: self._pair_decide(keys=keys, args=args)
+            )
+        except StateError:
+            if self._on_error == "allow":
+                return _FAIL_OPEN
+            return PairDecision(False, "cooldown", self._probe_interval, 0)
+        if code == 0:
+            return PairDecision(True, "ok", 0.0, int(count))
+        reason: Literal["budget_exceeded", "cooldown"] = (
+            "budget_exceeded" if code == 1 else "cooldown"
+        )
+        return PairDecision(False, reason, float(retry_after), int(count))
+
+    async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
+        """Delete the pairs held (all, one room's, one bot's); returns how many were there."""
+
+        async def reset() -> int:
+            pairs = await self._pairs(scope, bot_id)
+            if not pairs:
+                return 0
+            async with self._client.pipeline(transaction=False) as pipe:
+                for pair in pairs:
+                    pipe.unlink(*self._pair_keys(*pair))
+                deleted = await pipe.execute()
+            return sum(1 for n in deleted if n)
+
+        return await self._guarded(reset)
+
+    async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
+        """Live pairs with counts and cooldown left, ordered by room and ids."""
+
+        async def snapshot() -> list[PairSnapshot]:
+            pairs = await self._pairs(scope, None)
+            if not pairs:
+                return []
+            now = self._now()
+            async with self._client.pipeline(transaction=False) as pipe:
+                for pair in pairs:
+                    await self._pair_view(keys=self._pair_keys(*pair), args=(now,), client=pipe)
+                views = await pipe.execute()
+            return [
+                PairSnapshot(room, a, b, count=int(view[0]), cooldown_remaining=float(view[1]))
+                for (room, a, b), view in zip(pairs, views, strict=True)
+                if view
+            ]
+
+        try:
+            return await self._guarded(snapshot)
+        except StateError:
+            return []
+
+    # Counters and claims
+
+    async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
+        """Count consecutive bot turns (INCR, or reset by a human); a message counts once."""
+        counter = f"{self._prefix}turns:{{{scope}}}"
+        keys = [counter] if message_key is None else [counter, f"{counter}:seen:{message_key}"]
+        args = ("1" if is_bot else "0", _TURNS_SEEN_MS, _TURNS_IDLE_MS)
+        try:
+            count = await self._guarded(lambda: self._bot_turn(keys=keys, args=args))
+        except StateError:
+            return 0
+        return int(count)
+
+    async def claim(self, key: str, ttl: float) -> bool:
+        """First claimant wins until the TTL runs out (SET … PX in one script)."""
+        args = (self._now(), repr(float(ttl)))
+        try:
+            won = await self._guarded(
+                lambda: self._claim(keys=[f"{self._prefix}claim:{key}"], args=args)
+            )
+        except StateError:
+            return self._on_error == "allow"
+        return bool(won)
+
+    # Overrides and pauses
+
+    async def get_overrides(self, scope: str) -> Mapping[str, object]:
+        """The scope's overrides (HGETALL), decoded from JSON; empty while Redis is down."""
+        try:
+            raw = await self._guarded(
+                lambda: cast(
+                    Awaitable[dict[str, str]], self._client.hgetall(f"{self._prefix}ovr:{scope}")
+                )
+            )
+        except StateError:
+            return {}
+        return {field: json.loads(value) for field, value in raw.items()}
+
+    async def set_override(self, scope: str, field: str, value: object) -> None:
+        """HSET one override as JSON."""
+        encoded = json.dumps(value)
+        await self._guarded(lambda: self._client.hset(f"{self._prefix}ovr:{scope}", field, encoded))
+
+    async def clear_overrides(self, scope: str) -> None:
+        """Delete the scope's override hash."""
+        await self._guarded(lambda: self._client.delete(f"{self._prefix}ovr:{scope}"))
+
+    async def pause(self, scope: str, seconds: float | None) -> None:
+        """Pause the room: a key expiring with the pause, or without expiry until resumed."""
+        args = (self._now(), "" if seconds is None else repr(float(seconds)))
+        await self._guarded(lambda: self._pause(keys=[f"{self._prefix}pause:{scope}"], args=args))
+
+    async def resume(self, scope: str) -> None:
+        """Delete the pause key."""
+        await self._guarded(lambda: self._client.delete(f"{self._prefix}pause:{scope}"))
+
+    async def pause_remaining(self, scope: str) -> float | None:
+        """Seconds left, `inf` when indefinite, None when not paused or Redis is down."""
+        args = (self._now(),)
+        try:
+            left = await self._guarded(
+                lambda: self._pause_remaining(keys=[f"{self._prefix}pause:{scope}"], args=args)
+            )
+        except StateError:
+            return None
+        if left is None:
+            return None
+        return math.inf if left == "inf" else float(left)
+
+    # Audit
+
+    async def audit(self, entry: AuditEntry) -> None:
+        """LPUSH one JSON entry and LTRIM to the newest AUDIT_KEEP (dropped while down)."""
+        key = f"{self._prefix}audit"
+        encoded = json.dumps(dataclasses.asdict(entry))
+
+        async def append() -> None:
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.lpush(key, encoded)
+                pipe.ltrim(key, 0, AUDIT_KEEP - 1)
+                await pipe.execute()
+
+        try:
+            await self._guarded(append)
+        except StateError:
+            return
+
+    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
+        """Newest first, optionally for one room; empty while Redis is down."""
+        key = f"{self._prefix}audit"
+
+        async def recent() -> list[AuditEntry]:
+            found: list[AuditEntry] = []
+            start = 0
+            chunk = max(limit, _AUDIT_CHUNK)
+            while len(found) < limit:
+                batch = await cast(
+                    Awaitable[list[str]], self._client.lrange(key, start, start + chunk - 1)
+                )
+                for raw in batch:
+                    entry = _decode_audit(raw)
+                    if scope is None or entry.room == scope:
+                        found.append(entry)
+                if len(batch) < chunk:
+                    break
+                start += chunk
+            return found[:limit]
+
+        try:
+            return await self._guarded(recent)
+        except StateError:
+            return []
+
+
+def _decode_audit(raw: str) -> AuditEntry:
+    """An AuditEntry from its JSON form."""
+    data = json.loads(raw)
+    return AuditEntry(
+        at=float(data["at"]),
+        platform=str(data["platform"]),
+        room=str(data["room"]),
+        user_id=str(data["user_id"]),
+        user_name=str(data["user_name"]),
+        command=str(data["command"]),
+        allowed=bool(data["allowed"]),
+        outcome=str(data["outcome"]),
+    )
+
+
+def _glob_escape(text: str) -> str:
+    """`text` as a literal in a Redis MATCH pattern."""
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

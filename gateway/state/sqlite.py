@@ -1,0 +1,462 @@
+"""SQLite state: one gateway node whose budgets, cooldowns and receipts survive restarts.
+
+The database runs in WAL mode with one connection, owned by one worker thread: every
+call is handed to that thread, so any number of coroutines can use the store and the
+event loop never blocks on disk. Each decision is one `BEGIN IMMEDIATE` transaction
+that reads the clock only once it holds the write lock, so decisions are serialised in
+time order, also between processes sharing the file (`busy_timeout` makes the others
+wait). A committed decision survives SIGKILL of the gateway (the WAL is in the file
+system); `synchronous=NORMAL` may lose the last transactions on a power cut only.
+
+Decisions where DESIGN.md is silent:
+- Time is wall-clock (`time.time()`, injectable) and stored as absolute instants, unlike
+  the memory backend's monotonic clock: a monotonic clock restarts with the process, so
+  a cooldown stored against it would be wrong after a restart. A cooldown opened at T
+  for 60 s still has 60 - (now - T) seconds left when the gateway comes back.
+- A pair's events are stored as the instants they stop counting (event time + window),
+  so a pair is kept without its policy: when `/loop set` changes the budget, the events
+  already in the window count against the new budget, and a running cooldown is kept.
+  (The memory backend keeps one guard per policy, so there a policy change starts over.)
+- Expired rows (idle pairs, claims, message receipts) are swept a few per call, never
+  by a scan; a pause that ran out is deleted when it is read.
+- The audit log keeps the newest `audit_keep` (10,000) entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from gateway.errors import StateError
+from gateway.state.base import AuditEntry
+from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+_SCHEMA = (
+    # times: JSON list of the instants the pair's admitted events stop counting, oldest
+    # first; cooldown_until: NULL without a cooldown marker; expires_at: when the row is
+    # idle (no event counts and no cooldown runs) and may be swept.
+    """CREATE TABLE IF NOT EXISTS pairs (
+        scope TEXT NOT NULL, bot_a TEXT NOT NULL, bot_b TEXT NOT NULL,
+        times TEXT NOT NULL, cooldown_until REAL, expires_at REAL NOT NULL,
+        PRIMARY KEY (scope, bot_a, bot_b))""",
+    "CREATE INDEX IF NOT EXISTS pairs_expiry ON pairs (expires_at)",
+    "CREATE TABLE IF NOT EXISTS bot_turns (scope TEXT PRIMARY KEY, count INTEGER NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS turns_seen (
+        message_key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires_at REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS turns_seen_expiry ON turns_seen (expires_at)",
+    "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS claims_expiry ON claims (expires_at)",
+    """CREATE TABLE IF NOT EXISTS overrides (
+        scope TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
+        PRIMARY KEY (scope, field))""",
+    # until: NULL pauses until resumed.
+    "CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until REAL)",
+    """CREATE TABLE IF NOT EXISTS audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, platform TEXT NOT NULL,
+        room TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT NOT NULL,
+        command TEXT NOT NULL, allowed INTEGER NOT NULL, outcome TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS audit_room ON audit (room, id)",
+)
+
+# Expired rows removed per call that may have added one: twice the rate they appear, so
+# n idle rows are gone within about n/2 calls.
+_SWEEP_PER_CALL = 2
+# How long a message's bot-turn count is remembered for the other hosted bots that see
+# it; they see it within moments, so ten minutes is plenty.
+_TURNS_SEEN_SECONDS = 600.0
+_DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
+
+
+class SqliteStateStore:
+    """A StateStore in one SQLite file: WAL, one writer thread, a transaction per decision."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = "loopwarden.sqlite3",
+        *,
+        clock: Callable[[], float] | None = None,
+        audit_keep: int = 10_000,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        if audit_keep < 1:
+            raise ValueError(f"audit_keep must be 1 or more, got {audit_keep!r}")
+        self._path = os.fspath(path)
+        self._clock = clock or time.time
+        self._audit_keep = audit_keep
+        self._busy_timeout = busy_timeout
+        self._executor: ThreadPoolExecutor | None = None
+        # Opened, used and closed on the executor's one thread only.
+        self._db: sqlite3.Connection | None = None
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    async def start(self) -> None:
+        """Open the file (creating its directory and schema) on the store's own thread."""
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lw-sqlite")
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._open)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+            raise
+
+    async def aclose(self) -> None:
+        """Close the connection and stop the thread."""
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(executor, self._close)
+        finally:
+            executor.shutdown(wait=False)
+
+    def _open(self) -> None:
+        if self._path != ":memory:":
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
+            _create_schema(db, self._path)
+        except BaseException:
+            db.close()
+            raise
+        self._db = db
+
+    def _close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            db.close()
+
+    async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """Run `work` with the connection on the store's thread."""
+        executor = self._executor
+        if executor is None:
+            raise StateError("the sqlite state store is not started")
+        return await asyncio.get_running_loop().run_in_executor(executor, self._with_db, work)
+
+    def _with_db(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        db = self._db
+        if db is None:
+            raise StateError("the sqlite state store is not started")
+        return work(db)
+
+    async def _write(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
+        """Run `work(db, now)` in one write transaction, `now` read under the write lock."""
+
+        def run(db: sqlite3.Connection) -> T:
+            with _transaction(db):
+                return work(db, self._clock())
+
+        return await self._call(run)
+
+    async def _read(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
+        """Run `work(db, now)` without taking the write lock (WAL readers never wait)."""
+        return await self._call(lambda db: work(db, self._clock()))
+
+    async def pair_decide(
+        self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
+    ) -> PairDecision:
+        """Record one bot-to-bot exchange and decide it, in one transaction."""
+        if not policy.enabled:
+            return _DISABLED
+        a, b = pair_key(self_bot_id, sender_bot_id)
+        return await self._write(lambda db, now: _decide(db, now, (scope, a, b), policy))
+
+    async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
+        """Drop the pairs held (all, one room's, one bot's); idle ones are not counted."""
+
+        def reset(db: sqlite3.Connection, now: float) -> int:
+            db.execute("DELETE FROM pairs WHERE expires_at <= ?", (now,))
+            where, params = _pair_filter(scope, bot_id)
+            return db.execute(f"DELETE FROM pairs{where}", params).rowcount
+
+        return await self._write(reset)
+
+    async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
+        """Live pairs (an event counting or a cooldown running), ordered by room and ids."""
+
+        def snapshot(db: sqlite3.Connection, now: float) -> list[PairSnapshot]:
+            where, params = _pair_filter(scope, None)
+            rows = db.execute(
+                "SELECT scope, bot_a, bot_b, times, cooldown_until FROM pairs"
+                f"{where} ORDER BY scope, bot_a, bot_b",
+                params,
+            ).fetchall()
+            found = []
+            for room, a, b, times, cooldown_until in rows:
+                view = _view(json.loads(times), cooldown_until, now)
+                if view is not None:
+                    found.append(
+                        PairSnapshot(room, a, b, count=view[0], cooldown_remaining=view[1])
+                    )
+            return found
+
+        return await self._read(snapshot)
+
+    async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
+        """Count consecutive bot turns; a human resets; a message key counts once."""
+
+        def turn(db: sqlite3.Connection, now: float) -> int:
+            if message_key is not None:
+                seen = db.execute(
+                    "SELECT count FROM turns_seen WHERE message_key = ? AND expires_at > ?",
+                    (message_key, now),
+                ).fetchone()
+                if seen is not None:
+                    return int(seen[0])
+            if is_bot:
+                count = int(
+                    db.execute(
+                        "INSERT INTO bot_turns (scope, count) VALUES (?, 1) ON CONFLICT (scope) "
+                        "DO UPDATE SET count = count + 1 RETURNING count",
+                        (scope,),
+                    ).fetchone()[0]
+                )
+            else:
+                count = 0
+                db.execute("DELETE FROM bot_turns WHERE scope = ?", (scope,))
+            if message_key is not None:
+                _sweep(db, "turns_seen", now)
+                db.execute(
+                    "INSERT OR REPLACE INTO turns_seen (message_key, count, expires_at) "
+                    "VALUES (?, ?, ?)",
+                    (message_key, count, now + _TURNS_SEEN_SECONDS),
+                )
+            return count
+
+        return await self._write(turn)
+
+    async def claim(self, key: str, ttl: float) -> bool:
+        """First claimant wins until the TTL runs out."""
+
+        def claim(db: sqlite3.Connection, now: float) -> bool:
+            held = db.execute(
+                "SELECT 1 FROM claims WHERE key = ? AND expires_at > ?", (key, now)
+            ).fetchone()
+            if held is not None:
+                return False
+            _sweep(db, "claims", now)
+            db.execute(
+                "INSERT OR REPLACE INTO claims (key, expires_at) VALUES (?, ?)", (key, now + ttl)
+            )
+            return True
+
+        return await self._write(claim)
+
+    async def get_overrides(self, scope: str) -> Mapping[str, object]:
+        """The scope's overrides, decoded from JSON."""
+
+        def overrides(db: sqlite3.Connection, now: float) -> dict[str, object]:
+            rows = db.execute("SELECT field, value FROM overrides WHERE scope = ?", (scope,))
+            return {field: json.loads(value) for field, value in rows}
+
+        return await self._read(overrides)
+
+    async def set_override(self, scope: str, field: str, value: object) -> None:
+        """Store one override as JSON."""
+        encoded = json.dumps(value)
+        await self._write(
+            lambda db, now: db.execute(
+                "INSERT OR REPLACE INTO overrides (scope, field, value) VALUES (?, ?, ?)",
+                (scope, field, encoded),
+            )
+        )
+
+    async def clear_overrides(self, scope: str) -> None:
+        """Drop a scope's overrides."""
+        await self._write(
+            lambda db, now: db.execute("DELETE FROM overrides WHERE scope = ?", (scope,))
+        )
+
+    async def pause(self, scope: str, seconds: float | None) -> None:
+        """Pause until now + seconds (an absolute wall-clock instant), or until resumed."""
+        await self._write(
+            lambda db, now: db.execute(
+                "INSERT OR REPLACE INTO pauses (scope, until) VALUES (?, ?)",
+                (scope, None if seconds is None else now + seconds),
+            )
+        )
+
+    async def resume(self, scope: str) -> None:
+        """Lift the pause."""
+        await self._write(
+            lambda db, now: db.execute("DELETE FROM pauses WHERE scope = ?", (scope,))
+        )
+
+    async def pause_remaining(self, scope: str) -> float | None:
+        """Seconds left, `inf` when indefinite, None when not paused (a run-out pause goes)."""
+
+        def remaining(db: sqlite3.Connection, now: float) -> float | None:
+            row = db.execute("SELECT until FROM pauses WHERE scope = ?", (scope,)).fetchone()
+            if row is None:
+                return None
+            if row[0] is None:
+                return math.inf
+            left: float = row[0] - now
+            if left > 0:
+                return left
+            with _transaction(db):
+                db.execute(
+                    "DELETE FROM pauses WHERE scope = ? AND until IS NOT NULL AND until <= ?",
+                    (scope, now),
+                )
+            return None
+
+        return await self._read(remaining)
+
+    async def audit(self, entry: AuditEntry) -> None:
+        """Append one entry; the oldest beyond `audit_keep` go."""
+        keep = self._audit_keep
+
+        def append(db: sqlite3.Connection, now: float) -> None:
+            newest = db.execute(
+                "INSERT INTO audit (at, platform, room, user_id, user_name, command, allowed, "
+                "outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    entry.at,
+                    entry.platform,
+                    entry.room,
+                    entry.user_id,
+                    entry.user_name,
+                    entry.command,
+                    int(entry.allowed),
+                    entry.outcome,
+                ),
+            ).lastrowid
+            if newest is not None:
+                db.execute("DELETE FROM audit WHERE id <= ?", (newest - keep,))
+
+        await self._write(append)
+
+    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
+        """Newest first, optionally for one room."""
+
+        def recent(db: sqlite3.Connection, now: float) -> list[AuditEntry]:
+            columns = "at, platform, room, user_id, user_name, command, allowed, outcome"
+            if scope is None:
+                rows = db.execute(f"SELECT {columns} FROM audit ORDER BY id DESC LIMIT ?", (limit,))
+            else:
+                rows = db.execute(
+                    f"SELECT {columns} FROM audit WHERE room = ? ORDER BY id DESC LIMIT ?",
+                    (scope, limit),
+                )
+            return [
+                AuditEntry(at, platform, room, user_id, name, command, bool(allowed), outcome)
+                for at, platform, room, user_id, name, command, allowed, outcome in rows
+            ]
+
+        return await self._read(recent)
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE … COMMIT, rolled back on any error."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _create_schema(db: sqlite3.Connection, path: str) -> None:
+    """Create the tables of this schema version (a newer file is refused, not downgraded)."""
+    with _transaction(db):
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"{path} was written by a newer loopwarden "
+                f"(schema {version}, this one knows {SCHEMA_VERSION})"
+            )
+        for statement in _SCHEMA:
+            db.execute(statement)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _sweep(db: sqlite3.Connection, table: str, now: float) -> None:
+    """Delete a few expired rows of a table that has an `expires_at` index."""
+    db.execute(
+        f"DELETE FROM {table} WHERE rowid IN "
+        f"(SELECT rowid FROM {table} WHERE expires_at <= ? LIMIT ?)",
+        (now, _SWEEP_PER_CALL),
+    )
+
+
+def _pair_filter(scope: str | None, bot_id: str | None) -> tuple[str, tuple[str, ...]]:
+    """A WHERE clause (with its parameters) selecting one room's and/or one bot's pairs."""
+    clauses: list[str] = []
+    params: tuple[str, ...] = ()
+    if scope is not None:
+        clauses.append("scope = ?")
+        params += (scope,)
+    if bot_id is not None:
+        clauses.append("(bot_a = ? OR bot_b = ?)")
+        params += (bot_id, bot_id)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+def _decide(
+    db: sqlite3.Connection, now: float, key: tuple[str, str, str], policy: BotLoopPolicy
+) -> PairDecision:
+    """The pair budget of guards/bot_loop.py on one stored pair (inside a transaction)."""
+    row = db.execute(
+        "SELECT times, cooldown_until FROM pairs WHERE scope = ? AND bot_a = ? AND bot_b = ?",
+        key,
+    ).fetchone()
+    ends: list[float] = json.loads(row[0]) if row else []
+    cooldown_until: float | None = row[1] if row else None
+    if cooldown_until is not None:
+        if now < cooldown_until:
+            live = sum(1 for end in ends if end > now)
+            return PairDecision(False, "cooldown", cooldown_until - now, live)
+        # The cooldown is over: a fresh window.
+        cooldown_until = None
+        ends = []
+    while ends and ends[0] <= now:
+        del ends[0]
+    if len(ends) < policy.max_events_per_window:
+        ends.append(now + policy.window_seconds)
+        decision = PairDecision(True, "ok", 0.0, len(ends))
+    else:
+        cooldown_until = now + policy.cooldown_seconds
+        decision = PairDecision(False, "budget_exceeded", cooldown_until - now, len(ends))
+    if row is None:
+        _sweep(db, "pairs", now)
+    expires_at = max(ends[-1], cooldown_until if cooldown_until is not None else -math.inf)
+    db.execute(
+        "INSERT OR REPLACE INTO pairs (scope, bot_a, bot_b, times, cooldown_until, expires_at) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        (*key, json.dumps(ends), cooldown_until, expires_at),
+    )
+    return decision
+
+
+def _view(ends: list[float], cooldown_until: float | None, now: float) -> tuple[int, float] | None:
+    """(events counting, cooldown left) of a live pair; None for an idle one."""
+    if cooldown_until is not None:
+        if now >= cooldown_until:
+            # A finished cooldown means a fresh window: the events before it no longer count.
+            return None
+        return sum(1 for end in ends if end > now), cooldown_until - now
+    live = sum(1 for end in ends if end > now)
+    return (live, 0.0) if live else None

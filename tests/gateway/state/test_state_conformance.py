@@ -1,0 +1,513 @@
+"""One conformance suite for every StateStore backend: memory, sqlite and redis.
+
+Every case runs against all three with an injected clock (the redis backend passes it to
+its scripts instead of the server's TIME), so nothing waits for wall time. The pair
+budget is also checked event by event against guards/bot_loop.py's BotLoopGuard, the
+reference the backends must agree with, on Hypothesis-generated traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway.state.base import AuditEntry, StateStore
+from gateway.state.memory import MemoryStateStore
+from gateway.state.redis import RedisStateStore
+from gateway.state.sqlite import SqliteStateStore
+from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
+from tests.fakes.redis_server import RedisServer, RedisServerMissing
+
+BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+ROOM = "discord:1100"
+OTHER_ROOM = "discord:2200"
+POLICY = BotLoopPolicy(max_events_per_window=3, window_seconds=30.0, cooldown_seconds=20.0)
+_prefixes = itertools.count()
+
+
+class Clock:
+    """A settable clock shared by the store under test and the test."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward."""
+        self.now += seconds
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server for this module (each store gets its own key prefix)."""
+    try:
+        server = RedisServer(tmp_path_factory.mktemp("redis"))
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc))
+    with server:
+        yield server.url
+
+
+def build_store(
+    backend: str, clock: Callable[[], float], *, workdir: Path, redis_url: str | None
+) -> StateStore:
+    """A fresh, empty store of one backend driven by `clock`."""
+    if backend == "memory":
+        return MemoryStateStore(clock=clock)
+    if backend == "sqlite":
+        return SqliteStateStore(workdir / f"state-{next(_prefixes)}.sqlite3", clock=clock)
+    assert redis_url is not None
+    return RedisStateStore(redis_url, key_prefix=f"conf{next(_prefixes)}:", clock=clock)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """The time of the store under test."""
+    return Clock()
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(
+    request: pytest.FixtureRequest, clock: Clock, tmp_path: Path
+) -> AsyncIterator[StateStore]:
+    """A started store of each backend."""
+    backend: str = request.param
+    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    built = build_store(backend, clock, workdir=tmp_path, redis_url=url)
+    await built.start()
+    try:
+        yield built
+    finally:
+        await built.aclose()
+
+
+async def decide(
+    store: StateStore,
+    me: str = "bot-a",
+    sender: str = "bot-b",
+    *,
+    scope: str = ROOM,
+    policy: BotLoopPolicy = POLICY,
+) -> PairDecision:
+    """One bot-to-bot event of a pair."""
+    return await store.pair_decide(scope=scope, self_bot_id=me, sender_bot_id=sender, policy=policy)
+
+
+def entry(n: int, room: str = ROOM) -> AuditEntry:
+    """The n-th audit entry of a test."""
+    return AuditEntry(
+        at=float(n),
+        platform="discord",
+        room=room,
+        user_id=f"u{n}",
+        user_name=f"user {n}",
+        command=f"/loop status {n}",
+        allowed=n % 2 == 0,
+        outcome="done",
+    )
+
+
+# The pair budget
+
+
+async def test_the_budget_admits_then_refuses_and_opens_a_cooldown(
+    store: StateStore, clock: Clock
+) -> None:
+    counts = []
+    for _ in range(3):
+        decision = await decide(store)
+        assert decision.allowed
+        assert decision.reason == "ok"
+        counts.append(decision.count)
+        clock.advance(1)
+    assert counts == [1, 2, 3]
+    over = await decide(store)
+    assert (over.allowed, over.reason, over.count) == (False, "budget_exceeded", 3)
+    assert over.retry_after == pytest.approx(20.0)
+    clock.advance(5)
+    during = await decide(store)
+    assert (during.allowed, during.reason, during.count) == (False, "cooldown", 3)
+    assert during.retry_after == pytest.approx(15.0)
+
+
+async def test_the_cooldown_is_not_extended_and_ends_in_a_fresh_window(
+    store: StateStore, clock: Clock
+) -> None:
+    for _ in range(3):
+        await decide(store)
+    opened = clock.now
+    assert (await decide(store)).reason == "budget_exceeded"
+    for _ in range(10):
+        clock.advance(1.9)
+        refused = await decide(store)
+        assert refused.reason == "cooldown"
+        assert refused.retry_after == pytest.approx(opened + 20.0 - clock.now)
+    clock.now = opened + 20.0 - 0.001
+    assert (await decide(store)).reason == "cooldown"
+    clock.now = opened + 20.0
+    fresh = await decide(store)
+    assert (fresh.allowed, fresh.reason, fresh.count) == (True, "ok", 1)
+    # The events before the cooldown no longer count, though they are inside the window.
+    assert [(await decide(store)).count for _ in range(2)] == [2, 3]
+    assert (await decide(store)).reason == "budget_exceeded"
+
+
+async def test_an_event_counts_in_a_half_open_window(store: StateStore, clock: Clock) -> None:
+    start = clock.now
+    for offset in (0.0, 10.0, 20.0):
+        clock.now = start + offset
+        assert (await decide(store)).allowed
+    clock.now = start + 30.0 - 0.001
+    assert (await decide(store)).reason == "budget_exceeded"
+
+
+async def test_the_oldest_event_leaves_the_window_at_exactly_its_end(
+    store: StateStore, clock: Clock
+) -> None:
+    start = clock.now
+    for offset in (0.0, 10.0, 20.0):
+        clock.now = start + offset
+        assert (await decide(store)).allowed
+    clock.now = start + 30.0
+    decision = await decide(store)
+    assert (decision.allowed, decision.count) == (True, 3)
+
+
+async def test_a_refused_event_during_cooldown_is_not_recorded(
+    store: StateStore, clock: Clock
+) -> None:
+    for _ in range(3):
+        await decide(store)
+    await decide(store)
+    for _ in range(50):
+        await decide(store)
+    snapshot = await store.pair_snapshot(ROOM)
+    assert [(s.count, round(s.cooldown_remaining, 6)) for s in snapshot] == [(3, 20.0)]
+
+
+async def test_the_pair_is_direction_independent(store: StateStore) -> None:
+    await decide(store, "bot-a", "bot-b")
+    await decide(store, "bot-b", "bot-a")
+    third = await decide(store, "bot-a", "bot-b")
+    assert third.count == 3
+    assert (await decide(store, "bot-b", "bot-a")).reason == "budget_exceeded"
+    assert (await decide(store, "bot-a", "bot-b")).reason == "cooldown"
+
+
+async def test_rooms_and_pairs_have_separate_budgets(store: StateStore) -> None:
+    for _ in range(3):
+        await decide(store)
+    assert (await decide(store)).reason == "budget_exceeded"
+    assert (await decide(store, scope=OTHER_ROOM)).count == 1
+    assert (await decide(store, "bot-a", "bot-c")).count == 1
+    assert (await decide(store, "bot-c", "bot-b")).count == 1
+
+
+async def test_a_disabled_policy_admits_without_recording(store: StateStore) -> None:
+    off = BotLoopPolicy(enabled=False)
+    for _ in range(10):
+        decision = await decide(store, policy=off)
+        assert (decision.allowed, decision.reason, decision.count) == (True, "disabled", 0)
+    assert await store.pair_snapshot() == []
+    assert (await decide(store)).count == 1
+
+
+async def test_a_zero_cooldown_refuses_once_then_starts_afresh(store: StateStore) -> None:
+    policy = BotLoopPolicy(max_events_per_window=2, window_seconds=30.0, cooldown_seconds=0.0)
+    assert [(await decide(store, policy=policy)).count for _ in range(2)] == [1, 2]
+    over = await decide(store, policy=policy)
+    assert (over.reason, over.retry_after) == ("budget_exceeded", 0.0)
+    again = await decide(store, policy=policy)
+    assert (again.allowed, again.count) == (True, 1)
+
+
+async def test_a_budget_of_one(store: StateStore, clock: Clock) -> None:
+    policy = BotLoopPolicy(max_events_per_window=1, window_seconds=10.0, cooldown_seconds=5.0)
+    assert (await decide(store, policy=policy)).allowed
+    assert (await decide(store, policy=policy)).reason == "budget_exceeded"
+    clock.advance(5)
+    assert (await decide(store, policy=policy)).allowed
+
+
+# Reset and snapshot
+
+
+async def test_reset_of_one_room(store: StateStore) -> None:
+    for _ in range(4):
+        await decide(store)
+    await decide(store, "bot-a", "bot-c")
+    await decide(store, scope=OTHER_ROOM)
+    assert await store.pair_reset(scope=ROOM) == 2
+    assert (await decide(store)).count == 1
+    assert (await decide(store, scope=OTHER_ROOM)).count == 2
+
+
+async def test_reset_of_one_bot_in_every_room(store: StateStore) -> None:
+    await decide(store, "bot-a", "bot-b")
+    await decide(store, "bot-c", "bot-a", scope=OTHER_ROOM)
+    await decide(store, "bot-b", "bot-c")
+    assert await store.pair_reset(bot_id="bot-a") == 2
+    pairs = {(s.scope, s.bot_a, s.bot_b) for s in await store.pair_snapshot()}
+    assert pairs == {(ROOM, "bot-b", "bot-c")}
+
+
+async def test_reset_of_one_bot_in_one_room(store: StateStore) -> None:
+    await decide(store, "bot-a", "bot-b")
+    await decide(store, "bot-a", "bot-b", scope=OTHER_ROOM)
+    assert await store.pair_reset(scope=ROOM, bot_id="bot-b") == 1
+    assert [(s.scope, s.count) for s in await store.pair_snapshot()] == [(OTHER_ROOM, 1)]
+
+
+async def test_reset_of_everything_frees_a_cooling_pair(store: StateStore) -> None:
+    for _ in range(4):
+        await decide(store)
+    await decide(store, scope=OTHER_ROOM)
+    assert await store.pair_reset() == 2
+    assert await store.pair_snapshot() == []
+    assert (await decide(store)).allowed
+    assert await store.pair_reset(scope="discord:none") == 0
+
+
+async def test_the_snapshot_lists_live_pairs_with_counts_and_cooldown_left(
+    store: StateStore, clock: Clock
+) -> None:
+    for _ in range(4):
+        await decide(store)
+    await decide(store, "bot-c", "bot-a")
+    await decide(store, scope=OTHER_ROOM)
+    clock.advance(5)
+    snapshot = sorted(await store.pair_snapshot(), key=lambda s: (s.scope or "", s.bot_a, s.bot_b))
+    assert [(s.scope, s.bot_a, s.bot_b, s.count) for s in snapshot] == [
+        (ROOM, "bot-a", "bot-b", 3),
+        (ROOM, "bot-a", "bot-c", 1),
+        (OTHER_ROOM, "bot-a", "bot-b", 1),
+    ]
+    assert [round(s.cooldown_remaining, 6) for s in snapshot] == [15.0, 0.0, 0.0]
+    assert {(s.bot_a, s.bot_b) for s in await store.pair_snapshot(OTHER_ROOM)} == {
+        ("bot-a", "bot-b")
+    }
+
+
+async def test_the_snapshot_leaves_out_idle_pairs(store: StateStore, clock: Clock) -> None:
+    await decide(store)
+    for _ in range(4):
+        await decide(store, "bot-c", "bot-d")
+    clock.advance(20.0)
+    assert [(s.bot_a, s.count) for s in await store.pair_snapshot()] == [("bot-a", 1)]
+    clock.advance(10.0)
+    assert await store.pair_snapshot() == []
+    assert await store.pair_snapshot(ROOM) == []
+
+
+async def test_the_snapshot_count_shrinks_as_events_leave_the_window(
+    store: StateStore, clock: Clock
+) -> None:
+    for _ in range(3):
+        await decide(store)
+        clock.advance(10)
+    expected = [PairSnapshot(ROOM, "bot-a", "bot-b", count=2, cooldown_remaining=0.0)]
+    assert await store.pair_snapshot(ROOM) == expected
+
+
+# Consecutive bot turns
+
+
+async def test_bot_turns_count_up_and_a_human_resets_them(store: StateStore) -> None:
+    assert [await store.bot_turn(ROOM, is_bot=True) for _ in range(3)] == [1, 2, 3]
+    assert await store.bot_turn(OTHER_ROOM, is_bot=True) == 1
+    assert await store.bot_turn(ROOM, is_bot=False) == 0
+    assert await store.bot_turn(ROOM, is_bot=True) == 1
+    assert await store.bot_turn(OTHER_ROOM, is_bot=True) == 2
+
+
+async def test_a_message_seen_by_several_bots_counts_once(store: StateStore) -> None:
+    first = [await store.bot_turn(ROOM, is_bot=True, message_key=f"m{n}") for n in range(3)]
+    again = [await store.bot_turn(ROOM, is_bot=True, message_key=f"m{n}") for n in range(3)]
+    assert first == again == [1, 2, 3]
+    assert await store.bot_turn(ROOM, is_bot=False, message_key="h1") == 0
+    assert await store.bot_turn(ROOM, is_bot=True, message_key="m2") == 3
+    assert await store.bot_turn(ROOM, is_bot=True, message_key="m9") == 1
+
+
+async def test_concurrent_reports_of_one_message_agree(store: StateStore) -> None:
+    counts = await asyncio.gather(
+        *(store.bot_turn(ROOM, is_bot=True, message_key="m1") for _ in range(10))
+    )
+    assert set(counts) == {1}
+    assert await store.bot_turn(ROOM, is_bot=True) == 2
+
+
+# Claims (dedupe receipts, admin commands, cooldown notices)
+
+
+async def test_a_claim_is_won_once_until_its_ttl_runs_out(store: StateStore, clock: Clock) -> None:
+    assert await store.claim("dedupe:discord:1", 60.0)
+    assert not await store.claim("dedupe:discord:1", 60.0)
+    assert await store.claim("dedupe:discord:2", 60.0)
+    clock.advance(59.999)
+    assert not await store.claim("dedupe:discord:1", 60.0)
+    clock.advance(0.001)
+    assert await store.claim("dedupe:discord:1", 60.0)
+    assert not await store.claim("dedupe:discord:1", 60.0)
+
+
+async def test_concurrent_claims_have_one_winner(store: StateStore) -> None:
+    won = await asyncio.gather(*(store.claim("admin:room:lobby:7", 600.0) for _ in range(20)))
+    assert sorted(won) == [False] * 19 + [True]
+
+
+async def test_expired_claims_do_not_hold_others(store: StateStore, clock: Clock) -> None:
+    for n in range(20):
+        assert await store.claim(f"notice:{n}", 1.0)
+    clock.advance(2.0)
+    assert all([await store.claim(f"notice:{n}", 1.0) for n in range(20)])
+
+
+# Overrides
+
+
+async def test_overrides_are_set_read_and_cleared_per_scope(store: StateStore) -> None:
+    assert await store.get_overrides(ROOM) == {}
+    await store.set_override(ROOM, "bot_loop.max_events_per_window", 6)
+    await store.set_override(ROOM, "bot_loop.enabled", False)
+    await store.set_override(ROOM, "silence.tokens", ["NO_REPLY", "[SILENT]"])
+    await store.set_override(ROOM, "respond_to.bots", "mentions")
+    await store.set_override("*", "bot_loop.window_seconds", 12.5)
+    await store.set_override(ROOM, "bot_loop.max_events_per_window", 7)
+    assert await store.get_overrides(ROOM) == {
+        "bot_loop.max_events_per_window": 7,
+        "bot_loop.enabled": False,
+        "silence.tokens": ["NO_REPLY", "[SILENT]"],
+        "respond_to.bots": "mentions",
+    }
+    assert await store.get_overrides("*") == {"bot_loop.window_seconds": 12.5}
+    await store.clear_overrides(ROOM)
+    assert await store.get_overrides(ROOM) == {}
+    assert await store.get_overrides("*") == {"bot_loop.window_seconds": 12.5}
+
+
+async def test_the_overrides_returned_are_a_copy(store: StateStore) -> None:
+    await store.set_override(ROOM, "bot_loop.max_events_per_window", 6)
+    got = await store.get_overrides(ROOM)
+    assert isinstance(got, dict)
+    got["bot_loop.max_events_per_window"] = 99
+    assert await store.get_overrides(ROOM) == {"bot_loop.max_events_per_window": 6}
+
+
+# Pauses
+
+
+async def test_a_timed_pause_runs_out(store: StateStore, clock: Clock) -> None:
+    assert await store.pause_remaining(ROOM) is None
+    await store.pause(ROOM, 600.0)
+    clock.advance(100)
+    assert await store.pause_remaining(ROOM) == pytest.approx(500.0)
+    assert await store.pause_remaining(OTHER_ROOM) is None
+    clock.advance(500)
+    assert await store.pause_remaining(ROOM) is None
+
+
+async def test_an_indefinite_pause_lasts_until_resumed(store: StateStore, clock: Clock) -> None:
+    await store.pause(ROOM, None)
+    clock.advance(86_400 * 30)
+    assert await store.pause_remaining(ROOM) == math.inf
+    await store.resume(ROOM)
+    assert await store.pause_remaining(ROOM) is None
+    await store.resume(ROOM)
+
+
+async def test_a_new_pause_replaces_the_old_one(store: StateStore, clock: Clock) -> None:
+    await store.pause(ROOM, None)
+    await store.pause(ROOM, 60.0)
+    clock.advance(30)
+    assert await store.pause_remaining(ROOM) == pytest.approx(30.0)
+    await store.pause(ROOM, None)
+    clock.advance(60)
+    assert await store.pause_remaining(ROOM) == math.inf
+
+
+# Audit
+
+
+async def test_the_audit_log_is_newest_first_with_a_limit_and_a_room_filter(
+    store: StateStore,
+) -> None:
+    for n in range(1, 8):
+        await store.audit(entry(n, ROOM if n % 3 else OTHER_ROOM))
+    assert await store.recent_audit(3) == [entry(7), entry(6, OTHER_ROOM), entry(5)]
+    assert await store.recent_audit(20, scope=OTHER_ROOM) == [
+        entry(6, OTHER_ROOM),
+        entry(3, OTHER_ROOM),
+    ]
+    assert [e.at for e in await store.recent_audit()] == [7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+    assert await store.recent_audit(5, scope="room:none") == []
+
+
+# The reference: BotLoopGuard, event by event
+
+Event = tuple[int, int, float]
+"""(pair index, room index, seconds since the previous event)."""
+
+PAIRS = (("bot-a", "bot-b"), ("bot-b", "bot-a"), ("bot-a", "bot-c"))
+STEPS = (0.0, 0.5, 1.0, 4.0, 10.0, 19.5, 20.0, 30.0, 61.0)
+events = st.lists(
+    st.tuples(st.integers(0, len(PAIRS) - 1), st.integers(0, 1), st.sampled_from(STEPS)),
+    max_size=60,
+)
+policies = st.builds(
+    BotLoopPolicy,
+    max_events_per_window=st.integers(1, 4),
+    window_seconds=st.sampled_from((10.0, 30.0)),
+    cooldown_seconds=st.sampled_from((0.0, 5.0, 20.0)),
+)
+
+
+async def _replay(
+    store: StateStore, clock: Clock, policy: BotLoopPolicy, trace: list[Event]
+) -> None:
+    """Run the trace through `store` and a BotLoopGuard, comparing every decision."""
+    reference = BotLoopGuard(policy, clock=clock)
+    await store.start()
+    try:
+        for pair, room, step in trace:
+            clock.advance(step)
+            me, sender = PAIRS[pair]
+            scope = (ROOM, OTHER_ROOM)[room]
+            want = reference.decide(self_bot_id=me, sender_bot_id=sender, scope=scope)
+            got = await decide(store, me, sender, scope=scope, policy=policy)
+            assert (got.allowed, got.reason, got.count) == (want.allowed, want.reason, want.count)
+            assert got.retry_after == pytest.approx(want.retry_after)
+        want_pairs = sorted(
+            (s.scope or "", s.bot_a, s.bot_b, s.count, round(s.cooldown_remaining, 6))
+            for s in reference.snapshot()
+        )
+        got_pairs = sorted(
+            (s.scope or "", s.bot_a, s.bot_b, s.count, round(s.cooldown_remaining, 6))
+            for s in await store.pair_snapshot()
+        )
+        assert got_pairs == want_pairs
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=policies, trace=events)
+def test_every_backend_decides_like_the_guard(
+    backend: str, policy: BotLoopPolicy, trace: list[Event], request: pytest.FixtureRequest
+) -> None:
+    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    clock = Clock()
+    with tempfile.TemporaryDirectory() as workdir:
+        store = build_store(backend, clock, workdir=Path(workdir), redis_url=url)
+        asyncio.run(_replay(store, clock, policy, trace))
