@@ -690,9 +690,9 @@ class LoopGuard:
         _, block_at, halt_at = thresholds
         if streak >= cfg.no_progress_warn:
             if count >= halt_at:
-                return _count_decision(GuardAction.HALT, tool, count, streak, halt_at)
+                return _count_decision(GuardAction.HALT, tool, count, streak, halt_at, pre=pre)
             if count >= block_at:
-                return _count_decision(GuardAction.BLOCK, tool, count, streak, block_at)
+                return _count_decision(GuardAction.BLOCK, tool, count, streak, block_at, pre=pre)
             return _no_progress(GuardAction.WARN, tool, count, streak, cfg.no_progress_warn)
         if laps >= cfg.cycle_warn_laps:
             return self._cycle_decision(GuardAction.WARN, tool, count, laps, period)
@@ -783,7 +783,7 @@ def _no_progress(
 
 
 def _count_decision(
-    action: GuardAction, tool: str, count: int, streak: int, threshold: int
+    action: GuardAction, tool: str, count: int, streak: int, threshold: int, *, pre: bool
 ) -> LoopGuardDecision:
     if action is GuardAction.HALT:
         code = "count_halt"
@@ -791,8 +791,9 @@ def _count_decision(
     else:
         code = "count_block"
         verdict = (
-            "this call was not run. Change the arguments, use another tool, or answer with "
-            "what you have; retrying will stop the turn."
+            f"{'this call was not run' if pre else 'its result is withheld'}. Change the "
+            "arguments, use another tool, or answer with what you have; retrying will stop "
+            "the turn."
         )
     return _decision(
         action,

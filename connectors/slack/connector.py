@@ -34,6 +34,11 @@ Decisions where DESIGN.md is silent:
   posted twice. A connection that could not be opened is retryable too (nothing was sent);
   any other failure, a timeout included, is not.
 - Slack has no typing indicator for apps: `typing` does nothing.
+- Socket Mode reconnects are slack-sdk's: a close frame or a `disconnect` message at once, a
+  connection cut without one within about `ping_interval` (5 s). bolt reads
+  `SLACK_CLIENT_ID`/`SLACK_CLIENT_SECRET` from the environment and then logs that it set up
+  its OAuth stores, which this connector never uses; its advice about `SLACK_BOT_TOKEN` in
+  the environment (unused here too) is filtered out of the log.
 """
 
 from __future__ import annotations
@@ -102,7 +107,7 @@ class _DropAdvice(logging.Filter):
         return record.getMessage() not in self._ADVICE
 
 
-#X_bolt_log.addFilter(_DropAdvice())
+_bolt_log.addFilter(_DropAdvice())
 
 
 class _WallClock(Clock):
@@ -370,18 +375,23 @@ class SlackConnector:
     async def _on_envelope(
         self, client: AsyncBaseSocketModeClient, request: SocketModeRequest
     ) -> None:
-        """Socket Mode: let bolt route the payload, then acknowledge the envelope, always."""
+        """Socket Mode: let bolt route the payload, then acknowledge the envelope.
+
+        Every envelope is acknowledged once bolt is done with it, also one that was dropped
+        (a retry would not help); only while the connector is closing is nothing sent, so
+        Slack redelivers the envelope to the next connection.
+        """
         app = self._app
-        response = None
-        if app is not None and self._running:
-            if request.retry_attempt:
-                log.debug(
-                    "slack bot %s: redelivery %s (%s)",
-                    self.bot_id,
-                    request.retry_attempt,
-                    request.retry_reason or "no reason",
-                )
-            response = await self._dispatch(app, request.payload, {}, mode="socket_mode")
+        if app is None or not self._running:
+            return
+        if request.retry_attempt:
+            log.debug(
+                "slack bot %s: redelivery %s (%s)",
+                self.bot_id,
+                request.retry_attempt,
+                request.retry_reason or "no reason",
+            )
+        response = await self._dispatch(app, request.payload, {}, mode="socket_mode")
         payload = None
         if response is not None and response.body and request.accepts_response_payload:
             body = json.loads(response.body) if _is_json(response) else {"text": response.body}

@@ -93,6 +93,22 @@ def test_warn_annotates_the_result() -> None:
     assert results[2].startswith("done [loop-guard] write_file was called 3 times")
 
 
+def test_a_post_check_block_withholds_the_result_of_a_call_that_ran() -> None:
+    guard = LoopGuard()
+    results = iter(["first", "same", "same", "same", "same"])
+
+    def write_file(**_args: object) -> object:
+        return next(results)
+
+    outcomes = [guarded_call_sync(guard, "write_file", write_file, ARGS) for _ in range(5)]
+
+    # The 5th call passed its pre-check (streak 3, so the count block was only a WARN),
+    # ran, and returned the same result a 4th time: now the block is real.
+    assert isinstance(outcomes[4], dict)
+    assert outcomes[4]["loop_blocked"] is True
+    assert "its result is withheld" in str(outcomes[4]["error"])
+
+
 def test_failures_are_recorded_re_raised_and_escalate_to_halt() -> None:
     guard = LoopGuard()
     error = FileNotFoundError("missing.yaml")

@@ -323,6 +323,19 @@ async def test_a_429_delays_then_delivers_exactly_once(tmp_path: Path, fake: Dis
         ]
 
 
+async def test_a_lost_answer_is_retried_and_the_reply_still_posted_once(
+    tmp_path: Path, fake: DiscordFake
+) -> None:
+    async with running(write_config(tmp_path, fake)):
+        fake.lose_next_answers(1)  # posted, but the answer is a 503
+        attempts = fake.send_attempts
+        reply = await say(fake, "did it arrive?")
+        assert reply.content == "echo: did it arrive?"
+        await say(fake, "next")
+        assert fake.send_attempts == attempts + 3  # the retry reused the nonce
+        assert texts(fake.sent) == ["echo: did it arrive?", "echo: next"]
+
+
 async def test_a_redelivered_event_is_answered_once(tmp_path: Path, fake: DiscordFake) -> None:
     async with running(write_config(tmp_path, fake)):
         before = len(fake.sent)
@@ -367,6 +380,7 @@ async def test_typing_is_shown_while_a_slow_agent_works(tmp_path: Path, fake: Di
     async with running(write_config(tmp_path, fake, delay=0.8)):
         reply = await say(fake, "take your time")
         assert reply.content == "echo: take your time"
+        await wait_for(lambda: bool(fake.typing_calls))
         assert [(c.token, c.channel_id) for c in fake.typing_calls] == [(TOKEN, CHANNEL)]
 
 
