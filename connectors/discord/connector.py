@@ -17,6 +17,8 @@ Decisions where DESIGN.md is silent:
   replaced) and translated by the pure `inbound` module; discord.py's Message objects and
   message cache are not used. Every other parser of the client is wrapped so that an event
   discord.py cannot parse is logged, counted and dropped instead of ending its connection.
+  These two choices rely on discord.py internals that 2.x has kept stable
+  (`Client._connection.http` and `.parsers`); the connector tests exercise both.
 - Messages of one Discord channel (a thread is one) reach the sink in order, one at a time;
   channels run concurrently. At most `LANE_LIMIT` messages wait per channel; more are
   dropped (counted), so a flood cannot exhaust memory.

@@ -137,10 +137,9 @@ class SlackFake:
         self._ts = itertools.count(1)
         self._ids = itertools.count(1)
         self._workers: list[asyncio.Task[None]] = []
-        self._aborts: dict[int, asyncio.BaseTransport] = {}
+        self._aborts: dict[int, asyncio.Transport] = {}
         app = web.Application()
         app.router.add_post("/api/{method}", self._api)
-        app.router.add_get("/api/{method}", self._api)
         app.router.add_get("/link/", self._socket)
         self._runner = web.AppRunner(app)
         self._client: aiohttp.ClientSession | None = None
@@ -321,7 +320,7 @@ class SlackFake:
         for ws in list(self.apps[app].sockets):
             transport = self._aborts.get(id(ws))
             if abrupt and transport is not None:
-                transport.abort()  # type: ignore[attr-defined]
+                transport.abort()
             else:
                 await ws.close(code=WSCloseCode.GOING_AWAY, message=b"dropped by the fake")
 

@@ -21,6 +21,7 @@ getUpdates calls without an answer; `on_send` lets a test react to every posted 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import itertools
 import json
 import re
@@ -82,7 +83,7 @@ class FakeBot:
     token: str
     user: FakeUser
     can_read_all_group_messages: bool = True
-    updates: list[Json] = field(default_factory=list)
+    updates: list[Json] = field(default_factory=list)  # pending, sorted by update_id
     next_update_id: int = 1000
     webhook_url: str = ""
     webhook_secret: str | None = None
@@ -267,14 +268,14 @@ class TelegramFake:
         bot = self.bots[token]
         update: Json = {"update_id": bot.next_update_id, **payload}
         bot.next_update_id += 1
-        bot.updates.append(update)
+        bisect.insort(bot.updates, update, key=_update_id)
         bot.wakeup.set()
         return update
 
     def redeliver(self, token: str, update: Mapping[str, Any]) -> None:
         """Queue an update again with its original update_id (a redelivery)."""
         bot = self.bots[token]
-        bot.updates.append(dict(update))
+        bisect.insort(bot.updates, dict(update), key=_update_id)
         bot.wakeup.set()
 
     def _to_members(self, chat: FakeChat, message: Json, key: str = "message") -> list[Json]:
@@ -393,9 +394,9 @@ class TelegramFake:
             bot.allowed_updates = _json(params["allowed_updates"])
         if offset is not None:
             if offset < 0:
-                bot.updates = bot.updates[offset:]
+                del bot.updates[:offset]
             else:
-                bot.updates = [u for u in bot.updates if u["update_id"] >= offset]
+                del bot.updates[: bisect.bisect_left(bot.updates, offset, key=_update_id)]
                 bot.confirmed_offset = max(bot.confirmed_offset, offset)
         if not bot.updates and timeout > 0:
             bot.wakeup.clear()
@@ -403,7 +404,7 @@ class TelegramFake:
                 await asyncio.wait_for(bot.wakeup.wait(), timeout)
             except TimeoutError:
                 return []
-        return sorted(bot.updates, key=lambda u: int(u["update_id"]))[:limit]
+        return bot.updates[:limit]
 
     async def _send_message(self, bot: FakeBot, params: Json) -> Json:
         self.send_attempts += 1
@@ -490,6 +491,10 @@ async def _params(request: web.Request) -> Json:
             form = await request.post()
             params.update({key: value for key, value in form.items() if isinstance(value, str)})
     return params
+
+
+def _update_id(update: Json) -> int:
+    return int(update["update_id"])
 
 
 def _int(value: object) -> int | None:
