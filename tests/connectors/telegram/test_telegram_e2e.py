@@ -240,13 +240,15 @@ async def test_rate_limit_delays_then_delivers_exactly_once(
     tmp_path: Path, fake: TelegramFake
 ) -> None:
     async with running(write_config(tmp_path, fake, PARROT)):
-        fake.fail_next_sends(1, retry_after=1)
+        fake.fail_next_sends(1, retry_after=2)
         attempts = fake.send_attempts
         limited_at = time.monotonic()
         reply = await say(fake, "through the flood")
         assert reply.text == "echo: through the flood"
         assert fake.send_attempts == attempts + 2
-        assert reply.sent_at - limited_at >= 0.9  # waited for Telegram's retry_after
+        assert reply.sent_at - limited_at >= 1.9  # waited for Telegram's retry_after
+        # The reply took longer than the typing delay (1 s): "typing…" was shown meanwhile.
+        assert [(a.chat_id, a.action) for a in fake.chat_actions] == [(GROUP.id, "typing")]
         await say(fake, "next")
         assert texts(fake.sent) == ["echo: through the flood", "echo: next"]
 

@@ -1,0 +1,174 @@
+"""The CallStore seam: CallLoopGuard decisions and the request log behind one async interface.
+
+Three backends answer alike: `MemoryCallStore` (this module: one process, lost on
+restart), `SqliteCallStore` (gateway.calls.sqlite_store: one node, pauses and the log
+survive a restart) and `RedisCallStore` (gateway.calls.redis_store: several proxy or
+gateway replicas share circuits). `gateway.calls.factory.build_call_store` picks one from
+the `state:` section, so the call guard lives where the rest of the state lives.
+
+Decisions where DESIGN.md is silent:
+- The request log holds wall-clock times (`at`, seconds since the epoch), set by whoever
+  logs the call; `calls_since(seconds)` compares them with the store's wall clock. The
+  memory backend decides on a monotonic clock (it never restarts), the others on time
+  they can persist (see their modules).
+- The memory log keeps the newest `log_keep` entries (100,000 by default); so do the
+  others, so a busy proxy never fills its disk or Redis with the log.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, Protocol
+
+from guards.call_loop import (
+    CallDecision,
+    CallLoopGuard,
+    CallLoopPolicy,
+    LoggedCall,
+    PausedCircuit,
+    UniquenessRule,
+)
+
+CallOutcome = Literal["forwarded", "loop_detected", "loop_paused", "duplicate_call", "upstream_error"]
+OUTCOMES: tuple[CallOutcome, ...] = (
+    "forwarded",
+    "loop_detected",
+    "loop_paused",
+    "duplicate_call",
+    "upstream_error",
+)
+LOG_KEEP = 100_000
+_NO_FIELDS: Mapping[str, str] = MappingProxyType({})
+
+
+def _no_fields() -> Mapping[str, str]:
+    return _NO_FIELDS
+
+
+@dataclass(frozen=True, slots=True)
+class CallLogEntry:
+    """One LLM call in the request log: who, what, the verdict, tokens and cost.
+
+    `outcome` is "forwarded" (the provider answered below 400), a refusal code, or
+    "upstream_error" (the provider answered 400 or more, or not at all; `status` tells
+    which, None when there was no answer). `cost` is in the price table's currency, None
+    when the model has no price; `estimated` marks a cost (and the token counts it came
+    from) estimated rather than reported by the provider: every refused call's cost is an
+    estimate of what it would have cost. `fields` are the rule fields the call carried.
+    """
+
+    at: float
+    provider: str
+    agent: str
+    session: str
+    circuit: str
+    model: str
+    outcome: CallOutcome
+    status: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost: float | None = None
+    estimated: bool = False
+    fingerprint: str = ""
+    rule: str | None = None
+    retry: int = 0
+    duration_ms: float = 0.0
+    fields: Mapping[str, str] = field(default_factory=_no_fields, hash=False)
+
+    def logged_call(self) -> LoggedCall:
+        """The call as `preview_rule` replays it."""
+        return LoggedCall(at=self.at, fingerprint=self.fingerprint, fields=self.fields)
+
+
+class CallStore(Protocol):
+    """Circuits, pauses, uniqueness-rule windows and the request log of LLM calls."""
+
+    async def start(self) -> None:
+        """Open connections and create schemas; called once before the first call."""
+
+    async def aclose(self) -> None:
+        """Flush and close."""
+
+    async def decide(
+        self, circuit: str, fingerprint: str, fields: Mapping[str, str] = _NO_FIELDS
+    ) -> CallDecision:
+        """Decide one call atomically and, when it is allowed, count it."""
+
+    async def record_outcome(
+        self, decision: CallDecision, status: int | None = None, error: str | None = None
+    ) -> bool:
+        """Uncount an allowed call the provider failed (429, 408, 5xx, timeout, dropped)."""
+
+    async def reopen(self, circuit: str) -> bool:
+        """Lift the pause of a circuit (or rule group) and forget its counts so far."""
+
+    async def paused(self) -> list[PausedCircuit]:
+        """The circuits and rule groups paused now, by key."""
+
+    async def log_call(self, entry: CallLogEntry) -> None:
+        """Append one call to the request log."""
+
+    async def calls_since(self, seconds: float) -> list[CallLogEntry]:
+        """The logged calls of the last `seconds`, oldest first."""
+
+
+class MemoryCallStore:
+    """A CallStore in this process: a CallLoopGuard and a bounded in-memory request log."""
+
+    def __init__(
+        self,
+        policy: CallLoopPolicy | None = None,
+        rules: Iterable[UniquenessRule] = (),
+        *,
+        clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        log_keep: int = LOG_KEEP,
+        guard: CallLoopGuard | None = None,
+    ) -> None:
+        self.guard = guard if guard is not None else CallLoopGuard(policy, rules, clock=clock)
+        self._wall_clock = wall_clock
+        self._log: deque[CallLogEntry] = deque(maxlen=log_keep)
+
+    async def start(self) -> None:
+        """Nothing to open."""
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+    async def decide(
+        self, circuit: str, fingerprint: str, fields: Mapping[str, str] = _NO_FIELDS
+    ) -> CallDecision:
+        """The guard's decision (no I/O: it never waits)."""
+        return self.guard.check(circuit=circuit, fingerprint=fingerprint, fields=fields)
+
+    async def record_outcome(
+        self, decision: CallDecision, status: int | None = None, error: str | None = None
+    ) -> bool:
+        """The guard's record_outcome."""
+        return self.guard.record_outcome(decision, status=status, error=error)
+
+    async def reopen(self, circuit: str) -> bool:
+        """The guard's reopen."""
+        return self.guard.reopen(circuit)
+
+    async def paused(self) -> list[PausedCircuit]:
+        """The guard's paused circuits and groups."""
+        return self.guard.paused()
+
+    async def log_call(self, entry: CallLogEntry) -> None:
+        """Append; the oldest entry goes beyond `log_keep`."""
+        self._log.append(entry)
+
+    async def calls_since(self, seconds: float) -> list[CallLogEntry]:
+        """Entries at or after now - seconds, oldest first."""
+        cutoff = self._wall_clock() - seconds
+        return sorted((e for e in self._log if e.at >= cutoff), key=_entry_time)
+
+
+def _entry_time(entry: CallLogEntry) -> float:
+    """Sort key of a log entry: its time."""
+    return entry.at
