@@ -10,15 +10,15 @@ Decisions where DESIGN.md is silent:
   clears every pair (turn counts of other rooms are left to the next human message);
   `reset <bot>` takes a hosted bot's config id, a platform user id or a Discord mention
   (`<@123>`) and clears that bot's pairs in every room.
-- After a reset a new cooldown of the same pair is announced again even within the old
-  cooldown's time: cooldown-notice claims carry a reset generation kept in this process
-  (with several replicas, a replica that did not see the reset may stay quiet once).
 - `pause` takes `30s`, `10m`, `2h`, `1d` or a bare number of seconds; no duration pauses
   until `resume`. `set` accepts a leaf field of the policy (`bot_loop.window_seconds`,
   `tool_loop.<LoopGuardConfig field>`); its value is read as YAML and validated with the
   room's effective policy before anything is stored. A refused `set` or `pause` answers
   with the reason and changes nothing.
 - `set` and `pause` apply to the room (`platform:channel`), across its threads.
+- `circuits` and `reopen <circuit>` act on the LLM-call circuits of the CallStore given
+  (the gateway's own agents, and the proxy's when both share a sqlite or redis state);
+  they are not tied to the room the command is typed in.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from gateway import messages
+from gateway.calls.store import CallStore
 from gateway.config import Config, Policy, ToolLoopSettings, resolve_policy
 from gateway.refusals import RecentRefusals
 from gateway.state.base import GLOBAL_SCOPE, StateStore
@@ -61,22 +62,18 @@ class AdminService:
         state: StateStore,
         *,
         recent: RecentRefusals | None = None,
+        calls: CallStore | None = None,
     ) -> None:
         self._config = config
         self._state = state
+        self._calls = calls
         self._recent = recent or RecentRefusals()
         self._bot_users: dict[str, str] = {}
-        self._generations: dict[str, int] = {}
-        self._global_generation = 0
 
     def register_bot(self, bot_id: str, user_id: str) -> None:
         """Learn a hosted bot's platform user id, so `reset <bot>` and `status` can use names."""
         if user_id and self._bot_users.get(bot_id) != user_id:
             self._bot_users[bot_id] = user_id
-
-    def notice_generation(self, room: str) -> str:
-        """Changes whenever the room's pairs are reset: part of the cooldown-notice claim key."""
-        return f"{self._global_generation}.{self._generations.get(room, 0)}"
 
     async def run(
         self, room: str, args: Sequence[str], *, thread_id: str | None = None, prefix: str = "/loop"
@@ -105,6 +102,12 @@ class AdminService:
             if len(rest) < 2:
                 return AdminAck(messages.set_usage(prefix), ok=False)
             return await self._set(room, rest[0], " ".join(rest[1:]), thread_id)
+        if name == "circuits":
+            return AdminAck(await self.circuits())
+        if name == "reopen":
+            if len(rest) != 1:
+                return AdminAck(messages.reopen_usage(prefix), ok=False)
+            return await self.reopen_circuit(rest[0])
         return AdminAck(messages.help_text(prefix), ok=name == "help")
 
     async def status(self, room: str, *, thread_id: str | None = None) -> str:
@@ -141,13 +144,11 @@ class AdminService:
         """Clear the room's bot pairs and its consecutive-bot-turn count."""
         dropped = await self._state.pair_reset(scope=room)
         await self._state.bot_turn(room, is_bot=False)
-        self._generations[room] = self._generations.get(room, 0) + 1
         return messages.reset_room_ack(dropped)
 
     async def reset_all(self) -> str:
         """Clear every bot pair in every room."""
         dropped = await self._state.pair_reset()
-        self._global_generation += 1
         return messages.reset_all_ack(dropped)
 
     async def reset_bot(self, bot: str) -> str:
@@ -156,7 +157,6 @@ class AdminService:
         mention = _MENTION.fullmatch(name)
         user_id = mention.group(1) if mention else self._bot_users.get(name, name)
         dropped = await self._state.pair_reset(bot_id=user_id)
-        self._global_generation += 1
         return messages.reset_bot_ack(name, dropped)
 
     async def pause(self, room: str, seconds: float | None, *, prefix: str = "/loop") -> str:
@@ -169,6 +169,18 @@ class AdminService:
         was_paused = await self._state.pause_remaining(room) is not None
         await self._state.resume(room)
         return messages.resume_ack(was_paused)
+
+    async def circuits(self) -> str:
+        """The LLM-call circuits (and rule groups) paused now."""
+        if self._calls is None:
+            return messages.NO_CALL_GUARD
+        return messages.circuits_text(await self._calls.paused())
+
+    async def reopen_circuit(self, circuit: str) -> AdminAck:
+        """Lift a circuit's (or rule group's) pause and start its counts afresh."""
+        if self._calls is None:
+            return AdminAck(messages.NO_CALL_GUARD, ok=False)
+        return AdminAck(messages.reopen_ack(circuit, await self._calls.reopen(circuit)))
 
     async def set(self, room: str, field: str, value: str, *, thread_id: str | None = None) -> str:
         """Store one runtime override for the room once the resulting policy validates."""

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from gateway.errors import ConfigError
+from gateway.proxy.config import ProxyConfig
 
 Respond = Literal["all", "mentions", "none"]
 
@@ -321,6 +322,7 @@ class Config(_Frozen):
     policy: Policy = Policy()
     channels: tuple[ChannelRule, ...] = ()
     pipeline: PipelineConfig = PipelineConfig()
+    proxy: ProxyConfig | None = None
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:

@@ -32,7 +32,7 @@ from gateway.errors import DeliveryError
 from gateway.metrics import Metrics
 from gateway.types import Reply
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("loopwarden.delivery")
 
 Sleep = Callable[[float], Awaitable[None]]
 

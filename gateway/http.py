@@ -23,6 +23,9 @@ Decisions where DESIGN.md is silent:
   store's audit log like chat commands (platform `http`, user `admin-api`); refused ones
   do not, so an unauthenticated client cannot flood it.
 - No per-request access log (probes would flood it); admin calls are audit-logged instead.
+- `GET /admin/circuits` lists the paused LLM-call circuits and rule groups;
+  `POST /admin/circuits/reopen {"circuit": …}` lifts one pause (the proxy serves these two
+  routes too, behind `proxy.admin_token`).
 """
 
 from __future__ import annotations
@@ -116,6 +119,16 @@ class SetBody(RoomBody):
     value: str | int | float | bool
 
 
+class NoBody(_Body):
+    """A request that takes no fields (`GET /admin/circuits`)."""
+
+
+class CircuitBody(_Body):
+    """A request about one LLM-call circuit or rule group (`reopen`)."""
+
+    circuit: str = Field(min_length=1)
+
+
 _B = TypeVar("_B", bound=_Body)
 
 
@@ -143,6 +156,20 @@ class _AdminApi:
             ),
             self._route("POST", "/admin/resume", RoomBody, lambda b: _ack(admin.resume(b.room))),
             self._route("POST", "/admin/set", SetBody, self._set),
+            *self.circuit_routes(),
+        ]
+
+    def circuit_routes(self) -> list[web.RouteDef]:
+        """The LLM-call circuit routes (also all the proxy's admin API serves)."""
+        admin = self._admin
+        return [
+            self._route("GET", "/admin/circuits", NoBody, lambda b: _ack(admin.circuits())),
+            self._route(
+                "POST",
+                "/admin/circuits/reopen",
+                CircuitBody,
+                lambda b: admin.reopen_circuit(b.circuit),
+            ),
         ]
 
     def _denied(self, request: web.Request) -> web.Response | None:
@@ -246,6 +273,13 @@ async def _parse(request: web.Request, model: type[_B]) -> _B:
         reason = "required" if error["type"] == "missing" else str(error["msg"])
         reason = reason.removeprefix("Value error, ")
         raise _BadRequest(f"{where}: {reason}" if where else reason) from None
+
+
+def circuit_admin_routes(
+    admin: AdminService, state: StateStore, token: SecretStr | None
+) -> list[web.RouteDef]:
+    """`GET /admin/circuits` and `POST /admin/circuits/reopen`, with auth and audit."""
+    return _AdminApi(admin, state, token).circuit_routes()
 
 
 def create_app(

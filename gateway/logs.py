@@ -12,7 +12,9 @@ Decisions where DESIGN.md is silent:
   token) at INFO; they are held at WARNING unless the chosen level is stricter still.
   Redaction covers them anyway: the level only keeps the log readable.
 - For a secret that is a URL with a password (the Redis URL), the password is what is
-  redacted, so the host stays visible; a URL secret with no password hides nothing.
+  redacted, so the host stays visible; a URL secret with no password hides nothing,
+  except the proxy's alert webhook, whose whole URL and path are redacted (Slack and
+  Discord webhook URLs carry their token in the path).
 """
 
 from __future__ import annotations
@@ -47,7 +49,19 @@ def secret_values(config: Config) -> list[str]:
             value = password or ""
         if value:
             found.add(value)
+    found.update(_webhook_secrets(config))
     return sorted(found, key=len, reverse=True)
+
+
+def _webhook_secrets(config: Config) -> set[str]:
+    """The alert webhook URL and its path: Slack and Discord put their token in the path."""
+    webhook = config.proxy.alerts.webhook if config.proxy is not None else None
+    if webhook is None:
+        return set()
+    url = webhook.url.get_secret_value()
+    parts = urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    return {url, path} if path.strip("/") else {url}
 
 
 def _secrets_in(node: object) -> Iterator[SecretStr]:

@@ -14,10 +14,22 @@ from dataclasses import dataclass
 import yaml
 
 from gateway.config import Policy
+from guards.call_loop import PausedCircuit
 
 REFUSAL = "Sorry, you can't run loop commands here."
+NO_CALL_GUARD = "No LLM-call circuits are kept here."
 SILENCE_NOTICE = "(nothing to add)"
 TIMEOUT_NOTICE = "Sorry, that took too long to answer, so I gave up on it."
+
+# The openai agent's short messages when a guard or a limit ends its turn early.
+TOOL_LOOP_STOP = "I stopped: I was calling {tool} over and over without progress."
+TURN_TOO_LONG = "I stopped: this took longer than I'm allowed to spend on one answer."
+TOO_MANY_ROUNDS = "I stopped: I used {rounds} rounds of tool calls without finishing."
+CALL_LOOP_STOP = (
+    "I stopped: I kept sending my model the same request, so I'm pausing here for {pause}."
+)
+CALL_PAUSED = "I'm paused in this conversation for another {pause} after repeating myself."
+PROVIDER_DOWN = "Sorry, I couldn't reach my model just now. Please try again in a moment."
 
 
 def format_duration(seconds: float) -> str:
@@ -62,6 +74,8 @@ def help_text(prefix: str) -> str:
             f"{prefix} set <field> <value> - change this room's policy, "
             f"e.g. {prefix} set bot_loop.max_events_per_window 6",
             f"{prefix} policy - show this room's effective policy",
+            f"{prefix} circuits - LLM-call circuits paused after a likely loop",
+            f"{prefix} reopen <circuit> - lift a circuit's pause before it ends",
             f"{prefix} help - this list",
         )
     )
@@ -124,6 +138,31 @@ def unknown_field(known: Sequence[str]) -> str:
     return "no such field (try one of: " + ", ".join(known) + ")"
 
 
+def circuits_text(paused: Sequence[PausedCircuit]) -> str:
+    """The answer to `circuits`: each paused circuit with its time left and refusals."""
+    if not paused:
+        return "No LLM-call circuit is paused."
+    lines = ["Paused LLM-call circuits:"]
+    lines.extend(
+        f"  {p.circuit}: {format_duration(p.remaining)} left, {p.reason}, "
+        f"{p.count} call{'' if p.count == 1 else 's'} refused"
+        for p in paused
+    )
+    return "\n".join(lines)
+
+
+def reopen_ack(circuit: str, lifted: bool) -> str:
+    """Acknowledges `reopen`."""
+    if lifted:
+        return f"Reopened {circuit}: its calls go through again, counted afresh."
+    return f"{circuit} wasn't paused; its repeat counts start afresh."
+
+
+def reopen_usage(prefix: str) -> str:
+    """Explains how `reopen` is written."""
+    return f"Usage: {prefix} reopen <circuit>, e.g. {prefix} reopen billing-bot/session=run-42"
+
+
 def policy_text(room: str, policy: Policy) -> str:
     """The effective policy of a room as compact YAML in a code block."""
     body = yaml.safe_dump(
@@ -170,12 +209,7 @@ def status_text(
         lines.append(f"Paused: yes, {format_duration(paused)} left")
     if pairs:
         lines.append("Bot pairs:")
-        lines.extend(
-            f"  {p.a} ↔ {p.b}: cooling down, {format_duration(p.cooldown_left)} left"
-            if p.cooldown_left > 0
-            else f"  {p.a} ↔ {p.b}: {p.count} in window"
-            for p in pairs
-        )
+        lines.extend(_pair_line(pair) for pair in pairs)
     else:
         lines.append("Bot pairs: none")
     if refusals:
@@ -206,6 +240,14 @@ def policy_summary(policy: Policy) -> str:
         else "silence filter off"
     )
     return f"answers humans: {respond.humans}, bots: {respond.bots}; {guard}; {silence}"
+
+
+def _pair_line(pair: PairLine) -> str:
+    """`  a ↔ b: 20 in window, cooling down, 45 s left`: one line of `status`."""
+    line = f"  {pair.a} ↔ {pair.b}: {pair.count} in window"
+    if pair.cooldown_left > 0:
+        line += f", cooling down, {format_duration(pair.cooldown_left)} left"
+    return line
 
 
 def _pairs(count: int) -> str:

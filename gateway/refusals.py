@@ -94,17 +94,7 @@ class DecisionLog:
         msg = ctx.message
         if remember:
             self.recent.add(msg.room, stage, code, detail, bot=msg.bot_id, sender=msg.sender_name)
-        if decision_log.isEnabledFor(level):
-            decision_log.log(
-                level,
-                "%s %s refused %s (%s) %s",
-                msg.room,
-                stage,
-                code,
-                detail,
-                who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}",
-                extra=_extra(ctx, code, stage),
-            )
+        _log(level, ctx, stage=stage, code=code, detail=detail, who=who, verb="refused ")
 
     def guard(
         self,
@@ -120,17 +110,7 @@ class DecisionLog:
         """Record an admitted guard verdict: counted always, logged at DEBUG."""
         ctx.decide(guard, code, detail, retry_after=retry_after, count=count)
         self.metrics.guard_decision(guard, code)
-        if decision_log.isEnabledFor(logging.DEBUG):
-            msg = ctx.message
-            decision_log.debug(
-                "%s %s %s (%s) %s",
-                msg.room,
-                guard,
-                code,
-                detail,
-                who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}",
-                extra=_extra(ctx, code, guard),
-            )
+        _log(logging.DEBUG, ctx, stage=guard, code=code, detail=detail, who=who)
 
     def note(self, ctx: TurnContext, stage: str, code: str, text: str) -> None:
         """Log an event that is not a refusal (a notice posted, a command run) at INFO."""
@@ -138,6 +118,25 @@ class DecisionLog:
             decision_log.info(
                 "%s %s %s", ctx.message.room, stage, text, extra=_extra(ctx, code, stage)
             )
+
+
+def _log(
+    level: int, ctx: TurnContext, *, stage: str, code: str, detail: str, who: str, verb: str = ""
+) -> None:
+    """One decision line, `room stage [refused ]code (detail) who`, with structured fields."""
+    if decision_log.isEnabledFor(level):
+        msg = ctx.message
+        decision_log.log(
+            level,
+            "%s %s %s%s (%s) %s",
+            msg.room,
+            stage,
+            verb,
+            code,
+            detail,
+            who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}",
+            extra=_extra(ctx, code, stage),
+        )
 
 
 def _extra(ctx: TurnContext, code: str, stage: str) -> dict[str, object]:

@@ -20,6 +20,9 @@ Decisions where DESIGN.md is silent:
   the budget minus a small reserve (a quarter of it, at most 1 s) and are cancelled after;
   then connectors, agents, state and the HTTP server are closed, in that order, each
   bounded by what is left of the budget (never less than the reserve).
+- The agents' LLM calls share one CallStore of the state backend (default policy), so
+  `/loop circuits` and `/loop reopen` see them, and with sqlite or redis so do other
+  replicas, the proxy and `loopwarden circuits`.
 - Connectors are created through `connector_factory(bot, services)`; by default that is
   `connectors.<platform>.create`, imported only for the platforms configured. Tests and
   embedders inject their own factory.
@@ -37,6 +40,8 @@ from typing import Any, cast
 from gateway.admin import AdminService
 from gateway.agents.base import Agent
 from gateway.agents.factory import build_agent
+from gateway.calls.factory import build_call_store
+from gateway.calls.store import CallStore
 from gateway.config import BotConfig, Config
 from gateway.connector import Connector, ConnectorServices
 from gateway.context import TurnContext
@@ -50,7 +55,7 @@ from gateway.state.base import StateStore
 from gateway.state.factory import build_state
 from gateway.types import InboundMessage, Reply
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("loopwarden.runtime")
 
 ConnectorFactory = Callable[[BotConfig, ConnectorServices], Connector]
 """Creates the connector of one bot; it may add webhook routes to `services.http`."""
@@ -93,6 +98,7 @@ class Gateway:
         config: Config,
         *,
         state: StateStore | None = None,
+        calls: CallStore | None = None,
         clock: Callable[[], float] | None = None,
         connector_factory: ConnectorFactory | None = None,
         connect_timeout: float = 30.0,
@@ -100,9 +106,10 @@ class Gateway:
     ) -> None:
         self.config = config
         self.state = state if state is not None else build_state(config.state, clock=clock)
+        self.calls = calls if calls is not None else build_call_store(config.state, clock=clock)
         self.metrics = Metrics()
         recent = RecentRefusals(clock=clock)
-        admin = self._admin = AdminService(config, self.state, recent=recent)
+        admin = self._admin = AdminService(config, self.state, recent=recent, calls=self.calls)
         self.app = create_app(
             readiness=self.readiness,
             metrics=self.metrics,
@@ -111,7 +118,10 @@ class Gateway:
             admin_token=config.http.admin_token,
         )
         self._http = HttpServer(self.app, config.http.host, config.http.port)
-        self._agents = {name: build_agent(name, agent) for name, agent in config.agents.items()}
+        self._agents = {
+            name: build_agent(name, agent, calls=self.calls)
+            for name, agent in config.agents.items()
+        }
         self._peers: dict[str, list[Connector]] = {}
         services = ConnectorServices(http=self.app, peers=self._peers)
         self._hosted: dict[str, HostedBot] = {}
@@ -159,6 +169,7 @@ class Gateway:
     async def start(self) -> None:
         """Open state, serve HTTP, connect every bot (failures retried in the background)."""
         await self.state.start()
+        await self.calls.start()
         await self._http.start()
         self._started = True
         log.info("http server on %s:%d", self.config.http.host, self.port)
@@ -248,7 +259,7 @@ class Gateway:
         for phase, closers in (
             ("connector", {h.bot.id: h.connector.aclose for h in self._hosted.values()}),
             ("agent", {name: agent.aclose for name, agent in self._agents.items()}),
-            ("state", {self.config.state.backend: self.state.aclose}),
+            ("state", {self.config.state.backend: self.state.aclose, "calls": self.calls.aclose}),
             ("http", {"server": self._http.aclose} if self._started else {}),
         ):
             budget = max(deadline - loop.time(), reserve)

@@ -7,7 +7,8 @@ Outermost first:
 
 - errors: counts every message in; nothing raised inside escapes to the connector.
 - dedupe: a redelivered or retried platform event is handled once (`pipeline.dedupe`).
-- self_filter: a bot never handles what its own platform user wrote.
+- self_filter: a bot never handles what its own platform user wrote; on a platform that
+  cannot tell bots from people, every sender counts as a bot.
 - delivery: sends whatever reply the inner stages return. It deliberately sits outside
   every stage that can speak, not at the bottom of DESIGN.md's list: admin
   acknowledgements and refusals, the cooldown notice, the silence notice and the agent's
@@ -16,10 +17,12 @@ Outermost first:
 - admin: `/loop` commands, handled here and never passed on (`pipeline.admin_commands`);
   they come before admission and the loop guard, so they work in a paused room.
 - channel_policy: the room's effective policy into `ctx.policy`.
-- admission: paused rooms; who this bot answers (`respond_to`).
+- admission: paused rooms; who this bot answers (`respond_to`); a human message it
+  refuses still resets the room's consecutive-bot-turn count.
 - bot_loop: pair budget, cooldown notice, consecutive-bot-turn cap.
 - silence: NO_REPLY and narration never reach delivery.
-- agent_dispatch: the agent's turn, bounded by the turn timeout.
+- agent_dispatch: the agent's turn, bounded by the turn timeout; the tool-loop and
+  call-loop verdicts the agent reports are counted and a halt is logged.
 """
 
 from __future__ import annotations
@@ -68,8 +71,8 @@ def build_gateway_pipeline(
     stack += [
         ChannelPolicyMiddleware(policies),
         AdmissionMiddleware(decisions),
-        BotLoopMiddleware(policies, decisions, admin),
+        BotLoopMiddleware(policies, decisions),
         SilenceMiddleware(policies, decisions),
-        AgentDispatchMiddleware(config.pipeline, decisions.metrics),
+        AgentDispatchMiddleware(config.pipeline, decisions),
     ]
     return build_pipeline(stack)

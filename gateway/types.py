@@ -78,9 +78,30 @@ class ToolCall:
 
 
 @dataclass(frozen=True, slots=True)
+class Halt:
+    """Why an agent ended a turn early: the guard that stopped it and that guard's code.
+
+    `guard` is `tool_loop` (the code is the tool call's HALT verdict, e.g.
+    `no_progress_halt`), `call_loop` (`loop_detected`, `loop_paused`) or `agent` (the
+    agent's own limit, e.g. `max_tool_rounds`).
+    """
+
+    guard: str
+    code: str
+
+
+@dataclass(frozen=True, slots=True)
 class AgentResult:
-    """What an agent produced for one turn: the reply text (None for nothing) and its tool calls."""
+    """What an agent produced for one turn: the reply text (None for nothing) and its tool calls.
+
+    `halt` says why the agent stopped early, None when it finished the turn.
+    """
 
     text: str | None
     tool_calls: tuple[ToolCall, ...] = ()
-    halted: bool = False
+    halt: Halt | None = None
+
+    @property
+    def halted(self) -> bool:
+        """True when a guard or a limit ended the turn before the agent finished."""
+        return self.halt is not None

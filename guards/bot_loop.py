@@ -7,10 +7,13 @@ would exceed that is refused and opens a cooldown of `cooldown_seconds`, during 
 every event of the pair is refused without being recorded. After the cooldown the pair
 starts a fresh window.
 
-Memory: pairs live in two generations rotated once per period (the longer of window and
-cooldown). A pair untouched for a whole generation is idle and is forgotten one to two
-periods after its last event or the end of its cooldown; forgotten pairs are freed two
-per call, so n idle pairs give their memory back within about n/2 calls.
+Memory: the pairs are one table in least-recently-used order. A pair with no event in
+its window and no running cooldown is idle, and forgetting it changes no decision. Each
+call looks at the least recently used pair and frees it (and the next) when idle, so n
+idle pairs are freed within about n/2 calls once they are idle, without any scan; the
+table is rebuilt when it has shrunk to a quarter of its peak, because a dict never gives
+its memory back by itself. `max_pairs` caps the table: a new pair displaces the least
+recently used one.
 
 Decisions the design left open:
 - `now` must not go backwards (the default clock is read under the lock, so it never
@@ -20,11 +23,13 @@ Decisions the design left open:
 - `snapshot()` lists live pairs only (an event in the window or a running cooldown);
   idle pairs not yet forgotten are skipped.
 - `from_dict` treats a key whose value is None as absent, accepts numeric strings
-  ("20", "1.5") because admin commands and environment variables deliver text, and
-  rejects a non-whole `max_events_per_window` and infinite or NaN durations.
-- `max_pairs` is an LRU cap at generation granularity: a new pair displaces one that was
-  not touched since the last rotation, even one in cooldown (when every pair is young,
-  they all age first). The cap bounds memory; set it far above any real room count.
+  ("20", "1.5") because admin commands and environment variables deliver text, clamps
+  any budget below 1 (even 0.5) to 1, and rejects a non-whole budget of 1 or more and
+  infinite or NaN durations. Building a policy directly with a non-bool `enabled` or a
+  non-int budget is a programming error (TypeError), not a config error.
+- An event, refused or not, makes its pair the most recently used: a pair that keeps
+  trying during its cooldown is never the one `max_pairs` displaces. The displaced pair
+  may be in cooldown; set `max_pairs` far above any real pair count.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
 from typing import Literal
@@ -44,8 +49,11 @@ _NO_COOLDOWN = -math.inf
 _OK, _BUDGET_EXCEEDED, _COOLDOWN = 0, 1, 2
 _REASONS: tuple[Reason, Reason, Reason] = ("ok", "budget_exceeded", "cooldown")
 
-# Retired (idle) pairs freed per call: n idle pairs give their memory back in n/2 calls.
+# Idle pairs freed per call: n idle pairs give their memory back in n/2 calls.
 _RELEASE_PER_CALL = 2
+# A table is rebuilt once it has shrunk to a quarter of its peak (and the peak was at
+# least this big: rebuilding a small table would give back nothing worth the copy).
+_REBUILD_MIN = 1024
 # Up to this budget a pair's event times are a list: evicting the oldest shifts at most
 # this many pointers, which costs less than a deque and a fraction of its memory (a deque
 # allocates a 64-slot block per pair). Larger budgets get a deque to stay O(1).
@@ -60,6 +68,11 @@ def pair_key(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a <= b else (b, a)
 
 
+def _is_number(value: object) -> bool:
+    """True for an int or float that is not a bool."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True, slots=True)
 class BotLoopPolicy:
     """How many bot-to-bot events a pair may have per window, and how long it cools down."""
@@ -70,18 +83,27 @@ class BotLoopPolicy:
     cooldown_seconds: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.max_events_per_window < 1:
+        if not isinstance(self.enabled, bool):
+            raise TypeError(f"enabled must be true or false, got {self.enabled!r}")
+        budget = self.max_events_per_window
+        if isinstance(budget, bool) or not isinstance(budget, int):
+            raise TypeError(
+                f"max_events_per_window must be a whole number (e.g. 20), got {budget!r}"
+            )
+        if budget < 1:
             # A budget of 0 would refuse every bot message forever; `enabled` says that.
             object.__setattr__(self, "max_events_per_window", 1)
-        if not (math.isfinite(self.window_seconds) and self.window_seconds > 0):
+        window = self.window_seconds
+        if not (_is_number(window) and math.isfinite(window) and window > 0):
             raise ValueError(
                 "window_seconds must be a finite number of seconds above 0 (e.g. 60), "
-                f"got {self.window_seconds!r}"
+                f"got {window!r}"
             )
-        if not (math.isfinite(self.cooldown_seconds) and self.cooldown_seconds >= 0):
+        cooldown = self.cooldown_seconds
+        if not (_is_number(cooldown) and math.isfinite(cooldown) and cooldown >= 0):
             raise ValueError(
                 "cooldown_seconds must be a finite number of seconds, 0 or more (e.g. 60), "
-                f"got {self.cooldown_seconds!r}"
+                f"got {cooldown!r}"
             )
 
     @classmethod
@@ -91,7 +113,7 @@ class BotLoopPolicy:
             return cls()
         default = cls()
         budget = _number("max_events_per_window", data.get("max_events_per_window"))
-        if budget is not None and not float(budget).is_integer():
+        if budget is not None and budget >= 1 and not float(budget).is_integer():
             raise ValueError(
                 f"max_events_per_window must be a whole number (e.g. 20), got {budget!r}"
             )
@@ -100,7 +122,7 @@ class BotLoopPolicy:
         return cls(
             enabled=_flag("enabled", data.get("enabled"), default=default.enabled),
             max_events_per_window=(
-                default.max_events_per_window if budget is None else int(budget)
+                default.max_events_per_window if budget is None else max(1, int(budget))
             ),
             window_seconds=default.window_seconds if window is None else float(window),
             cooldown_seconds=default.cooldown_seconds if cooldown is None else float(cooldown),
@@ -128,7 +150,7 @@ def _number(field: str, value: object) -> int | float | None:
     """A finite numeric config value (numbers or numeric strings; bools are not numbers)."""
     if value is None:
         return None
-    number: int | float
+    number: int | float = math.nan
     if isinstance(value, int | float) and not isinstance(value, bool):
         number = value
     elif isinstance(value, str):
@@ -140,9 +162,11 @@ def _number(field: str, value: object) -> int | float | None:
                 number = float(text)
             except ValueError:
                 number = math.nan
-    else:
-        number = math.nan
-    if not math.isfinite(number):
+    try:
+        finite = math.isfinite(number)
+    except OverflowError:  # an int too large for a float is no duration either
+        finite = False
+    if not finite:
         raise ValueError(f"{field} must be a finite number (e.g. 60), got {value!r}")
     return number
 
@@ -169,11 +193,13 @@ class PairSnapshot:
 
 
 class _Pair:
-    """Mutable per-pair state: admitted event times (oldest first) and cooldown end."""
+    """Mutable per-pair state: its table key, admitted event times (oldest first), cooldown end."""
 
-    __slots__ = ("cooldown_until", "times")
+    __slots__ = ("cooldown_until", "key", "times")
 
-    def __init__(self, times: MutableSequence[float]) -> None:
+    def __init__(self, key: PairKey, times: MutableSequence[float]) -> None:
+        # The stored key makes `move_to_end` compare by identity, a third cheaper.
+        self.key = key
         # Refused events are never recorded, so `times` holds at most the budget.
         self.times = times
         self.cooldown_until = _NO_COOLDOWN
@@ -206,24 +232,15 @@ class BotLoopGuard:
         self._budget = self._policy.max_events_per_window
         self._window = self._policy.window_seconds
         self._cooldown = self._policy.cooldown_seconds
-        # A pair untouched for this long has no event in its window and no running cooldown.
-        self._period = max(self._window, self._cooldown)
         self._clock = clock or time.monotonic
         self._max_pairs = max_pairs
         self._new_times = _short_times if self._budget <= _LIST_MAX_BUDGET else _long_times
-        # Two generations instead of an LRU list: `young` holds the pairs touched since
-        # the last rotation, `old` those touched in the generation before and not since.
-        # A rotation happens once per period, so when the next one comes every pair still
-        # in `old` has been untouched for a whole period: it is idle and is retired as a
-        # whole. The hot path pays one dict lookup, and each generation is a fresh dict,
-        # so a table that shrank gives its memory back without an explicit rebuild.
-        self._young: dict[PairKey, _Pair] = {}
-        self._old: dict[PairKey, _Pair] = {}
-        # Retired generations are freed a few pairs per call: dropping a million-pair
-        # dict at once would stall one unlucky caller for a noticeable fraction of a second.
-        self._retired: list[dict[PairKey, _Pair]] = []
-        self._next_rotation = -math.inf
-        self._maintain_at = -math.inf
+        # Least recently used first: the front is the pair to free or displace next.
+        self._pairs: OrderedDict[PairKey, _Pair] = OrderedDict()
+        # The table's size at its peak since the last rebuild.
+        self._peak = 0
+        # When the front pair goes idle: until then no pair needs a look (see `_sweep`).
+        self._sweep_at = -math.inf
         self._lock = threading.Lock()
         # acquire/release cost half of `with` on CPython 3.11, and `observe` is the hot path.
         self._acquire = self._lock.acquire
@@ -240,7 +257,8 @@ class BotLoopGuard:
         return self._policy
 
     def __len__(self) -> int:
-        return len(self._young) + len(self._old)
+        """The number of pairs held (live ones, and idle ones not yet freed)."""
+        return len(self._pairs)
 
     def observe(
         self,
@@ -279,10 +297,16 @@ class BotLoopGuard:
         with self._lock:
             at = self._clock() if now is None else now
             code = self._admit(key, at)
-            pair = self._young[key]
+            pair = self._pairs[key]
             # `_admit` evicted expired events unless it stopped at a running cooldown.
             count = _live_count(pair, at, self._window) if code == _COOLDOWN else len(pair.times)
-            retry_after = 0.0 if code == _OK else pair.cooldown_until - at
+            if code == _OK:
+                retry_after = 0.0
+            elif code == _BUDGET_EXCEEDED:
+                # Exactly the cooldown: `(at + cooldown) - at` may round below it.
+                retry_after = self._cooldown
+            else:
+                retry_after = pair.cooldown_until - at
         return PairDecision(
             allowed=code == _OK, reason=_REASONS[code], retry_after=retry_after, count=count
         )
@@ -291,20 +315,24 @@ class BotLoopGuard:
         """Forget pairs: all of them, one scope's, one bot's, or one bot's in one scope."""
         with self._lock:
             if scope is None and bot_id is None:
-                self._young, self._old, self._retired = {}, {}, []
-                self._maintain_at = self._next_rotation
+                self._pairs = OrderedDict()
+                self._peak = 0
+                self._sweep_at = -math.inf
                 return
-            for table in (self._young, self._old):
-                doomed = [
-                    key
-                    for key in table
-                    if (scope is None or key[0] == scope) and (bot_id is None or bot_id in key[1:])
-                ]
-                for key in doomed:
-                    del table[key]
+            pairs = self._pairs
+            doomed = [
+                key
+                for key in pairs
+                if (scope is None or key[0] == scope) and (bot_id is None or bot_id in key[1:])
+            ]
+            for key in doomed:
+                del pairs[key]
+            # The front may have changed: look at the new one on the next call.
+            self._sweep_at = -math.inf
+            self._shrink()
 
     def snapshot(self, scope: str | None = None, *, now: float | None = None) -> list[PairSnapshot]:
-        """The live pairs (of one scope, or all), the older generation first."""
+        """The live pairs (of one scope, or all), least recently used first."""
         with self._lock:
             at = self._clock() if now is None else now
             return [
@@ -315,25 +343,23 @@ class BotLoopGuard:
                     count=_live_count(pair, at, self._window),
                     cooldown_remaining=max(0.0, pair.cooldown_until - at),
                 )
-                for table in (self._old, self._young)
-                for key, pair in table.items()
-                if (scope is None or key[0] == scope) and _is_live(pair, at, self._window)
+                for key, pair in self._pairs.items()
+                if (scope is None or key[0] == scope) and _idle_from(pair, self._window) > at
             ]
 
     def _admit(self, key: PairKey, now: float) -> int:
         """Apply one event to its pair (lock held); returns _OK, _BUDGET_EXCEEDED or _COOLDOWN."""
-        if now >= self._maintain_at:
-            self._maintain(now)
-        young = self._young
-        pair = young.get(key)
+        if now >= self._sweep_at:
+            self._sweep(now)
+        pairs = self._pairs
+        pair = pairs.get(key)
         if pair is None:
-            pair = self._old.pop(key, None)
-            if pair is None:
-                if len(young) + len(self._old) >= self._max_pairs:
-                    self._evict_one(now)
-                self._young[key] = _Pair(self._new_times(now))
-                return _OK
-            young[key] = pair
+            if len(pairs) >= self._max_pairs:
+                pairs.popitem(last=False)
+            pairs[key] = _Pair(key, self._new_times(now))
+            self._peak = max(self._peak, len(pairs))
+            return _OK
+        pairs.move_to_end(pair.key)
         times = pair.times
         if pair.cooldown_until != _NO_COOLDOWN:
             if now < pair.cooldown_until:
@@ -349,49 +375,43 @@ class BotLoopGuard:
         pair.cooldown_until = now + self._cooldown
         return _BUDGET_EXCEEDED
 
-    def _maintain(self, now: float) -> None:
-        """Rotate generations when due and free a few retired pairs (lock held)."""
-        if now >= self._next_rotation:
-            # The first call at or after the due time rotates, so a rotation overdue by a
-            # whole period means no call at all since then: the young pairs are idle too.
-            if self._old:
-                self._retired.append(self._old)
-            if now >= self._next_rotation + self._period:
-                if self._young:
-                    self._retired.append(self._young)
-                self._old = {}
-            else:
-                self._old = self._young
-            self._young = {}
-            self._next_rotation = now + self._period
-        retired = self._retired
-        if retired:
-            pending = retired[-1]
-            for _ in range(_RELEASE_PER_CALL):
-                pending.popitem()
-                if not pending:
-                    retired.pop()
-                    break
-        self._maintain_at = -math.inf if retired else self._next_rotation
+    def _sweep(self, now: float) -> None:
+        """Free the least recently used pairs while they are idle, a few per call (lock held).
 
-    def _evict_one(self, now: float) -> None:
-        """Make room under `max_pairs`: drop a pair of the older generation (lock held)."""
-        if not self._old:
-            # Everything is young: age it now; it is retired a full period from now.
-            self._old, self._young = self._young, {}
-            self._next_rotation = now + self._period
-            if not self._retired:
-                self._maintain_at = self._next_rotation
-        self._old.popitem()
+        Every pair was used after the front one, so none can be idle before the front is,
+        give or take one window or cooldown: until the front goes idle (`_sweep_at`) the
+        hot path skips this altogether.
+        """
+        pairs = self._pairs
+        window = self._window
+        for _ in range(_RELEASE_PER_CALL):
+            if not pairs:
+                break
+            key, pair = next(iter(pairs.items()))
+            idle_from = _idle_from(pair, window)
+            if idle_from > now:
+                self._sweep_at = idle_from
+                break
+            del pairs[key]
+        else:
+            # Both were idle: the next one may be too, so look again on the next call.
+            self._sweep_at = -math.inf
+        self._shrink()
+
+    def _shrink(self) -> None:
+        """Rebuild the table once it has shrunk to a quarter of its peak (lock held)."""
+        size = len(self._pairs)
+        if self._peak >= _REBUILD_MIN and size * 4 <= self._peak:
+            self._pairs = OrderedDict(self._pairs)
+            self._peak = size
 
 
-def _is_live(pair: _Pair, now: float, window: float) -> bool:
-    """A pair is live while it cools down or has an event inside the window."""
+def _idle_from(pair: _Pair, window: float) -> float:
+    """When the pair goes idle: its cooldown ends, or its last event leaves the window."""
     if pair.cooldown_until != _NO_COOLDOWN:
         # A finished cooldown means a fresh window: the events before it no longer count.
-        return now < pair.cooldown_until
-    times = pair.times
-    return bool(times) and times[-1] + window > now
+        return pair.cooldown_until
+    return pair.times[-1] + window
 
 
 def _live_count(pair: _Pair, now: float, window: float) -> int:

@@ -6,15 +6,19 @@ from gateway.agents.base import Agent
 from gateway.agents.openai import OpenAIAgent
 from gateway.agents.python_fn import PythonAgent
 from gateway.agents.scripted import ScriptedAgent
+from gateway.calls.store import CallStore
 from gateway.config import AgentConfig, OpenAIAgentConfig, PythonAgentConfig, ScriptedAgentConfig
 
 
-def build_agent(name: str, config: AgentConfig) -> Agent:
-    """The agent for `agents.<name>`; import errors surface here as ConfigError, at start-up."""
+def build_agent(name: str, config: AgentConfig, *, calls: CallStore | None = None) -> Agent:
+    """The agent for `agents.<name>`; import errors surface here as ConfigError, at start-up.
+
+    `calls` is where `openai` agents count their LLM calls (default: their own, in memory).
+    """
     if isinstance(config, ScriptedAgentConfig):
         return ScriptedAgent(config)
     if isinstance(config, PythonAgentConfig):
         return PythonAgent(config, name=name)
     if isinstance(config, OpenAIAgentConfig):
-        return OpenAIAgent(name, config)
+        return OpenAIAgent(name, config, calls=calls)
     raise TypeError(f"unknown agent config {type(config).__name__}")

@@ -4,9 +4,10 @@ One turn is one user message (system prompt + "sender: text"; no history) and a
 tool-calling loop. Every tool call goes through a LoopGuard made for the turn from
 `policy.tool_loop` (check → run → record → check, `guards.tool_wrapper`): a BLOCK result
 or a WARN-annotated result is fed back to the model as the tool message; HALT ends the
-turn with a short message in the room and `halted=True`. Every HTTP request to the model
-goes through the agent's CallLoopGuard (circuit = agent name + room and thread; the
-fingerprint is the model plus the last two messages): a refused call is never sent.
+turn with a short message in the room and `halt=Halt("tool_loop", code)`. Every HTTP
+request to the model goes through the agent's CallStore (circuit = agent name + room
+and thread; the fingerprint is the model plus the last two messages): a refused call is
+never sent, and the turn ends with `halt=Halt("call_loop", code)`.
 
 Decisions where DESIGN.md is silent:
 - The sender's display name is put in the user message text ("Alice: hi"), not in the
@@ -18,17 +19,18 @@ Decisions where DESIGN.md is silent:
   or unreadable arguments go back to the model as `{"error": "..."}` and count for the
   guard like any failed call.
 - `max_tool_rounds` rounds of tool calls are run; if the model still asks for tools after
-  that, the turn ends with a short message and `halted=True`, like a guard halt.
+  that, the turn ends with a short message and `halt=Halt("agent", "max_tool_rounds")`.
 - Provider failures (429, 408, 5xx, timeouts, dropped connections) are retried up to
   `max_attempts` in all, waiting Retry-After (or `retry-after-ms`) when given, else
   0.5 s, 1 s, 2 s…; a Retry-After longer than `max_retry_wait` is not waited for. Each
   attempt passes the call guard; a failed attempt is uncounted (`record_outcome`).
   Other 4xx stay counted and are not retried. The final failure answers with a short
   apology; the log line has the status and the provider's error text, never the key.
-- The CallLoopGuard lives in this process, one per agent, with the default
-  `CallLoopPolicy` unless one is injected (`call_guard=`); the session is the room
-  (`platform:channel`, plus `:thread` in a thread), so one looping room never pauses
-  another.
+- The calls are counted in the CallStore the runtime gives (`calls=`: the state
+  backend's, shared by every agent and replica and reopenable with `/loop reopen`), else
+  in a CallLoopGuard of the agent's own (`call_guard=`, or one with the default
+  `CallLoopPolicy`); the session is the room (`platform:channel`, plus `:thread` in a
+  thread), so one looping room never pauses another.
 - A call refused with `loop_detected` ends the turn with a short notice. While the circuit
   stays paused (`loop_paused`) a human still gets a short notice, a bot gets silence, so
   the notices themselves cannot feed a bot-to-bot loop.
@@ -54,11 +56,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential
 
+from gateway import messages
 from gateway.agents.python_fn import import_callable
+from gateway.calls.store import CallStore, MemoryCallStore
 from gateway.config import OpenAIAgentConfig
 from gateway.errors import ConfigError
-from gateway.messages import format_duration
-from gateway.types import AgentResult, ToolCall
+from gateway.types import AgentResult, Halt, ToolCall
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
@@ -84,14 +87,6 @@ SessionFactory = Callable[[], aiohttp.ClientSession]
 WireMessage = dict[str, object]
 """One chat message as sent on the wire (OpenAI JSON)."""
 
-MSG_TOOL_LOOP = "I stopped: I was calling {tool} over and over without progress."
-MSG_TURN_TOO_LONG = "I stopped: this took longer than I'm allowed to spend on one answer."
-MSG_TOO_MANY_ROUNDS = "I stopped: I used {rounds} rounds of tool calls without finishing."
-MSG_CALL_LOOP = (
-    "I stopped: I kept sending my model the same request, so I'm pausing here for {pause}."
-)
-MSG_CALL_PAUSED = "I'm paused in this conversation for another {pause} after repeating myself."
-MSG_PROVIDER_DOWN = "Sorry, I couldn't reach my model just now. Please try again in a moment."
 
 # bool before int: issubclass(bool, int) is true, and a flag is not a number.
 _JSON_TYPES: Mapping[type, str] = {
@@ -246,12 +241,12 @@ class _ProviderError(Exception):
 
 
 class _TurnEnded(Exception):
-    """Ends the turn early with this reply (None: silence)."""
+    """Ends the turn early with this reply (None: silence), and the guard's halt if any."""
 
-    def __init__(self, text: str | None, *, halted: bool) -> None:
+    def __init__(self, text: str | None, *, halt: Halt | None) -> None:
         super().__init__(text or "")
         self.text = text
-        self.halted = halted
+        self.halt = halt
 
 
 class _TurnLoopGuard(LoopGuard):
@@ -302,6 +297,7 @@ class OpenAIAgent:
         *,
         session_factory: SessionFactory = aiohttp.ClientSession,
         call_guard: CallLoopGuard | None = None,
+        calls: CallStore | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] | None = None,
         max_attempts: int = 4,
@@ -314,8 +310,7 @@ class OpenAIAgent:
         self._wire_tools = [spec.to_wire() for spec in self._tools.values()]
         self._session_factory = session_factory
         self._session: aiohttp.ClientSession | None = None
-        # `is not None`: an empty guard has len() 0 and so is falsy.
-        self.call_guard = call_guard if call_guard is not None else CallLoopGuard()
+        self.calls = calls if calls is not None else MemoryCallStore(guard=call_guard)
         self._sleep = sleep
         self._clock = clock
         self._max_attempts = max_attempts
@@ -335,27 +330,31 @@ class OpenAIAgent:
         guard = _TurnLoopGuard(
             LoopGuardConfig.from_dict(turn.policy.tool_loop.model_dump()), clock=self._clock
         )
-        messages: list[WireMessage] = []
+        conversation: list[WireMessage] = []
         if self._config.system_prompt:
-            messages.append({"role": "system", "content": self._config.system_prompt})
-        messages.append({"role": "user", "content": f"{msg.sender_name}: {msg.text}"})
+            conversation.append({"role": "system", "content": self._config.system_prompt})
+        conversation.append({"role": "user", "content": f"{msg.sender_name}: {msg.text}"})
         calls: list[ToolCall] = []
         rounds = self._config.max_tool_rounds
         try:
             for round_no in range(rounds + 1):
-                answer = await self._complete(circuit, messages, sender_is_bot=msg.sender_is_bot)
+                answer = await self._complete(
+                    circuit, conversation, sender_is_bot=msg.sender_is_bot
+                )
                 if not answer.tool_calls:
                     return AgentResult(text=answer.content, tool_calls=tuple(calls))
                 if round_no == rounds:
                     break
-                messages.append(_assistant_message(answer))
+                conversation.append(_assistant_message(answer))
                 for call in answer.tool_calls:
-                    messages.append(await self._run_tool(guard, call, calls))
+                    conversation.append(await self._run_tool(guard, call, calls))
         except _TurnEnded as ended:
-            return AgentResult(text=ended.text, tool_calls=tuple(calls), halted=ended.halted)
+            return AgentResult(text=ended.text, tool_calls=tuple(calls), halt=ended.halt)
         log.info("agent %s: stopped after %d tool rounds", self.name, rounds)
-        text = MSG_TOO_MANY_ROUNDS.format(rounds=rounds)
-        return AgentResult(text=text, tool_calls=tuple(calls), halted=True)
+        text = messages.TOO_MANY_ROUNDS.format(rounds=rounds)
+        return AgentResult(
+            text=text, tool_calls=tuple(calls), halt=Halt("agent", "max_tool_rounds")
+        )
 
     async def aclose(self) -> None:
         """Close the HTTP session (a later turn opens a new one)."""
@@ -402,20 +401,21 @@ class OpenAIAgent:
     def _halt(self, verdict: LoopGuardDecision, tool: str) -> _TurnEnded:
         """The turn's end after a LoopGuard HALT: a short message naming what went wrong."""
         log.info("agent %s: tool loop halted at %s (%s)", self.name, tool, verdict.code)
+        halt = Halt("tool_loop", verdict.code)
         if verdict.code == "time_exceeded":
-            return _TurnEnded(MSG_TURN_TOO_LONG, halted=True)
-        return _TurnEnded(MSG_TOOL_LOOP.format(tool=tool), halted=True)
+            return _TurnEnded(messages.TURN_TOO_LONG, halt=halt)
+        return _TurnEnded(messages.TOOL_LOOP_STOP.format(tool=tool), halt=halt)
 
     async def _complete(
-        self, circuit: str, messages: list[WireMessage], *, sender_is_bot: bool
+        self, circuit: str, conversation: list[WireMessage], *, sender_is_bot: bool
     ) -> _WireMessage:
         """One model answer, retried on provider failures; guard refusals end the turn."""
-        payload: dict[str, object] = {"model": self._config.model, "messages": messages}
+        payload: dict[str, object] = {"model": self._config.model, "messages": conversation}
         if self._wire_tools:
             payload["tools"] = self._wire_tools
         if self._config.temperature is not None:
             payload["temperature"] = self._config.temperature
-        fingerprint = fingerprint_call(self._config.model, messages)
+        fingerprint = fingerprint_call(self._config.model, conversation)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts),
             wait=self._wait,
@@ -434,10 +434,10 @@ class OpenAIAgent:
                 self._url,
                 self._redact(str(exc)),
             )
-            raise _TurnEnded(MSG_PROVIDER_DOWN, halted=False) from None
+            raise _TurnEnded(messages.PROVIDER_DOWN, halt=None) from None
         if not completion.choices:
             log.warning("agent %s: model answered with no choices", self.name)
-            raise _TurnEnded(MSG_PROVIDER_DOWN, halted=False)
+            raise _TurnEnded(messages.PROVIDER_DOWN, halt=None)
         return completion.choices[0].message
 
     async def _attempt(
@@ -448,13 +448,13 @@ class OpenAIAgent:
         sender_is_bot: bool,
     ) -> _Completion:
         """One HTTP request, if the call guard allows it; a provider failure is uncounted."""
-        decision = self.call_guard.check(circuit=circuit, fingerprint=fingerprint)
+        decision = await self.calls.decide(circuit, fingerprint)
         if not decision.allowed:
             raise self._refused(decision, sender_is_bot=sender_is_bot)
         try:
             return await self._post(payload)
         except _ProviderError as exc:
-            self.call_guard.record_outcome(decision, status=exc.status, error=exc.reason)
+            await self.calls.record_outcome(decision, exc.status, exc.reason)
             raise
 
     def _refused(self, decision: CallDecision, *, sender_is_bot: bool) -> _TurnEnded:
@@ -467,11 +467,12 @@ class OpenAIAgent:
             decision.count,
             decision.retry_after,
         )
-        pause = format_duration(decision.retry_after)
+        pause = messages.format_duration(decision.retry_after)
+        halt = Halt("call_loop", decision.code)
         if decision.code == "loop_detected":
-            return _TurnEnded(MSG_CALL_LOOP.format(pause=pause), halted=True)
-        text = None if sender_is_bot else MSG_CALL_PAUSED.format(pause=pause)
-        return _TurnEnded(text, halted=True)
+            return _TurnEnded(messages.CALL_LOOP_STOP.format(pause=pause), halt=halt)
+        text = None if sender_is_bot else messages.CALL_PAUSED.format(pause=pause)
+        return _TurnEnded(text, halt=halt)
 
     def _client(self) -> aiohttp.ClientSession:
         """The agent's one HTTP session, created on first use (it needs a running loop)."""

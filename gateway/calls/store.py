@@ -33,7 +33,9 @@ from guards.call_loop import (
     UniquenessRule,
 )
 
-CallOutcome = Literal["forwarded", "loop_detected", "loop_paused", "duplicate_call", "upstream_error"]
+CallOutcome = Literal[
+    "forwarded", "loop_detected", "loop_paused", "duplicate_call", "upstream_error"
+]
 OUTCOMES: tuple[CallOutcome, ...] = (
     "forwarded",
     "loop_detected",
@@ -129,6 +131,7 @@ class MemoryCallStore:
         log_keep: int = LOG_KEEP,
         guard: CallLoopGuard | None = None,
     ) -> None:
+        # `is not None`: an empty guard has len() 0 and so is falsy.
         self.guard = guard if guard is not None else CallLoopGuard(policy, rules, clock=clock)
         self._wall_clock = wall_clock
         self._log: deque[CallLogEntry] = deque(maxlen=log_keep)

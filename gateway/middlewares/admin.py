@@ -96,9 +96,10 @@ class AdminMiddleware:
         )
         outcome = "done" if ack.ok else "rejected"
         await self._audit(ctx, allowed=True, outcome=outcome)
-        words = " ".join(command.args[:1]) or "help"
+        name = command.args[0].lower() if command.args else "help"
+        said = " ".join(command.args)[:_AUDITED_COMMAND_CHARS] or "help"
         self._decisions.note(
-            ctx, "admin", words, f"{words} by {msg.sender_name or msg.sender_id} ({outcome})"
+            ctx, "admin", name, f"{said} by {msg.sender_name or msg.sender_id} ({outcome})"
         )
         return Reply(ack.text, thread_id=msg.thread_id, reply_to=msg.message_id)
 

@@ -6,7 +6,12 @@ counts only by an explicit mention or a direct message: replying to a message ad
 automatic mention on some platforms (Discord's reply ping, Telegram's reply), and a bot
 that merely replies is how loops start, so `reply_to_bot` from a bot is not a mention.
 A sender whose bot-ness the platform cannot tell arrives with `sender_is_bot=True`
-(connectors fail closed), so the bot rules apply to it.
+(connectors fail closed, and the self filter does for platforms that never tell), so the
+bot rules apply to it.
+
+A human message refused here still resets the room's consecutive-bot-turn count (when
+the bot-loop guard is on): the cap counts bot turns without a human message in the room,
+not without one this bot answered.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ class AdmissionMiddleware:
             self._decisions.refuse(
                 ctx, "admission", "paused", f"room paused, {format_duration(paused)} left"
             )
+            await _human_spoke(ctx)
             return None
         respond = ctx.policy.respond_to
         if msg.sender_is_bot:
@@ -48,4 +54,12 @@ class AdmissionMiddleware:
         else:
             code, detail = "not_addressed", f"{kind} must mention the bot here"
         self._decisions.refuse(ctx, "admission", code, detail, remember=True)
+        await _human_spoke(ctx)
         return None
+
+
+async def _human_spoke(ctx: TurnContext) -> None:
+    """Reset the room's bot-turn count for a refused human message, as the guard would."""
+    msg = ctx.message
+    if not msg.sender_is_bot and ctx.policy.bot_loop.enabled:
+        await ctx.state.bot_turn(msg.room, is_bot=False, message_key=msg.message_key)

@@ -4,7 +4,10 @@ The typing indicator is started alongside the agent (its errors are ignored: a t
 indicator is never worth failing a turn) when `pipeline.typing_indicator` is on and the
 platform has one. The agent's turn is bounded by `pipeline.turn_timeout_seconds`; a turn
 that runs out answers with a short notice and is counted under `errors_total`. Tool
-calls and LLM calls are guarded inside the agents (LoopGuard, CallLoopGuard).
+calls and LLM calls are guarded inside the agents (LoopGuard, CallLoopGuard); the
+verdicts they report are counted here under `guard_decisions_total` (one `tool_loop`
+verdict per tool call, and the halt that ended a turn early under its guard), and a
+halt is logged with its code.
 
 The timeout is kept by one watchdog for all turns in flight instead of a timer per turn
 (`asyncio.timeout` costs about 4 µs a turn, a seventh of the whole pipeline's budget):
@@ -21,8 +24,8 @@ import logging
 from gateway import messages
 from gateway.config import PipelineConfig
 from gateway.context import TurnContext
-from gateway.metrics import Metrics
 from gateway.pipeline import Handler
+from gateway.refusals import DecisionLog
 from gateway.types import AgentResult, Reply
 
 log = logging.getLogger("loopwarden.pipeline")
@@ -83,10 +86,11 @@ class Deadlines:
 class AgentDispatchMiddleware:
     """Calls `ctx.agent.respond(ctx)` within the turn timeout; sets `ctx.result`."""
 
-    def __init__(self, pipeline: PipelineConfig, metrics: Metrics) -> None:
+    def __init__(self, pipeline: PipelineConfig, decisions: DecisionLog) -> None:
         self._deadlines = Deadlines(pipeline.turn_timeout_seconds)
         self._typing = pipeline.typing_indicator
-        self._metrics = metrics
+        self._decisions = decisions
+        self._metrics = decisions.metrics
         self._typing_tasks: set[asyncio.Task[None]] = set()
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
@@ -98,9 +102,24 @@ class AgentDispatchMiddleware:
         except TurnTimeoutError:
             return self._timed_out(ctx)
         ctx.result = result
+        if result.tool_calls or result.halt is not None:
+            self._account(ctx, result)
         if result.text is None:
             return None
         return Reply(result.text, thread_id=msg.thread_id, reply_to=msg.message_id)
+
+    def _account(self, ctx: TurnContext, result: AgentResult) -> None:
+        """Count the guard verdicts the agent reports; log the halt that ended its turn."""
+        count = self._metrics.guard_decision
+        for call in result.tool_calls:
+            count("tool_loop", call.code)
+        halt = result.halt
+        if halt is None:
+            return
+        if halt.guard != "tool_loop":  # a tool-loop halt is a tool call's verdict, counted above
+            count(halt.guard, halt.code)
+        ctx.decide(halt.guard, halt.code, "the agent's turn was halted")
+        self._decisions.note(ctx, halt.guard, halt.code, f"halted the agent's turn ({halt.code})")
 
     def _timed_out(self, ctx: TurnContext) -> Reply:
         msg = ctx.message

@@ -3,11 +3,16 @@
 It goes by author id, never by display name, so a message the bot sent from anywhere
 (another replica, another integration using the same account) is dropped too. These
 drops are routine (every platform echoes a bot's own posts), so they log at DEBUG.
+
+It is also where the sender's bot-ness is settled for the inner stages: on a platform
+that cannot tell bots from humans (`capabilities.knows_bots` false) every other sender is
+treated as a bot (fail closed), whatever the connector reported.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from gateway.context import TurnContext
 from gateway.pipeline import Handler
@@ -23,8 +28,11 @@ class SelfFilterMiddleware:
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         msg = ctx.message
-        me = msg.bot_user_id or ctx.connector.bot_user_id
+        connector = ctx.connector
+        me = msg.bot_user_id or connector.bot_user_id
         if me and msg.sender_id == me:
             self._decisions.refuse(ctx, "self_filter", "self", "own message", level=logging.DEBUG)
             return None
+        if not msg.sender_is_bot and not connector.capabilities.knows_bots:
+            ctx.message = replace(msg, sender_is_bot=True)
         return await call_next(ctx)

@@ -15,7 +15,8 @@ Hooks: `group_message` / `private_message` / `topic_message` / `photo_message` /
 `service_message` / `senderless_message` / `unknown_update` inject updates; `sent` and
 `chat_actions` record what bots posted; `fail_next_sends(n)` answers the next n sendMessage
 calls with 429 and `retry_after`; `drop_next_polls(n)` closes the connection of the next n
-getUpdates calls without an answer; `on_send` lets a test react to every posted message.
+getUpdates calls without an answer; `on_send` lets a test react to every posted message;
+`send_latency` delays every sendMessage answer (a far-away API, for benchmarks).
 """
 
 from __future__ import annotations
@@ -159,6 +160,7 @@ class TelegramFake:
         self.chat_actions: list[ChatAction] = []
         self.calls: list[tuple[str, str]] = []
         self.on_send: Callable[[SentMessage], None] | None = None
+        self.send_latency = 0.0
         self._message_ids: dict[int, itertools.count[int]] = {}
         self._fail_sends: list[int] = []
         self._drop_polls = 0
@@ -408,6 +410,8 @@ class TelegramFake:
 
     async def _send_message(self, bot: FakeBot, params: Json) -> Json:
         self.send_attempts += 1
+        if self.send_latency:
+            await asyncio.sleep(self.send_latency)
         if self._fail_sends:
             retry_after = self._fail_sends.pop(0)
             raise _ApiError(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -73,7 +74,7 @@ async def test_commands_never_reach_the_agent() -> None:
     assert agent.turns == []
 
 
-async def test_status_shows_policy_pairs_pause_and_refusals() -> None:
+async def test_issue3_status_shows_policy_pairs_with_counts_pause_and_refusals() -> None:
     rig = await make_rig("policy: {bot_loop: {max_events_per_window: 1}}")
     connector = rig.connector()
     for _ in range(3):
@@ -85,7 +86,8 @@ async def test_status_shows_policy_pairs_pause_and_refusals() -> None:
     assert answer.startswith("Loop status for room:C1")
     assert "pair budget 1 per 1 min" in answer
     assert "Paused: yes, 10 min left" in answer
-    assert "parrot ↔ U_BOT2: cooling down" in answer or "U_BOT2 ↔ parrot: cooling down" in answer
+    # The pair held: its count in the window and the cooldown time left, both.
+    assert "  U_BOT2 ↔ parrot: 1 in window, cooling down, 1 min left\n" in answer
     assert "budget_exceeded" in answer
     assert "cooldown" in answer
 
@@ -346,3 +348,16 @@ async def test_admin_commands_switched_off_go_to_the_agent() -> None:
     await rig.start()
     assert await command(rig, "/loop pause") == "agent speaking"
     assert await rig.state.pause_remaining(ROOM) is None
+
+
+async def test_issue3_commands_are_logged_with_who_ran_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = await make_rig()
+    with caplog.at_level(logging.INFO, logger="loopwarden.decision"):
+        await command(rig, "/loop reset all")
+        await command(rig, "/loop reset", sender_id="U_STRANGER")
+    assert "room:C1 admin reset all by boss (done)" in caplog.messages
+    [refused] = [line for line in caplog.messages if "not_authorised" in line]
+    assert refused.startswith("room:C1 admin refused not_authorised (command refused)")
+    assert rig.metrics.value("refusals_total", stage="admin", reason="not_authorised") == 1

@@ -7,6 +7,9 @@ import re
 
 import pytest
 
+from gateway.admin import AdminService
+from gateway.refusals import RecentRefusals
+from gateway.stages import build_gateway_pipeline
 from tests.fakes.inmemory import ConstantAgent, InMemoryRoom, PipelineRig, rig_config
 
 NO_CAP = "policy: {bot_loop: {max_consecutive_bot_turns: 0}}"
@@ -76,15 +79,37 @@ async def test_no_notice_when_announce_cooldown_off() -> None:
     assert len(room.bot_posts()) == 22
 
 
-async def test_reset_lets_the_next_cooldown_be_announced_again() -> None:
+async def test_issue3_reset_then_new_cooldown_is_announced_again() -> None:
     rig, room = await ping_pong(NO_CAP + "\nadmins: {room: [U_ALICE]}")
     await room.post("hi bots")
     await room.run()
     await room.post("/loop reset")
     await room.run()
     # The acknowledgement is a bot message: the other bot answers it and the loop resumes,
-    # until the budget is spent again and the new cooldown is announced.
+    # until the budget is spent again and the new cooldown is announced, well within the
+    # first cooldown's time.
+    assert rig.clock.now < 1_000 + 60
     assert len(notices(room)) == 2
+
+
+async def test_issue3_new_cooldown_announced_by_a_replica_that_did_not_see_the_reset() -> None:
+    rig, room = await ping_pong(NO_CAP + "\nadmins: {room: [U_ALICE]}")
+    await room.post("hi bots")
+    await room.run()
+    assert len(notices(room)) == 1
+    await room.post("/loop reset")  # handled by this replica
+    # From here on a second replica, sharing the state store but nothing in process,
+    # handles the room: it must announce the cooldown that follows the reset.
+    other = RecentRefusals(clock=rig.clock)
+    rig.handler = build_gateway_pipeline(
+        rig.config,
+        admin=AdminService(rig.config, rig.state, recent=other),
+        delivery=rig.delivery,
+        recent=other,
+    )
+    await room.run()
+    assert len(notices(room)) == 2
+    assert rig.clock.now < 1_000 + 60  # still inside the first cooldown's time
 
 
 async def test_budget_follows_channel_rule() -> None:
@@ -184,3 +209,16 @@ async def test_humans_never_touch_the_pair_budget() -> None:
         await connector.push(connector.message("hello"))
     assert len(agent.turns) == 5
     assert await rig.state.pair_snapshot() == []
+
+
+async def test_issue3_a_human_message_nobody_answers_still_resets_the_bot_turn_cap() -> None:
+    rig, room = await ping_pong(
+        "policy: {respond_to: {humans: mentions}, "
+        "bot_loop: {max_consecutive_bot_turns: 3, max_events_per_window: 1000}}"
+    )
+    await room.post("@parrot hi", mentions=["U_parrot"])
+    await room.run()
+    assert len(room.bot_posts()) == 1 + 3
+    # People talking among themselves, addressing no bot: still a human in the room.
+    await room.post("lunch?")
+    assert await rig.state.bot_turn("room:C1", is_bot=True) == 1

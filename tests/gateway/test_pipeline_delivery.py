@@ -107,7 +107,7 @@ async def test_reply_that_finally_fails_is_logged_counted_and_not_raised(
     connector = InMemoryConnector("parrot")
     connector.fail_next(*(DeliveryError("503", retryable=True) for _ in range(3)))
     delivery = Delivery(metrics, sleep=waits, max_attempts=3)
-    with caplog.at_level(logging.INFO, logger="gateway.delivery"):
+    with caplog.at_level(logging.INFO, logger="loopwarden.delivery"):
         delivered = await delivery.deliver(connector, "C9", Reply("secret words here"))
     assert not delivered
     assert connector.send_attempts == 3

@@ -12,7 +12,7 @@ from gateway.messages import TIMEOUT_NOTICE
 from gateway.middlewares.channel_policy import PolicyCache
 from gateway.pipeline import Handler, build_pipeline
 from gateway.types import AgentResult, Reply
-from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
+from tests.fakes.inmemory import ConstantAgent, InMemoryConnector, PipelineRig, rig_config
 
 
 class FailingAgent:
@@ -96,12 +96,35 @@ async def test_issue3_respond_to_bots_and_auto_reply_mention(
 
 
 async def test_issue3_unknown_botness_is_treated_as_bot() -> None:
-    # A connector that cannot tell (knows_bots=False) marks every sender as a bot.
-    rig, agent = await rig_with("policy: {respond_to: {bots: none}}")
-    connector = rig.connector()
-    await connector.push(connector.message("who am I", sender_id="U_UNKNOWN", sender_is_bot=True))
+    # On a platform that cannot tell bots from people, a sender reported as a person is
+    # still treated as a bot (fail closed): the bot rules of admission apply to it.
+    agent = ConstantAgent("hi")
+    rig = PipelineRig(rig_config("policy: {respond_to: {bots: none}}"), {"parrot": agent})
+    rig.connectors["parrot"] = connector = InMemoryConnector("parrot", knows_bots=False)
+    await rig.start()
+    await connector.push(connector.message("who am I", sender_id="U_UNKNOWN", is_direct=True))
     assert agent.turns == []
     assert rig.metrics.value("refusals_total", stage="admission", reason="bots_off") == 1
+    # The connector's own word "bot" is kept on a platform that does tell.
+    known, _ = await rig_with("policy: {respond_to: {bots: none}}")
+    told = known.connector()
+    await told.push(told.message("beep", sender_id="U_BOT", sender_is_bot=True))
+    assert known.metrics.value("refusals_total", stage="admission", reason="bots_off") == 1
+
+
+async def test_issue3_unknown_botness_charges_the_pair_budget_and_gets_no_notice() -> None:
+    agent = ConstantAgent(None)
+    config = rig_config("policy: {bot_loop: {max_events_per_window: 1}}")
+    rig = PipelineRig(config, {"parrot": agent})
+    rig.connectors["parrot"] = connector = InMemoryConnector("parrot", knows_bots=False)
+    await rig.start()
+    for _ in range(2):
+        await connector.push(connector.message("hey @parrot", mentions_bot=True))
+    # The first is a bot turn: its silence gets no notice (a person's would). The second
+    # is over the pair budget: the only thing posted is the cooldown notice.
+    assert [turn.sender_is_bot for turn in agent.turns] == [True]
+    [posted] = connector.texts()
+    assert posted.startswith("Loop guard: pausing replies between parrot and alice")
 
 
 async def test_admission_refusals_feed_recent_refusals() -> None:
@@ -196,6 +219,25 @@ async def test_result_and_policy_set_on_the_turn() -> None:
     assert turn.policy.bot_loop.max_events_per_window == 3
 
 
+async def test_issue3_metrics_expose_every_family_the_issue_names() -> None:
+    rig, _ = await rig_with("policy: {respond_to: {humans: mentions}}")
+    connector = rig.connector()
+    connector.rate_limit_next(2.0)
+    await connector.push(connector.message("hello", mentions_bot=True))
+    await connector.push(connector.message("not for you"))
+    await connector.push(connector.message("beep", sender_id="U_B", sender_is_bot=True))
+    exposition = rig.metrics.render().decode()
+    for sample in (
+        'messages_in_total{platform="room"} 3.0',
+        'replies_out_total{platform="room"} 2.0',
+        'refusals_total{reason="not_addressed",stage="admission"} 1.0',
+        'guard_decisions_total{code="ok",guard="bot_loop"} 1.0',
+        'guard_decisions_total{code="sent",guard="silence"} 2.0',
+        'delivery_retries_total{platform="room"} 1.0',
+    ):
+        assert sample in exposition, sample
+
+
 async def test_messages_counted_in() -> None:
     rig, _ = await rig_with()
     connector = rig.connector()
@@ -248,6 +290,30 @@ async def test_build_pipeline_is_an_onion() -> None:
     rig, _ = await rig_with()
     assert await handler(_turn(rig)) is None
     assert order == ["outer in", "inner in", "inner out", "outer out"]
+
+
+async def test_issue3_a_middleware_short_circuits_by_not_calling_next() -> None:
+    order: list[str] = []
+
+    async def outer(ctx: TurnContext, call_next: Handler) -> Reply | None:
+        order.append("outer in")
+        reply = await call_next(ctx)
+        order.append(f"outer out: {reply.text if reply else None}")
+        return reply
+
+    async def stop(ctx: TurnContext, call_next: Handler) -> Reply | None:
+        order.append("stop")
+        return Reply("stopped here")
+
+    async def never(ctx: TurnContext, call_next: Handler) -> Reply | None:
+        order.append("never")
+        return await call_next(ctx)
+
+    handler = build_pipeline([outer, stop, never])
+    rig, agent = await rig_with()
+    assert await handler(_turn(rig)) == Reply("stopped here")
+    assert order == ["outer in", "stop", "outer out: stopped here"]
+    assert agent.turns == []
 
 
 def _turn(rig: PipelineRig) -> TurnContext:

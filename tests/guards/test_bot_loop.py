@@ -59,7 +59,7 @@ def test_from_dict_none_value_means_default() -> None:
     assert BotLoopPolicy.from_dict({"window_seconds": None}) == BotLoopPolicy()
 
 
-@pytest.mark.parametrize("budget", [0, -5, "0"])
+@pytest.mark.parametrize("budget", [0, -5, "0", 0.5, "-2.5", 0.999])
 def test_budget_below_one_is_clamped(budget: object) -> None:
     assert BotLoopPolicy.from_dict({"max_events_per_window": budget}).max_events_per_window == 1
     assert BotLoopPolicy(max_events_per_window=0).max_events_per_window == 1
@@ -116,6 +116,9 @@ def test_enabled_rejects_other_values(value: object) -> None:
         ("max_events_per_window", True),
         ("max_events_per_window", 2.5),
         ("max_events_per_window", {"n": 1}),
+        ("max_events_per_window", 10**400),
+        ("window_seconds", 10**400),
+        ("cooldown_seconds", "9" * 400),
     ],
 )
 def test_from_dict_rejects_bad_numbers_naming_the_field(field: str, value: object) -> None:
@@ -144,6 +147,28 @@ def test_direct_construction_validates_durations() -> None:
         BotLoopPolicy(window_seconds=0)
     with pytest.raises(ValueError, match="cooldown_seconds"):
         BotLoopPolicy(cooldown_seconds=-1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("enabled", "false"),
+        ("enabled", 0),
+        ("max_events_per_window", 2.5),
+        ("max_events_per_window", True),
+        ("max_events_per_window", "20"),
+    ],
+)
+def test_issue2_direct_construction_refuses_wrong_types(field: str, value: object) -> None:
+    # A string "false" would be truthy and a budget of 2.5 would act as 3: both refused.
+    with pytest.raises(TypeError, match=field):
+        BotLoopPolicy(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "value"), [("window_seconds", "60"), ("cooldown_seconds", None)])
+def test_issue2_direct_construction_refuses_non_number_durations(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        BotLoopPolicy(**{field: value})  # type: ignore[arg-type]
 
 
 policies = st.builds(
@@ -361,10 +386,12 @@ def test_idle_pairs_are_forgotten_as_traffic_goes_on() -> None:
     for i in range(1000):
         guard.observe(self_bot_id=f"a{i}", sender_bot_id="b", now=i / 1000)
     assert len(guard) == 1000
-    t = 1.0
-    while t < 25.0:
-        guard.observe(self_bot_id="live", sender_bot_id="b", now=t)
-        t += 0.5
+    # Still inside their window at 10.5 (the last one is live until 10.999): kept.
+    guard.observe(self_bot_id="live", sender_bot_id="b", now=10.5)
+    assert len(guard) > 400
+    # Once every one is idle, each call frees two: 500 calls free the 1000.
+    for n in range(500):
+        guard.observe(self_bot_id="live", sender_bot_id="b", now=11.0 + n / 1000)
     assert len(guard) == 1
 
 
@@ -387,17 +414,58 @@ def test_max_pairs_caps_the_table_and_keeps_recent_pairs() -> None:
     assert _decide(guard, 1000.0, "hot", "peer").reason == "cooldown"
 
 
+def _held(guard: BotLoopGuard) -> list[str]:
+    """The bots paired with "peer", least recently used first."""
+    return [snap.bot_a for snap in guard.snapshot(now=0.0)]
+
+
+def test_issue2_max_pairs_displaces_the_least_recently_used_pair() -> None:
+    guard = BotLoopGuard(max_pairs=3)
+    for bot in ("a", "b", "c", "a"):
+        guard.observe(self_bot_id=bot, sender_bot_id="peer", now=0.0)
+    assert _held(guard) == ["b", "c", "a"]
+    guard.observe(self_bot_id="d", sender_bot_id="peer", now=0.0)
+    assert _held(guard) == ["c", "a", "d"]  # b, the least recently used, went
+    guard.observe(self_bot_id="c", sender_bot_id="peer", now=0.0)
+    guard.observe(self_bot_id="e", sender_bot_id="peer", now=0.0)
+    assert _held(guard) == ["d", "c", "e"]  # then a, not the newest pair
+
+
+def test_issue2_a_refused_event_keeps_its_pair_in_use() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(max_events_per_window=1), max_pairs=2)
+    _decide(guard, 0.0, "loop", "peer")
+    assert _decide(guard, 1.0, "loop", "peer").reason == "budget_exceeded"
+    _decide(guard, 2.0, "x", "peer")
+    assert _decide(guard, 3.0, "loop", "peer").reason == "cooldown"
+    _decide(guard, 4.0, "y", "peer")  # displaces x, not the pair still trying
+    assert _decide(guard, 5.0, "loop", "peer").reason == "cooldown"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 4), st.lists(st.sampled_from("abcdef"), max_size=40))
+def test_issue2_max_pairs_keeps_exactly_the_most_recently_used_pairs(
+    cap: int, bots: list[str]
+) -> None:
+    guard = BotLoopGuard(max_pairs=cap)
+    recent: list[str] = []
+    for bot in bots:
+        guard.observe(self_bot_id=bot, sender_bot_id="peer", now=0.0)
+        recent = [*(b for b in recent if b != bot), bot][-cap:]
+        assert _held(guard) == recent
+
+
 def test_memory_is_given_back_after_many_idle_pairs() -> None:
     # The cap is far above the pair count: it is the sweep that must give memory back.
     guard = BotLoopGuard(BotLoopPolicy(), max_pairs=1_000_000)
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]
-        for i in range(100_000):
+        for i in range(50_000):
             guard.observe(self_bot_id=f"bot{i}", sender_bot_id="peer", now=i * 1e-4)
         grown = tracemalloc.get_traced_memory()[0] - base
+        # Two freed per call: 25,000 calls free them all (the table is rebuilt on the way).
         t = 200.0
-        for _ in range(100_000):
+        for _ in range(25_001):
             guard.observe(self_bot_id="live", sender_bot_id="peer", now=t)
             t += 1.0
         left = tracemalloc.get_traced_memory()[0] - base
@@ -405,10 +473,14 @@ def test_memory_is_given_back_after_many_idle_pairs() -> None:
         tracemalloc.stop()
     assert len(guard) == 1
     assert grown > 10_000_000
-    assert left < 1_000_000
+    # The pairs and the table's own arrays (several MB at its peak) are given back.
+    assert left < 500_000
 
 
 # --- properties ---------------------------------------------------------------------------
+
+
+Key = tuple[str | None, str, str]
 
 
 class _ReferenceGuard:
@@ -416,33 +488,59 @@ class _ReferenceGuard:
 
     def __init__(self, policy: BotLoopPolicy) -> None:
         self.policy = policy
-        self.times: dict[tuple[str | None, str, str], list[float]] = {}
-        self.cooldown_until: dict[tuple[str | None, str, str], float] = {}
+        self.times: dict[Key, list[float]] = {}
+        self.cooldown_until: dict[Key, float] = {}
 
-    def observe(self, key: tuple[str | None, str, str], now: float) -> bool:
+    def decide(self, key: Key, now: float) -> PairDecision:
+        window = self.policy.window_seconds
         until = self.cooldown_until.get(key)
         if until is not None:
             if now < until:
-                return False
+                live = sum(t + window > now for t in self.times[key])
+                return PairDecision(False, "cooldown", until - now, live)
             del self.cooldown_until[key]
             self.times[key] = []
-        window = [t for t in self.times.get(key, []) if t + self.policy.window_seconds > now]
-        if len(window) < self.policy.max_events_per_window:
-            self.times[key] = [*window, now]
-            return True
-        self.times[key] = window
+        kept = [t for t in self.times.get(key, []) if t + window > now]
+        self.times[key] = kept
+        if len(kept) < self.policy.max_events_per_window:
+            kept.append(now)
+            return PairDecision(True, "ok", 0.0, len(kept))
         self.cooldown_until[key] = now + self.policy.cooldown_seconds
-        return False
+        return PairDecision(False, "budget_exceeded", self.policy.cooldown_seconds, len(kept))
+
+    def reset(self, scope: str | None, bot: str | None) -> None:
+        for key in list(self.times):
+            if (scope is None or key[0] == scope) and (bot is None or bot in key[1:]):
+                del self.times[key]
+                self.cooldown_until.pop(key, None)
+
+    def snapshot(self, now: float) -> set[PairSnapshot]:
+        window = self.policy.window_seconds
+        live = set()
+        for key, times in self.times.items():
+            until = self.cooldown_until.get(key)
+            if until is not None and now >= until:
+                continue  # a finished cooldown: a fresh (empty) window
+            count = sum(t + window > now for t in times)
+            if until is None and count == 0:
+                continue
+            left = 0.0 if until is None else until - now
+            live.add(PairSnapshot(key[0], key[1], key[2], count, left))
+        return live
 
 
-events = st.lists(
+# Mostly bursts on a few pairs (to fill windows and open cooldowns), some long gaps (to
+# let windows and cooldowns end), and now and then a reset (the last item below 3).
+gaps = st.sampled_from([0.0, 0.01, 0.1]) | st.floats(min_value=0, max_value=0.5)
+model_steps = st.lists(
     st.tuples(
-        st.floats(min_value=0, max_value=20, allow_nan=False),
-        st.sampled_from(["a", "b", "c"]),
-        st.sampled_from(["a", "b", "c", "d"]),
+        gaps | st.floats(min_value=0, max_value=20),
+        st.sampled_from([("a", "b"), ("b", "a"), ("a", "c"), ("c", "a")]),
         st.sampled_from([None, "room"]),
+        st.integers(min_value=0, max_value=24),
     ),
-    max_size=200,
+    min_size=20,
+    max_size=80,
 )
 small_policies = st.builds(
     BotLoopPolicy,
@@ -453,56 +551,87 @@ small_policies = st.builds(
 )
 
 
-@settings(max_examples=300, deadline=None)
-@given(small_policies, events)
-def test_guard_matches_the_reference_model(
-    policy: BotLoopPolicy, steps: list[tuple[float, str, str, str | None]]
-) -> None:
-    guard = BotLoopGuard(policy)
-    reference = _ReferenceGuard(policy)
-    now = 0.0
-    for dt, a, b, scope in steps:
-        now += dt
-        expected = reference.observe((scope, *pair_key(a, b)), now)
-        assert guard.observe(self_bot_id=a, sender_bot_id=b, now=now, scope=scope) is expected
-    assert len(guard) <= len(reference.times)
+def test_guard_matches_the_reference_model() -> None:
+    seen = {"examples": 0, "budget_exceeded": 0, "cooldown": 0, "reset": 0}
+
+    @settings(max_examples=200, deadline=None)
+    @given(small_policies, model_steps)
+    def prop(
+        policy: BotLoopPolicy, steps: list[tuple[float, tuple[str, str], str | None, int]]
+    ) -> None:
+        guard = BotLoopGuard(policy)
+        reference = _ReferenceGuard(policy)
+        now = 0.0
+        for dt, (a, b), scope, roll in steps:
+            if roll < 3:
+                # reset(scope) (all of them when scope is None), reset(bot_id), or both.
+                reset_scope, reset_bot = ((scope, None), (None, b), (scope, b))[roll]
+                guard.reset(scope=reset_scope, bot_id=reset_bot)
+                reference.reset(reset_scope, reset_bot)
+                seen["reset"] += 1
+                continue
+            now += dt
+            expected = reference.decide((scope, *pair_key(a, b)), now)
+            got = guard.decide(self_bot_id=a, sender_bot_id=b, now=now, scope=scope)
+            assert got == expected
+            seen[got.reason] = seen.get(got.reason, 0) + 1
+        assert set(guard.snapshot(now=now)) == reference.snapshot(now)
+        assert len(guard) <= len(reference.times)
+        seen["examples"] += 1
+
+    prop()
+    # Not vacuous: refusals of both kinds and resets happen all along.
+    for what in ("budget_exceeded", "cooldown", "reset"):
+        assert seen[what] >= seen["examples"] // 2, (what, seen)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    small_policies,
-    st.lists(st.tuples(st.floats(min_value=0, max_value=10), st.booleans()), max_size=300),
-)
-def test_budget_holds_in_every_window_and_nothing_passes_a_cooldown(
-    policy: BotLoopPolicy, steps: list[tuple[float, bool]]
-) -> None:
-    guard = BotLoopGuard(policy)
-    # Each cooldown starts a fresh window, so windows are checked within one epoch: the
-    # events admitted between two cooldowns.
-    admitted: list[tuple[int, float]] = []
-    epoch = 0
-    cooldown_until = -1.0
-    now = 0.0
-    for dt, forward in steps:
-        now += dt
-        a, b = ("x", "y") if forward else ("y", "x")
-        decision = guard.decide(self_bot_id=a, sender_bot_id=b, now=now)
-        if decision.allowed:
-            assert now >= cooldown_until
-            admitted.append((epoch, now))
-        elif decision.reason == "budget_exceeded":
-            cooldown_until = now + policy.cooldown_seconds
-            epoch += 1
-        else:
-            assert decision.reason == "cooldown"
-            assert now < cooldown_until
-    for start_epoch, start in admitted:
-        in_window = [
-            t
-            for e, t in admitted
-            if e == start_epoch and start <= t < start + policy.window_seconds
-        ]
-        assert len(in_window) <= policy.max_events_per_window
+def test_budget_holds_in_every_window_and_nothing_passes_a_cooldown() -> None:
+    seen = {"examples": 0, "cooldowns": 0, "refused_in_cooldown": 0}
+
+    # Bursts (short gaps) fill windows and open cooldowns; long gaps let them end.
+    gaps = st.floats(min_value=0, max_value=0.5) | st.floats(min_value=0, max_value=10)
+
+    @settings(max_examples=300, deadline=None)
+    @given(small_policies, st.lists(st.tuples(gaps, st.booleans()), max_size=300))
+    def prop(policy: BotLoopPolicy, steps: list[tuple[float, bool]]) -> None:
+        guard = BotLoopGuard(policy)
+        admitted: list[tuple[int, float]] = []  # (cooldowns before it, time)
+        cooldown_ends: list[float] = []
+        cooldown_until = -1.0
+        now = 0.0
+        for dt, forward in steps:
+            now += dt
+            a, b = ("x", "y") if forward else ("y", "x")
+            decision = guard.decide(self_bot_id=a, sender_bot_id=b, now=now)
+            if decision.allowed:
+                assert now >= cooldown_until  # nothing is admitted during a cooldown
+                admitted.append((len(cooldown_ends), now))
+            elif decision.reason == "budget_exceeded":
+                assert now >= cooldown_until
+                assert decision.retry_after == policy.cooldown_seconds
+                cooldown_until = now + policy.cooldown_seconds
+                cooldown_ends.append(cooldown_until)
+            else:
+                assert decision.reason == "cooldown"
+                assert now < cooldown_until
+                assert decision.retry_after == cooldown_until - now
+                seen["refused_in_cooldown"] += 1
+        # Any window [s, s + window) with no cooldown end in it holds at most the budget
+        # (the windows that start at an admitted event are the fullest ones); so does any
+        # window counted within one fresh window's events (between two cooldowns).
+        for epoch, start in admitted:
+            end = start + policy.window_seconds
+            same_epoch = sum(start <= t < end for e, t in admitted if e == epoch)
+            assert same_epoch <= policy.max_events_per_window
+            if not any(start <= until < end for until in cooldown_ends):
+                assert sum(start <= t < end for _, t in admitted) <= policy.max_events_per_window
+        seen["examples"] += 1
+        seen["cooldowns"] += bool(cooldown_ends)
+
+    prop()
+    # Not vacuous: a good share of the examples open a cooldown and refuse events in one.
+    assert seen["cooldowns"] >= seen["examples"] // 4
+    assert seen["refused_in_cooldown"] >= seen["examples"] // 4
 
 
 @settings(max_examples=100, deadline=None)
@@ -520,17 +649,27 @@ def test_both_directions_share_one_budget(
         )
 
 
-@settings(max_examples=50, deadline=None)
-@given(st.integers(min_value=1, max_value=300), st.sampled_from([0.5, 2.0, 10.0]))
-def test_table_shrinks_back_to_the_live_pairs(idle: int, period: float) -> None:
-    guard = _guard(budget=1000, window=period, cooldown=period / 2)
-    for i in range(idle):
-        guard.observe(self_bot_id=f"idle{i}", sender_bot_id="x", now=0.0)
-    assert len(guard) == idle
-    # Idle pairs are forgotten within two periods: eight calls a quarter period apart.
-    for step in range(1, 9):
-        guard.observe(self_bot_id="live", sender_bot_id="x", now=step * period / 4)
-    assert len(guard) == 1
+@settings(max_examples=100, deadline=None)
+@given(
+    small_policies,
+    st.lists(st.tuples(st.floats(0, 5), st.integers(1, 3)), min_size=1, max_size=300),
+    st.integers(1, 3),
+)
+def test_table_shrinks_back_to_the_live_pairs(
+    policy: BotLoopPolicy, idle: list[tuple[float, int]], live: int
+) -> None:
+    guard = BotLoopGuard(policy)
+    # Each pair gets one to three events at once: with a small budget, some cool down.
+    for n, (at, events) in enumerate(sorted(idle)):
+        for _ in range(events):
+            guard.observe(self_bot_id=f"idle{n}", sender_bot_id="x", now=at)
+    # Every idle pair is idle by `quiet`; then about one call per two idle pairs.
+    quiet = 5.0 + policy.window_seconds + policy.cooldown_seconds
+    for step in range(len(idle) // 2 + 2):
+        for bot in range(live):
+            guard.observe(self_bot_id=f"live{bot}", sender_bot_id="x", now=quiet + step * 1e-3)
+    assert len(guard) == live
+    assert len(guard.snapshot(now=quiet)) == live
 
 
 def test_many_threads_on_one_pair_admit_exactly_the_budget() -> None:

@@ -10,20 +10,14 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from gateway.agents.openai import (
-    MSG_CALL_LOOP,
-    MSG_PROVIDER_DOWN,
-    MSG_TOO_MANY_ROUNDS,
-    MSG_TOOL_LOOP,
-    MSG_TURN_TOO_LONG,
-    OpenAIAgent,
-    parse_retry_after,
-    tool_spec,
-)
+from gateway import messages
+from gateway.agents.openai import OpenAIAgent, parse_retry_after, tool_spec
 from gateway.config import OpenAIAgentConfig, Policy
 from gateway.errors import ConfigError
-from gateway.messages import format_duration
+from gateway.messages import SILENCE_NOTICE, format_duration
+from gateway.types import Halt
 from guards.call_loop import CallLoopGuard, CallLoopPolicy
+from tests.fakes.inmemory import PipelineRig, rig_config
 from tests.fakes.openai_server import (
     FakeChatServer,
     FakeResponse,
@@ -211,8 +205,8 @@ async def test_stuck_tool_warns_then_blocks_then_halts(
     async with _agent(config, sleep) as agent:
         result = await agent.respond(make_turn("is the db up?"))
 
-    assert result.halted
-    assert result.text == MSG_TOOL_LOOP.format(tool="get_status")
+    assert result.halt == Halt("tool_loop", "no_progress_halt")
+    assert result.text == messages.TOOL_LOOP_STOP.format(tool="get_status")
     assert result.text == "I stopped: I was calling get_status over and over without progress."
     actions = [c.action for c in result.tool_calls]
     assert actions == ["allow"] * 3 + ["warn"] * 4 + ["block", "halt"]
@@ -247,7 +241,7 @@ async def test_turn_time_limit_ends_the_turn(server: FakeChatServer, sleep: Slee
     async with _agent(_config(server, "get_job_status"), sleep, clock=map(float, ticks)) as agent:
         result = await agent.respond(make_turn("wait for it", policy=policy))
     assert result.halted
-    assert result.text == MSG_TURN_TOO_LONG
+    assert result.text == messages.TURN_TOO_LONG
     assert result.tool_calls[-1].code == "time_exceeded"
 
 
@@ -287,7 +281,7 @@ async def test_tool_rounds_are_bounded(server: FakeChatServer, sleep: SleepRecor
     async with _agent(_config(server, "lookup_order", max_tool_rounds=2), sleep) as agent:
         result = await agent.respond(make_turn("look up everything"))
     assert result.halted
-    assert result.text == MSG_TOO_MANY_ROUNDS.format(rounds=2)
+    assert result.text == messages.TOO_MANY_ROUNDS.format(rounds=2)
     assert len(server.requests) == 3
     assert len(result.tool_calls) == 2
 
@@ -313,7 +307,7 @@ async def test_5xx_retried_with_backoff_then_apology_without_the_key(
     caplog.set_level(logging.WARNING, logger="loopwarden.agents.openai")
     async with _agent(_config(server, api_key=key), sleep) as agent:
         result = await agent.respond(make_turn("hi"))
-    assert result.text == MSG_PROVIDER_DOWN
+    assert result.text == messages.PROVIDER_DOWN
     assert not result.halted
     assert len(server.requests) == 4
     assert sleep.waits == [0.5, 1.0, 2.0]
@@ -325,7 +319,7 @@ async def test_other_4xx_is_not_retried(server: FakeChatServer, sleep: SleepReco
     server.enqueue(error_response(400, message="bad request"))
     async with _agent(_config(server), sleep) as agent:
         result = await agent.respond(make_turn("hi"))
-    assert result.text == MSG_PROVIDER_DOWN
+    assert result.text == messages.PROVIDER_DOWN
     assert len(server.requests) == 1
     assert sleep.waits == []
 
@@ -336,7 +330,7 @@ async def test_retry_after_too_long_is_not_waited_for(
     server.enqueue(error_response(429, retry_after=3600))
     async with _agent(_config(server), sleep) as agent:
         result = await agent.respond(make_turn("hi"))
-    assert result.text == MSG_PROVIDER_DOWN
+    assert result.text == messages.PROVIDER_DOWN
     assert len(server.requests) == 1
     assert sleep.waits == []
 
@@ -363,7 +357,7 @@ async def test_identical_calls_are_stopped_before_the_provider(
         sixth = await agent.respond(make_turn("hi"))
         assert len(server.requests) == 5
         assert sixth.halted
-        assert sixth.text == MSG_CALL_LOOP.format(pause=format_duration(300))
+        assert sixth.text == messages.CALL_LOOP_STOP.format(pause=format_duration(300))
         # While paused, even a different message on this circuit is not sent; a human is
         # told, a bot gets silence. Another room is a different circuit.
         human = await agent.respond(make_turn("something else"))
@@ -390,8 +384,8 @@ async def test_repeated_requests_inside_one_turn_are_stopped(
         result = await agent.respond(make_turn("is the db up?"))
     # Requests 2 and 3 carry the same last two messages; the third such one is refused.
     assert len(server.requests) == 3
-    assert result.halted
-    assert result.text == MSG_CALL_LOOP.format(pause=format_duration(300))
+    assert result.halt == Halt("call_loop", "loop_detected")
+    assert result.text == messages.CALL_LOOP_STOP.format(pause=format_duration(300))
     assert [c.action for c in result.tool_calls] == ["allow"] * 3
 
 
@@ -425,3 +419,51 @@ async def test_one_session_created_lazily_and_closed(server: FakeChatServer) -> 
 )
 def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> None:
     assert parse_retry_after(headers) == expected
+
+
+async def test_issue3_halt_is_a_short_message_in_the_room_and_is_counted(
+    server: FakeChatServer, sleep: SleepRecorder, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
+    async with _agent(_config(server, "get_status", max_tool_rounds=20), sleep) as agent:
+        rig = PipelineRig(rig_config(), {"parrot": agent})
+        await rig.start()
+        connector = rig.connector()
+        with caplog.at_level(logging.INFO, logger="loopwarden.decision"):
+            await connector.push(connector.message("is the db up?"))
+    assert connector.texts() == [messages.TOOL_LOOP_STOP.format(tool="get_status")]
+    counted = {
+        code: rig.metrics.value("guard_decisions_total", guard="tool_loop", code=code)
+        for code in ("ok", "no_progress_warn", "count_block", "no_progress_halt")
+    }
+    assert counted == {"ok": 3, "no_progress_warn": 4, "count_block": 1, "no_progress_halt": 1}
+    assert "room:C1 tool_loop halted the agent's turn (no_progress_halt)" in caplog.messages
+    assert rig.metrics.value("errors_total", stage="agent_dispatch") == 0
+
+
+async def test_issue3_call_loop_halt_is_counted_under_its_guard(
+    server: FakeChatServer, sleep: SleepRecorder
+) -> None:
+    server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
+    guard = CallLoopGuard(CallLoopPolicy(max_repeats=2))
+    async with _agent(_config(server, "get_status"), sleep, call_guard=guard) as agent:
+        rig = PipelineRig(rig_config(), {"parrot": agent})
+        await rig.start()
+        connector = rig.connector()
+        await connector.push(connector.message("is the db up?"))
+    assert connector.texts() == [messages.CALL_LOOP_STOP.format(pause=format_duration(300))]
+    assert rig.metrics.value("guard_decisions_total", guard="call_loop", code="loop_detected") == 1
+
+
+@pytest.mark.parametrize(("addressed", "posted"), [(False, []), (True, [SILENCE_NOTICE])])
+async def test_issue3_model_answering_no_reply_never_reaches_the_room(
+    server: FakeChatServer, sleep: SleepRecorder, addressed: bool, posted: list[str]
+) -> None:
+    server.responder = lambda _: text_response("NO_REPLY")
+    async with _agent(_config(server), sleep) as agent:
+        rig = PipelineRig(rig_config(), {"parrot": agent})
+        await rig.start()
+        connector = rig.connector()
+        await connector.push(connector.message("thanks all", mentions_bot=addressed))
+    assert len(server.requests) == 1
+    assert connector.texts() == posted

@@ -1,0 +1,1 @@
+"""The LLM-call proxy: OpenAI-, Anthropic- and Gemini-compatible routes guarded by CallLoopGuard."""

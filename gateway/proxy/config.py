@@ -1,0 +1,213 @@
+"""The `proxy:` section of the config: keys, upstreams, the call guard, rules, prices, alerts.
+
+Validated with the rest of the file by `gateway.config.load_config` (so errors name the
+field, e.g. `proxy.rules.0: window_seconds must be ...`). Secrets (proxy keys, upstream
+keys, the alert webhook, bot token and SMTP password) are `SecretStr` and never printed.
+
+Decisions where DESIGN.md is silent:
+- `keys` is written as DESIGN.md shows (`{lw-demo-key: {agent: billing-bot}}`) or as a
+  list (`[{key: ${LW_KEY}, agent: billing-bot}]`), the form to use when the key comes from
+  the environment: `${VAR}` is filled in values, not in mapping keys.
+- `prices` maps model globs (fnmatch, first match wins, in the order written) to prices
+  per 1,000 tokens, in whatever currency you write them.
+- `alerts.webhook` is a URL or `{url: ...}`; it is a secret (Slack and Discord webhook
+  URLs carry their token in the path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+)
+
+from guards.call_loop import CallLoopPolicy, UniquenessRule
+
+
+def _required_secret(value: SecretStr) -> SecretStr:
+    if not value.get_secret_value():
+        raise ValueError("must not be empty (is its environment variable set?)")
+    return value
+
+
+def _empty_is_none(value: object) -> object:
+    return None if value in ("", None) else value
+
+
+Secret = Annotated[SecretStr, AfterValidator(_required_secret)]
+OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_is_none)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ProxyKey(_Model):
+    """A key clients use as their SDK's api_key; it names the agent (the circuit's root)."""
+
+    key: Secret
+    agent: str = Field(min_length=1, pattern=r"^[\w.@-]+$")
+
+
+class Upstream(_Model):
+    """One provider the proxy forwards to; `api_key` None sends no credentials (Ollama)."""
+
+    base_url: str
+    api_key: OptionalSecret = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.rstrip("/")
+
+
+class Upstreams(_Model):
+    """The upstream of each provider route; a route without an upstream answers 404."""
+
+    openai: Upstream | None = None
+    anthropic: Upstream | None = None
+    gemini: Upstream | None = None
+
+
+class CallLoopSettings(_Model):
+    """CallLoopPolicy: identical calls allowed per window, and the pause after."""
+
+    max_repeats: int = Field(default=5, ge=1)
+    window_seconds: float = Field(default=60.0, gt=0)
+    pause_seconds: float = Field(default=300.0, ge=0)
+
+    def policy(self) -> CallLoopPolicy:
+        """The guard's policy."""
+        return CallLoopPolicy(self.max_repeats, self.window_seconds, self.pause_seconds)
+
+
+class Price(_Model):
+    """What 1,000 input and 1,000 output tokens of a model cost."""
+
+    input_per_1k: float = Field(ge=0)
+    output_per_1k: float = Field(ge=0)
+
+
+class WebhookAlert(_Model):
+    """A Slack or Discord incoming webhook (or anything taking `{"text", "content"}`)."""
+
+    url: Secret
+
+
+class TelegramAlert(_Model):
+    """A Telegram chat the alert bot posts to with sendMessage."""
+
+    bot_token: Secret
+    chat_id: str
+    api_base_url: str = "https://api.telegram.org"
+
+    @field_validator("chat_id", mode="before")
+    @classmethod
+    def _id_as_text(cls, value: object) -> object:
+        return str(value) if isinstance(value, int) else value
+
+
+class EmailAlert(_Model):
+    """An SMTP server and the addresses of alert mails."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    host: str
+    port: int = Field(default=587, ge=1, le=65535)
+    sender: str = Field(alias="from", min_length=3)
+    to: tuple[str, ...] = Field(min_length=1)
+    username: str | None = None
+    password: OptionalSecret = None
+    starttls: bool = True
+    timeout: float = Field(default=10.0, gt=0)
+
+    @field_validator("to", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return (value,) if isinstance(value, str) else value
+
+
+class AlertsConfig(_Model):
+    """Where an alert goes when a circuit pauses; deliveries are retried `attempts` times."""
+
+    webhook: WebhookAlert | None = None
+    telegram: TelegramAlert | None = None
+    email: EmailAlert | None = None
+    attempts: int = Field(default=5, ge=1)
+
+    @field_validator("webhook", mode="before")
+    @classmethod
+    def _url_shorthand(cls, value: object) -> object:
+        return {"url": value} if isinstance(value, str) else value
+
+
+def _keys_as_list(value: object) -> object:
+    """`{key: {agent: ...}}` → `[{key: key, agent: ...}]`; a list is taken as it is."""
+    if isinstance(value, Mapping):
+        return [
+            {"key": key, **item} if isinstance(item, Mapping) else {"key": key, "agent": item}
+            for key, item in value.items()
+        ]
+    return value
+
+
+def _rules(value: object) -> object:
+    """Each rule mapping validated by the guard itself (its errors name the rule's field)."""
+    if not isinstance(value, list | tuple):
+        return value
+    rules: list[UniquenessRule] = []
+    for index, item in enumerate(value):
+        if isinstance(item, UniquenessRule):
+            rules.append(item)
+            continue
+        if not isinstance(item, Mapping):
+            # pydantic turns only ValueError into a validation error naming the field.
+            raise ValueError(f"rule {index} must be a mapping (name, fields, max_calls, ...)")  # noqa: TRY004
+        try:
+            rules.append(UniquenessRule.from_dict(item))
+        except ValueError as exc:
+            raise ValueError(f"rule {index}: {exc}") from None
+    names = [rule.name for rule in rules]
+    duplicate = next((name for name in names if names.count(name) > 1), None)
+    if duplicate is not None:
+        raise ValueError(f"the rule name {duplicate!r} is used twice")
+    return tuple(rules)
+
+
+class ProxyConfig(_Model):
+    """`loopwarden proxy`: where it listens, who may call, where calls go, what stops them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8788, ge=0, le=65535)
+    keys: Annotated[tuple[ProxyKey, ...], BeforeValidator(_keys_as_list)] = ()
+    upstreams: Upstreams = Upstreams()
+    call_loop: CallLoopSettings = CallLoopSettings()
+    rules: Annotated[tuple[UniquenessRule, ...], BeforeValidator(_rules)] = ()
+    alerts: AlertsConfig = AlertsConfig()
+    prices: dict[str, Price] = Field(default_factory=dict)
+    default_output_tokens: int = Field(default=500, ge=0)
+    admin_token: OptionalSecret = None
+    connect_timeout: float = Field(default=10.0, gt=0)
+    read_timeout: float = Field(default=300.0, gt=0)
+    log_keep: int = Field(default=100_000, ge=1)
+    drain_seconds: float = Field(default=10.0, gt=0)
+
+    @field_validator("keys")
+    @classmethod
+    def _distinct_keys(cls, value: tuple[ProxyKey, ...]) -> tuple[ProxyKey, ...]:
+        secrets = [key.key.get_secret_value() for key in value]
+        if len(set(secrets)) != len(secrets):
+            raise ValueError("a proxy key is listed twice")
+        return value

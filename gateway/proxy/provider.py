@@ -1,0 +1,195 @@
+"""What differs between providers, behind one protocol: keys, URLs, calls, usage, error bodies.
+
+Each provider module (openai, anthropic, gemini) is a `Provider`: how a client presents
+its proxy key, how the upstream wants its key, which requests are LLM calls (and their
+model and conversation), where usage is reported, and how errors look, so an official
+SDK reads a refusal as its own provider's error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from multidict import CIMultiDict, MultiMapping
+
+ErrorKind = Literal["refused", "unauthorized", "not_found", "unreachable", "timeout"]
+ERROR_STATUS: Mapping[ErrorKind, int] = {
+    "refused": 429,
+    "unauthorized": 401,
+    "not_found": 404,
+    "unreachable": 502,
+    "timeout": 504,
+}
+Message = Mapping[str, object]
+
+# Never forwarded upstream: hop-by-hop headers, the client's credentials (the proxy key),
+# our own headers, and Accept-Encoding (an identity body lets the proxy read usage).
+_REQUEST_DROP = frozenset(
+    {
+        "host",
+        "content-length",
+        "connection",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "authorization",
+        "x-api-key",
+        "x-goog-api-key",
+        "api-key",
+        "cookie",
+        "accept-encoding",
+    }
+)
+# Never returned to the client: hop-by-hop headers, lengths and dates the proxy's server
+# sets itself, cookies for the upstream's domain, and anything credential-like.
+_RESPONSE_DROP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "date",
+        "server",
+        "set-cookie",
+        "authorization",
+        "x-api-key",
+        "x-goog-api-key",
+        "api-key",
+    }
+)
+OWN_HEADER_PREFIX = "x-loopwarden-"
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedCall:
+    """What the proxy reads from one LLM request: the model, the conversation, streaming."""
+
+    model: str
+    messages: Sequence[Message]
+    stream: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens a response reported (None: not reported)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def merge(self, other: Usage) -> Usage:
+        """The larger count of each: streamed usage is cumulative."""
+        return Usage(
+            _larger(self.input_tokens, other.input_tokens),
+            _larger(self.output_tokens, other.output_tokens),
+        )
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+class Provider(Protocol):
+    """One provider's wire conventions."""
+
+    @property
+    def name(self) -> str:
+        """The route prefix and upstream name: "openai", "anthropic" or "gemini"."""
+
+    def credential(self, headers: Mapping[str, str], query: Mapping[str, str]) -> str | None:
+        """The key the client presented, as its SDK sends it."""
+
+    def upstream_url(self, base_url: str, tail: str) -> str:
+        """The upstream URL of a proxied path (`tail`: the path after the route prefix)."""
+
+    def upstream_query(self, query: MultiMapping[str]) -> list[tuple[str, str]]:
+        """The query string to forward (without any key the client put there)."""
+
+    def upstream_auth(self, api_key: str | None, headers: Mapping[str, str]) -> dict[str, str]:
+        """The headers that authenticate the proxy upstream (and required defaults)."""
+
+    def describe(self, method: str, tail: str, body: bytes) -> GuardedCall | None:
+        """The LLM call a request makes, or None for requests forwarded unguarded."""
+
+    def usage(self, data: object) -> Usage | None:
+        """The usage reported in one response object or stream event, if any."""
+
+    def error_body(self, kind: ErrorKind, code: str, message: str) -> Mapping[str, object]:
+        """An error in the provider's own format."""
+
+
+def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    """The client's headers that go upstream (credentials and hop-by-hop ones dropped)."""
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in _REQUEST_DROP or lowered.startswith(OWN_HEADER_PREFIX):
+            continue
+        kept.add(name, value)
+    kept["Accept-Encoding"] = "identity"
+    return kept
+
+
+def response_headers(headers: Mapping[str, str], secrets: Sequence[str]) -> CIMultiDict[str]:
+    """The upstream's response headers that go back to the client.
+
+    Besides the dropped names, a header whose value holds an upstream key is dropped:
+    an upstream echoing a credential must not hand it to the client.
+    """
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        if name.lower() in _RESPONSE_DROP or any(s in value for s in secrets):
+            continue
+        kept.add(name, value)
+    return kept
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    """The token of an `Authorization: Bearer …` header."""
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def json_object(body: bytes) -> dict[str, object] | None:
+    """A request body as a JSON object, or None when it is not one."""
+    if not body:
+        return None
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def message_list(value: object) -> list[Message] | None:
+    """A conversation: a list of message objects (None when it is not one)."""
+    if not isinstance(value, list):
+        return None
+    return [item if isinstance(item, dict) else {"content": item} for item in value]
+
+
+def count(value: object) -> int | None:
+    """A token count from a usage object (ints only; bools are not counts)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def total(*values: object) -> int | None:
+    """The sum of the counts given, None when none was given."""
+    counts = [c for c in map(count, values) if c is not None]
+    return sum(counts) if counts else None

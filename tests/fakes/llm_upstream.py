@@ -1,0 +1,338 @@
+"""A local fake LLM provider speaking OpenAI, Anthropic and Gemini, over real loopback HTTP.
+
+Serves what the proxy forwards to: OpenAI `POST /v1/chat/completions` (a completion, or
+SSE chunks ending in `data: [DONE]`, with a usage chunk when `stream_options.
+include_usage`) and `GET /v1/models`; Anthropic `POST /v1/messages` (a message, or the
+SSE events message_start … message_stop); Gemini `POST /v1beta/models/{model}:
+generateContent` and `:streamGenerateContent` (SSE with `alt=sse`, else a JSON array).
+Every answer carries usage, so cost can be checked.
+
+Hooks: `requests` records everything received; `fail_next(status, n)` answers the next n
+LLM calls with an error in the provider's format; `drop_next(n)` closes the connection
+of the next n LLM calls without answering; `break_next_stream()` sends one chunk of the
+next stream and then drops the connection; `gate` (an asyncio.Event) holds every stream
+after its first chunk until the test sets it; `echo_auth` puts the credential the fake
+received into a response header and the body, as a careless provider might.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+Json = dict[str, Any]
+
+INPUT_TOKENS = 11
+OUTPUT_TOKENS = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One request the fake received."""
+
+    method: str
+    path: str
+    query: Mapping[str, str]
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self) -> Json:
+        """The body as JSON (an empty object when there is none)."""
+        data: Json = json.loads(self.body) if self.body else {}
+        return data
+
+
+@dataclass
+class FakeLLM:
+    """The fake provider; use as `async with FakeLLM() as fake:` and read `fake.url`."""
+
+    reply: str = "pong"
+    chunks: int = 3
+    echo_auth: bool = False
+    gate: asyncio.Event | None = None
+    requests: list[Received] = field(default_factory=list)
+    url: str = ""
+    _failures: list[tuple[int, float | None]] = field(default_factory=list)
+    _drops: int = 0
+    _breaks: int = 0
+    _runner: web.AppRunner | None = None
+    first_chunk_sent: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __aenter__(self) -> FakeLLM:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._openai)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/messages", self._anthropic)
+        app.router.add_post("/v1beta/models/{call}", self._gemini)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.gate is not None:
+            self.gate.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # Hooks
+
+    def fail_next(self, status: int, count: int = 1, *, retry_after: float | None = None) -> None:
+        """Answer the next `count` LLM calls with `status`."""
+        self._failures.extend([(status, retry_after)] * count)
+
+    def drop_next(self, count: int = 1) -> None:
+        """Close the connection of the next `count` LLM calls without an answer."""
+        self._drops += count
+
+    def break_next_stream(self) -> None:
+        """Send one chunk of the next stream, then drop the connection."""
+        self._breaks += 1
+
+    def calls(self, path: str) -> list[Received]:
+        """The requests received on one path."""
+        return [r for r in self.requests if r.path == path]
+
+    # Plumbing
+
+    async def _record(self, request: web.Request) -> Received:
+        received = Received(
+            method=request.method,
+            path=request.path,
+            query=dict(request.query),
+            headers=dict(request.headers),
+            body=await request.read(),
+        )
+        self.requests.append(received)
+        return received
+
+    def _credential(self, received: Received) -> str:
+        headers = {k.lower(): v for k, v in received.headers.items()}
+        return (
+            headers.get("authorization")
+            or headers.get("x-api-key")
+            or headers.get("x-goog-api-key")
+            or ""
+        )
+
+    async def _scripted(
+        self, request: web.Request, received: Received, error: Json
+    ) -> web.StreamResponse | None:
+        """A scripted failure for this call, if one is due."""
+        if self._drops:
+            self._drops -= 1
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response(status=599)
+        if self._failures:
+            status, retry_after = self._failures.pop(0)
+            headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+            return web.json_response(error, status=status, headers=headers)
+        return None
+
+    def _headers(self, received: Received) -> dict[str, str]:
+        return {"x-echo-auth": self._credential(received)} if self.echo_auth else {}
+
+    def _text(self, received: Received) -> str:
+        return f"{self.reply} ({self._credential(received)})" if self.echo_auth else self.reply
+
+    async def _stream(
+        self, request: web.Request, received: Received, events: AsyncIterator[bytes]
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", **self._headers(received)}
+        )
+        await response.prepare(request)
+        first = True
+        async for event in events:
+            await response.write(event)
+            if first:
+                first = False
+                self.first_chunk_sent.set()
+                if self._breaks:
+                    self._breaks -= 1
+                    if request.transport is not None:
+                        request.transport.close()
+                    return response
+                if self.gate is not None:
+                    await self.gate.wait()
+        await response.write_eof()
+        return response
+
+    def _pieces(self, text: str) -> list[str]:
+        size = max(1, -(-len(text) // self.chunks))
+        return [text[i : i + size] for i in range(0, len(text), size)]
+
+    # OpenAI
+
+    async def _models(self, request: web.Request) -> web.Response:
+        received = await self._record(request)
+        models = {"object": "list", "data": [{"id": "gpt-4o-mini", "object": "model"}]}
+        return web.json_response(models, headers=self._headers(received))
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        received = await self._record(request)
+        error = {"error": {"message": "fake failure", "type": "server_error", "code": None}}
+        scripted = await self._scripted(request, received, error)
+        if scripted is not None:
+            return scripted
+        body = received.json()
+        model = body.get("model", "gpt-4o-mini")
+        usage = {
+            "prompt_tokens": INPUT_TOKENS,
+            "completion_tokens": OUTPUT_TOKENS,
+            "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
+        }
+        text = self._text(received)
+        if not body.get("stream"):
+            completion = {
+                "id": "chatcmpl-fake1",
+                "object": "chat.completion",
+                "created": 1_700_000_000,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": usage,
+            }
+            return web.json_response(completion, headers=self._headers(received))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def events() -> AsyncIterator[bytes]:
+            base = {
+                "id": "chatcmpl-fake1",
+                "object": "chat.completion.chunk",
+                "created": 1_700_000_000,
+                "model": model,
+            }
+            for piece in self._pieces(text):
+                choice = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                yield _sse({**base, "choices": [choice]})
+            done = {"index": 0, "delta": {}, "finish_reason": "stop"}
+            yield _sse({**base, "choices": [done]})
+            if include_usage:
+                yield _sse({**base, "choices": [], "usage": usage})
+            yield b"data: [DONE]\n\n"
+
+        return await self._stream(request, received, events())
+
+    # Anthropic
+
+    async def _anthropic(self, request: web.Request) -> web.StreamResponse:
+        received = await self._record(request)
+        error = {"type": "error", "error": {"type": "api_error", "message": "fake failure"}}
+        scripted = await self._scripted(request, received, error)
+        if scripted is not None:
+            return scripted
+        body = received.json()
+        model = body.get("model", "claude-sonnet-4")
+        text = self._text(received)
+        message: Json = {
+            "id": "msg_fake1",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS},
+        }
+        if not body.get("stream"):
+            return web.json_response(message, headers=self._headers(received))
+
+        async def events() -> AsyncIterator[bytes]:
+            start = {
+                **message,
+                "content": [],
+                "stop_reason": None,
+                "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 1},
+            }
+            yield _event("message_start", {"type": "message_start", "message": start})
+            block = {"type": "text", "text": ""}
+            yield _event(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": block},
+            )
+            for piece in self._pieces(text):
+                delta = {"type": "text_delta", "text": piece}
+                yield _event(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": delta},
+                )
+            yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
+            yield _event(
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                    "usage": {"output_tokens": OUTPUT_TOKENS},
+                },
+            )
+            yield _event("message_stop", {"type": "message_stop"})
+
+        return await self._stream(request, received, events())
+
+    # Gemini
+
+    async def _gemini(self, request: web.Request) -> web.StreamResponse:
+        received = await self._record(request)
+        error = {"error": {"code": 500, "message": "fake failure", "status": "INTERNAL"}}
+        scripted = await self._scripted(request, received, error)
+        if scripted is not None:
+            return scripted
+        model, _, method = request.match_info["call"].partition(":")
+        text = self._text(received)
+
+        def chunk(piece: str, final: bool) -> Json:
+            candidate: Json = {"content": {"role": "model", "parts": [{"text": piece}]}, "index": 0}
+            if final:
+                candidate["finishReason"] = "STOP"
+            return {
+                "candidates": [candidate],
+                "usageMetadata": {
+                    "promptTokenCount": INPUT_TOKENS,
+                    "candidatesTokenCount": OUTPUT_TOKENS if final else 1,
+                    "totalTokenCount": INPUT_TOKENS + (OUTPUT_TOKENS if final else 1),
+                },
+                "modelVersion": model,
+            }
+
+        if method == "generateContent":
+            return web.json_response(chunk(text, True), headers=self._headers(received))
+        if method != "streamGenerateContent":
+            return web.json_response({"error": {"code": 404, "status": "NOT_FOUND"}}, status=404)
+        pieces = self._pieces(text)
+        parts = [chunk(piece, i == len(pieces) - 1) for i, piece in enumerate(pieces)]
+        if received.query.get("alt") != "sse":
+            return web.json_response(parts, headers=self._headers(received))
+
+        async def events() -> AsyncIterator[bytes]:
+            for part in parts:
+                yield b"data: " + json.dumps(part).encode() + b"\r\n\r\n"
+
+        return await self._stream(request, received, events())
+
+
+def _sse(data: Json) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _event(name: str, data: Json) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
