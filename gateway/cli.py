@@ -1,4 +1,4 @@
-"""The `loopwarden` command line: `run`, `check-config` and `demo`.
+"""The `loopwarden` command line: `run`, `check-config`, `demo`, `proxy`, `circuits`, `calls`.
 
 Each subcommand is one `_add_<name>(subcommands)` function listed in `SUBCOMMANDS`, which
 adds its parser and sets `handler` to a function of the parsed arguments returning the
@@ -17,6 +17,11 @@ Decisions where DESIGN.md is silent:
 - `run` handles SIGINT and SIGTERM alike: stop taking messages, drain the turns in flight
   for up to `pipeline.drain_seconds` (default 10), close, exit 0. A signal that arrives
   while bots are still connecting stops the start-up the same way.
+- `proxy` does the same with `proxy.drain_seconds`: requests in flight (streams included)
+  finish, then alert deliveries and request-log writes, then exit 0. A config without a
+  `proxy:` section is a config error (exit 2).
+- `circuits` and `calls` open the state backend's call store directly (gateway/calls/
+  commands.py); with memory state they exit 2 and point at the admin API.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ from collections.abc import Callable, Sequence
 from typing import TypeAlias, cast
 
 from gateway import __version__
+from gateway.admin import parse_duration
+from gateway.calls import commands
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 from gateway.logs import configure_logging, secret_values
+from gateway.proxy.app import ProxyServer
 from gateway.runtime import Gateway, load_connector_factory
 from gateway.state.factory import require_backend
 
@@ -181,7 +189,159 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(list(args.demo_args))
 
 
-SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (_add_run, _add_check_config, _add_demo)
+def _add_proxy(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "proxy",
+        parents=[_logging_options()],
+        help="run the LLM-call proxy until SIGINT/SIGTERM",
+        description="Serve the OpenAI-, Anthropic- and Gemini-compatible proxy routes; on "
+        "SIGINT/SIGTERM drain requests in flight and exit 0.",
+    )
+    parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config")
+    parser.set_defaults(handler=_proxy)
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 2
+    try:
+        configure_logging(args.log_level, secret_values(config))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve_proxy(config))
+
+
+async def serve_proxy(config: Config) -> int:
+    """Run the proxy for `config` until SIGINT/SIGTERM; return the exit code."""
+    try:
+        server = ProxyServer(config)
+    except ConfigError as exc:
+        _print_config_error(exc)
+        return 2
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: signal.Signals) -> None:
+        log.info("%s received: stopping the proxy", signum.name)
+        stop.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal, signum)
+    code = 0
+    try:
+        await server.start()
+        await stop.wait()
+    except Exception:
+        log.exception("the proxy failed to start")
+        code = 1
+    finally:
+        await server.stop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    return code
+
+
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config")
+
+
+def _add_circuits(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "circuits",
+        help="list or reopen paused LLM-call circuits (sqlite or redis state)",
+        description="List the LLM-call circuits and rule groups paused after a likely loop, "
+        "or reopen one before its pause ends.",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="the paused circuits, with time left")
+    _config_option(listing)
+    listing.set_defaults(handler=_circuits_list)
+    reopen = actions.add_parser("reopen", help="lift one circuit's pause")
+    reopen.add_argument("circuit", metavar="CIRCUIT", help="e.g. billing-bot/session=run-42")
+    _config_option(reopen)
+    reopen.set_defaults(handler=_circuits_reopen)
+
+
+def _circuits_list(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 2
+    return commands.run_command(commands.list_circuits(config, sys.stdout))
+
+
+def _circuits_reopen(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 2
+    return commands.run_command(commands.reopen_circuit(config, args.circuit, sys.stdout))
+
+
+def _duration(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 24h, 7d)")
+    return seconds
+
+
+def _add_calls(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "calls",
+        help="export the LLM request log, or preview a uniqueness rule against it",
+        description="Read the request log of the LLM-call proxy (sqlite or redis state).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    export = actions.add_parser("export", help="the request log as CSV on stdout")
+    export.add_argument("--csv", action="store_true", required=True, help="write CSV")
+    export.add_argument(
+        "--since", type=_duration, default=commands.DEFAULT_SINCE, help="e.g. 24h (default 7d)"
+    )
+    _config_option(export)
+    export.set_defaults(handler=_calls_export)
+    preview = actions.add_parser(
+        "preview-rule", help="how many logged calls a uniqueness rule would have stopped"
+    )
+    preview.add_argument(
+        "--rule",
+        required=True,
+        help="a rule name from proxy.rules, or a rule as YAML/JSON, e.g. "
+        "'{name: once, fields: [session, step], max_calls: 1, window_seconds: 24h}'",
+    )
+    preview.add_argument(
+        "--since", type=_duration, default=commands.DEFAULT_SINCE, help="e.g. 24h (default 7d)"
+    )
+    _config_option(preview)
+    preview.set_defaults(handler=_calls_preview)
+
+
+def _calls_export(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 2
+    return commands.run_command(commands.export_calls(config, args.since, sys.stdout))
+
+
+def _calls_preview(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if config is None:
+        return 2
+    try:
+        rule = commands.resolve_rule(config, args.rule)
+    except ConfigError as exc:
+        _print_config_error(exc)
+        return 2
+    return commands.run_command(commands.preview(config, rule, args.since, sys.stdout))
+
+
+SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
+    _add_run,
+    _add_check_config,
+    _add_demo,
+    _add_proxy,
+    _add_circuits,
+    _add_calls,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

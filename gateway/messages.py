@@ -243,11 +243,11 @@ def policy_summary(policy: Policy) -> str:
 
 
 def _pair_line(pair: PairLine) -> str:
-    """`  a ↔ b: 20 in window, cooling down, 45 s left`: one line of `status`."""
-    line = f"  {pair.a} ↔ {pair.b}: {pair.count} in window"
+    """`  a ↔ b: cooling down, 45 s left (20 in window)`: one pair's line of `status`."""
     if pair.cooldown_left > 0:
-        line += f", cooling down, {format_duration(pair.cooldown_left)} left"
-    return line
+        left = format_duration(pair.cooldown_left)
+        return f"  {pair.a} ↔ {pair.b}: cooling down, {left} left ({pair.count} in window)"
+    return f"  {pair.a} ↔ {pair.b}: {pair.count} in window"
 
 
 def _pairs(count: int) -> str:

@@ -60,7 +60,8 @@ log = logging.getLogger("loopwarden.runtime")
 ConnectorFactory = Callable[[BotConfig, ConnectorServices], Connector]
 """Creates the connector of one bot; it may add webhook routes to `services.http`."""
 
-PLATFORM_EXTRAS = {"discord": "discord", "telegram": "telegram", "slack": "slack"}
+PLATFORM_EXTRAS = frozenset({"discord", "telegram", "slack"})
+"""Platforms whose SDK comes with the extra of the same name (`loopwarden[discord]`)."""
 
 
 def load_connector_factory(platform: str, *, field: str) -> ConnectorFactory:
@@ -73,8 +74,11 @@ def load_connector_factory(platform: str, *, field: str) -> ConnectorFactory:
             raise ConfigError(
                 field, f"no connector for platform {platform!r} in this installation"
             ) from None
-        extra = PLATFORM_EXTRAS.get(platform)
-        fix = f"pip install 'loopwarden[{extra}]'" if extra else f"install {exc.name}"
+        fix = (
+            f"pip install 'loopwarden[{platform}]'"
+            if platform in PLATFORM_EXTRAS
+            else f"install {exc.name}"
+        )
         raise ConfigError(
             field, f"the {platform} connector needs the {exc.name} package: {fix}"
         ) from None

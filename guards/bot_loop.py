@@ -10,10 +10,10 @@ starts a fresh window.
 Memory: the pairs are one table in least-recently-used order. A pair with no event in
 its window and no running cooldown is idle, and forgetting it changes no decision. Each
 call looks at the least recently used pair and frees it (and the next) when idle, so n
-idle pairs are freed within about n/2 calls once they are idle, without any scan; the
-table is rebuilt when it has shrunk to a quarter of its peak, because a dict never gives
-its memory back by itself. `max_pairs` caps the table: a new pair displaces the least
-recently used one.
+idle pairs are freed within about n/2 calls once they are idle, without any scan. A dict
+never gives its memory back by itself, so a table that has shrunk to a quarter of its
+peak is replaced by a fresh one, the survivors moved over a few per call (no stall).
+`max_pairs` caps the table: a new pair displaces the least recently used one.
 
 Decisions the design left open:
 - `now` must not go backwards (the default clock is read under the lock, so it never
@@ -237,7 +237,11 @@ class BotLoopGuard:
         self._new_times = _short_times if self._budget <= _LIST_MAX_BUDGET else _long_times
         # Least recently used first: the front is the pair to free or displace next.
         self._pairs: OrderedDict[PairKey, _Pair] = OrderedDict()
-        # The table's size at its peak since the last rebuild.
+        # A table that shrank is not copied at once (a stall of about a microsecond per
+        # pair): it becomes `_draining`, all of it less recently used than `_pairs`, and
+        # is emptied a few pairs per call, then dropped with its oversized arrays.
+        self._draining: OrderedDict[PairKey, _Pair] | None = None
+        # The number of pairs held at the peak since the table was last replaced.
         self._peak = 0
         # When the front pair goes idle: until then no pair needs a look (see `_sweep`).
         self._sweep_at = -math.inf
@@ -258,7 +262,8 @@ class BotLoopGuard:
 
     def __len__(self) -> int:
         """The number of pairs held (live ones, and idle ones not yet freed)."""
-        return len(self._pairs)
+        draining = self._draining
+        return len(self._pairs) + (len(draining) if draining else 0)
 
     def observe(
         self,
@@ -314,21 +319,20 @@ class BotLoopGuard:
     def reset(self, scope: str | None = None, bot_id: str | None = None) -> None:
         """Forget pairs: all of them, one scope's, one bot's, or one bot's in one scope."""
         with self._lock:
+            self._sweep_at = -math.inf  # the front may change: look at it on the next call
             if scope is None and bot_id is None:
                 self._pairs = OrderedDict()
+                self._draining = None
                 self._peak = 0
-                self._sweep_at = -math.inf
                 return
-            pairs = self._pairs
-            doomed = [
-                key
-                for key in pairs
-                if (scope is None or key[0] == scope) and (bot_id is None or bot_id in key[1:])
-            ]
-            for key in doomed:
-                del pairs[key]
-            # The front may have changed: look at the new one on the next call.
-            self._sweep_at = -math.inf
+            for table in self._tables():
+                doomed = [
+                    key
+                    for key in table
+                    if (scope is None or key[0] == scope) and (bot_id is None or bot_id in key[1:])
+                ]
+                for key in doomed:
+                    del table[key]
             self._shrink()
 
     def snapshot(self, scope: str | None = None, *, now: float | None = None) -> list[PairSnapshot]:
@@ -343,9 +347,15 @@ class BotLoopGuard:
                     count=_live_count(pair, at, self._window),
                     cooldown_remaining=max(0.0, pair.cooldown_until - at),
                 )
-                for key, pair in self._pairs.items()
+                for table in self._tables()
+                for key, pair in table.items()
                 if (scope is None or key[0] == scope) and _idle_from(pair, self._window) > at
             ]
+
+    def _tables(self) -> list[OrderedDict[PairKey, _Pair]]:
+        """The tables, least recently used first."""
+        draining = self._draining
+        return [self._pairs] if draining is None else [draining, self._pairs]
 
     def _admit(self, key: PairKey, now: float) -> int:
         """Apply one event to its pair (lock held); returns _OK, _BUDGET_EXCEEDED or _COOLDOWN."""
@@ -353,13 +363,18 @@ class BotLoopGuard:
             self._sweep(now)
         pairs = self._pairs
         pair = pairs.get(key)
-        if pair is None:
-            if len(pairs) >= self._max_pairs:
-                pairs.popitem(last=False)
-            pairs[key] = _Pair(key, self._new_times(now))
-            self._peak = max(self._peak, len(pairs))
-            return _OK
-        pairs.move_to_end(pair.key)
+        if pair is not None:
+            pairs.move_to_end(pair.key)
+        else:
+            draining = self._draining
+            pair = None if draining is None else draining.pop(key, None)
+            if pair is None:
+                if len(self) >= self._max_pairs:
+                    (draining or pairs).popitem(last=False)
+                pairs[key] = _Pair(key, self._new_times(now))
+                self._peak = max(self._peak, len(self))
+                return _OK
+            pairs[key] = pair
         times = pair.times
         if pair.cooldown_until != _NO_COOLDOWN:
             if now < pair.cooldown_until:
@@ -380,30 +395,47 @@ class BotLoopGuard:
 
         Every pair was used after the front one, so none can be idle before the front is,
         give or take one window or cooldown: until the front goes idle (`_sweep_at`) the
-        hot path skips this altogether.
+        hot path skips this altogether. A draining table is emptied a few pairs per call:
+        its most recently used pairs move to the front of the new table, keeping the order.
         """
-        pairs = self._pairs
+        draining = self._draining
+        if draining is not None:
+            pairs = self._pairs
+            for _ in range(_RELEASE_PER_CALL):
+                if not draining:
+                    break
+                key, pair = draining.popitem()
+                pairs[key] = pair
+                pairs.move_to_end(key, last=False)
         window = self._window
         for _ in range(_RELEASE_PER_CALL):
-            if not pairs:
+            table = draining or self._pairs
+            if not table:
                 break
-            key, pair = next(iter(pairs.items()))
+            key, pair = next(iter(table.items()))
             idle_from = _idle_from(pair, window)
             if idle_from > now:
                 self._sweep_at = idle_from
                 break
-            del pairs[key]
+            del table[key]
         else:
             # Both were idle: the next one may be too, so look again on the next call.
             self._sweep_at = -math.inf
+        if draining is not None:
+            if draining:
+                self._sweep_at = -math.inf
+            else:
+                self._draining = None  # drop it and its arrays sized for the peak
         self._shrink()
 
     def _shrink(self) -> None:
-        """Rebuild the table once it has shrunk to a quarter of its peak (lock held)."""
-        size = len(self._pairs)
-        if self._peak >= _REBUILD_MIN and size * 4 <= self._peak:
-            self._pairs = OrderedDict(self._pairs)
-            self._peak = size
+        """Start draining the table once it has shrunk to a quarter of its peak (lock held)."""
+        if self._draining is None and self._peak >= _REBUILD_MIN:
+            size = len(self._pairs)
+            if size * 4 <= self._peak:
+                self._draining, self._pairs = self._pairs, OrderedDict()
+                self._peak = size
+                self._sweep_at = -math.inf
 
 
 def _idle_from(pair: _Pair, window: float) -> float:

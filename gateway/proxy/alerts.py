@@ -209,6 +209,11 @@ class Alerter:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    async def settle(self) -> None:
+        """Wait for the deliveries started so far (retries included)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+
     async def _deliver(self, channel: AlertChannel, alert: Alert) -> None:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._attempts),

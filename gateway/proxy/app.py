@@ -229,6 +229,12 @@ class ProxyServer:
         await self.state.aclose()
         log.info("proxy stopped")
 
+    async def settle(self) -> None:
+        """Wait for the log writes and alert deliveries started so far."""
+        if self._background:
+            await asyncio.wait(set(self._background))
+        await self.alerter.settle()
+
     def _spawn(self, work: Awaitable[None]) -> None:
         """Run `work` in the background, tracked so `stop` can wait for it."""
 

@@ -259,8 +259,8 @@ class RedisStateStore:
         self._down = False
         self._down_since = 0.0
         self._probe_at = 0.0
-        self.unavailable_calls = 0
-        """Calls that could not reach Redis (counted across outages)."""
+        self._unavailable = 0
+        self._unavailable_in_outage = 0
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
@@ -270,6 +270,11 @@ class RedisStateStore:
     def degraded(self) -> bool:
         """True while Redis is unreachable and `on_error` decides."""
         return self._down
+
+    @property
+    def unavailable_calls(self) -> int:
+        """Calls that could not reach Redis, over every outage so far."""
+        return self._unavailable
 
     async def start(self) -> None:
         """Load the scripts; an unreachable Redis is an outage (logged), not a start failure."""
@@ -294,7 +299,7 @@ class RedisStateStore:
         if self._down:
             now = time.monotonic()
             if now < self._probe_at:
-                self.unavailable_calls += 1
+                self._count_unavailable()
                 raise StateError("the redis state store is unreachable")
             self._probe_at = now + self._probe_interval
         try:
@@ -306,10 +311,16 @@ class RedisStateStore:
             self._recovered()
         return result
 
+    def _count_unavailable(self) -> None:
+        self._unavailable += 1
+        self._unavailable_in_outage += 1
+
     def _failed(self, exc: BaseException) -> None:
-        self.unavailable_calls += 1
         if self._down:
+            self._count_unavailable()
             return
+        self._unavailable_in_outage = 0
+        self._count_unavailable()
         self._down = True
         self._down_since = time.monotonic()
         self._probe_at = self._down_since + self._probe_interval
@@ -327,10 +338,10 @@ class RedisStateStore:
 
     def _recovered(self) -> None:
         self._down = False
-        log.warning(
+        log.info(
             "redis state store reachable again after %.1f s; %d call(s) failed meanwhile",
             time.monotonic() - self._down_since,
-            self.unavailable_calls,
+            self._unavailable_in_outage,
         )
 
     def _describe(self, exc: BaseException) -> str:

@@ -4,7 +4,8 @@ Serves what the proxy forwards to: OpenAI `POST /v1/chat/completions` (a complet
 SSE chunks ending in `data: [DONE]`, with a usage chunk when `stream_options.
 include_usage`) and `GET /v1/models`; Anthropic `POST /v1/messages` (a message, or the
 SSE events message_start … message_stop); Gemini `POST /v1beta/models/{model}:
-generateContent` and `:streamGenerateContent` (SSE with `alt=sse`, else a JSON array).
+generateContent` and `:streamGenerateContent` (SSE with `alt=sse`, else a JSON array)
+and `GET /v1beta/models`.
 Every answer carries usage, so cost can be checked.
 
 Hooks: `requests` records everything received; `fail_next(status, n)` answers the next n
@@ -12,7 +13,8 @@ LLM calls with an error in the provider's format; `drop_next(n)` closes the conn
 of the next n LLM calls without answering; `break_next_stream()` sends one chunk of the
 next stream and then drops the connection; `gate` (an asyncio.Event) holds every stream
 after its first chunk until the test sets it; `echo_auth` puts the credential the fake
-received into a response header and the body, as a careless provider might.
+received into a response header and the body (an SSE comment in streams), as a careless
+provider might.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class FakeLLM:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/messages", self._anthropic)
         app.router.add_post("/v1beta/models/{call}", self._gemini)
+        app.router.add_get("/v1beta/models", self._gemini_models)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", 0).start()
@@ -146,8 +149,11 @@ class FakeLLM:
     def _headers(self, received: Received) -> dict[str, str]:
         return {"x-echo-auth": self._credential(received)} if self.echo_auth else {}
 
-    def _text(self, received: Received) -> str:
-        return f"{self.reply} ({self._credential(received)})" if self.echo_auth else self.reply
+    def _text(self, received: Received, *, stream: bool = False) -> str:
+        # Streams echo the credential in an SSE comment instead (see `_stream`).
+        if self.echo_auth and not stream:
+            return f"{self.reply} ({self._credential(received)})"
+        return self.reply
 
     async def _stream(
         self, request: web.Request, received: Received, events: AsyncIterator[bytes]
@@ -156,6 +162,8 @@ class FakeLLM:
             headers={"Content-Type": "text/event-stream", **self._headers(received)}
         )
         await response.prepare(request)
+        if self.echo_auth:
+            await response.write(f": echo {self._credential(received)}\n\n".encode())
         first = True
         async for event in events:
             await response.write(event)
@@ -196,7 +204,7 @@ class FakeLLM:
             "completion_tokens": OUTPUT_TOKENS,
             "total_tokens": INPUT_TOKENS + OUTPUT_TOKENS,
         }
-        text = self._text(received)
+        text = self._text(received, stream=bool(body.get("stream")))
         if not body.get("stream"):
             completion = {
                 "id": "chatcmpl-fake1",
@@ -243,7 +251,7 @@ class FakeLLM:
             return scripted
         body = received.json()
         model = body.get("model", "claude-sonnet-4")
-        text = self._text(received)
+        text = self._text(received, stream=bool(body.get("stream")))
         message: Json = {
             "id": "msg_fake1",
             "type": "message",
@@ -264,18 +272,20 @@ class FakeLLM:
                 "stop_reason": None,
                 "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": 1},
             }
-            yield _event("message_start", {"type": "message_start", "message": start})
             block = {"type": "text", "text": ""}
-            yield _event(
+            # The first write carries the first text, so a held stream has shown some text.
+            prelude = _event("message_start", {"type": "message_start", "message": start})
+            prelude += _event(
                 "content_block_start",
                 {"type": "content_block_start", "index": 0, "content_block": block},
             )
             for piece in self._pieces(text):
                 delta = {"type": "text_delta", "text": piece}
-                yield _event(
+                yield prelude + _event(
                     "content_block_delta",
                     {"type": "content_block_delta", "index": 0, "delta": delta},
                 )
+                prelude = b""
             yield _event("content_block_stop", {"type": "content_block_stop", "index": 0})
             yield _event(
                 "message_delta",
@@ -291,6 +301,11 @@ class FakeLLM:
 
     # Gemini
 
+    async def _gemini_models(self, request: web.Request) -> web.Response:
+        received = await self._record(request)
+        models = {"models": [{"name": "models/gemini-2.0-flash"}]}
+        return web.json_response(models, headers=self._headers(received))
+
     async def _gemini(self, request: web.Request) -> web.StreamResponse:
         received = await self._record(request)
         error = {"error": {"code": 500, "message": "fake failure", "status": "INTERNAL"}}
@@ -298,7 +313,7 @@ class FakeLLM:
         if scripted is not None:
             return scripted
         model, _, method = request.match_info["call"].partition(":")
-        text = self._text(received)
+        text = self._text(received, stream=method == "streamGenerateContent")
 
         def chunk(piece: str, final: bool) -> Json:
             candidate: Json = {"content": {"role": "model", "parts": [{"text": piece}]}, "index": 0}

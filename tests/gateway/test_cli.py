@@ -13,13 +13,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from runtime_helpers import shadow_package
 
 import connectors
 import gateway.demo
 import gateway.state
 from gateway import __version__
 from gateway.cli import main
+from tests.gateway.runtime_helpers import shadow_package
 
 ADMIN_SECRET = "lw-admin-secret-5e6f"
 RUN_CONFIG = """

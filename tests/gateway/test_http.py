@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
-from runtime_helpers import FakePlatform, gateway_for, human, make_config
 
 from gateway.runtime import Gateway
+from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human, make_config
 
 TOKEN = "adm-9f8e7d6c5b4a"
 

@@ -81,13 +81,17 @@ async def test_issue3_status_shows_policy_pairs_with_counts_pause_and_refusals()
         await connector.push(
             connector.message("beep", sender_id="U_BOT2", sender_name="bot2", sender_is_bot=True)
         )
+    await connector.push(
+        connector.message("beep", sender_id="U_BOT3", sender_name="bot3", sender_is_bot=True)
+    )
     await command(rig, "/loop pause 10m")
     answer = await command(rig, "/loop status")
     assert answer.startswith("Loop status for room:C1")
     assert "pair budget 1 per 1 min" in answer
     assert "Paused: yes, 10 min left" in answer
     # The pair held: its count in the window and the cooldown time left, both.
-    assert "  U_BOT2 ↔ parrot: 1 in window, cooling down, 1 min left\n" in answer
+    assert "  U_BOT2 ↔ parrot: cooling down, 1 min left (1 in window)\n" in answer
+    assert "  U_BOT3 ↔ parrot: 1 in window\n" in answer
     assert "budget_exceeded" in answer
     assert "cooldown" in answer
 

@@ -7,12 +7,18 @@ import logging
 from pathlib import Path
 
 import pytest
-from runtime_helpers import FakePlatform, gateway_for, human, make_config, shadow_package
 
 import connectors
 from gateway.errors import ConfigError
 from gateway.runtime import Gateway, load_connector_factory
 from gateway.types import Reply
+from tests.gateway.runtime_helpers import (
+    FakePlatform,
+    gateway_for,
+    human,
+    make_config,
+    shadow_package,
+)
 
 TWO_BOTS = """
 http: {port: 0}

@@ -421,13 +421,19 @@ def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> N
     assert parse_retry_after(headers) == expected
 
 
+async def _hosted(agent: OpenAIAgent) -> PipelineRig:
+    """The real pipeline around the agent, as the hosted bot `parrot` of a room."""
+    rig = PipelineRig(rig_config(), {"parrot": agent})
+    await rig.start()
+    return rig
+
+
 async def test_issue3_halt_is_a_short_message_in_the_room_and_is_counted(
     server: FakeChatServer, sleep: SleepRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
     async with _agent(_config(server, "get_status", max_tool_rounds=20), sleep) as agent:
-        rig = PipelineRig(rig_config(), {"parrot": agent})
-        await rig.start()
+        rig = await _hosted(agent)
         connector = rig.connector()
         with caplog.at_level(logging.INFO, logger="loopwarden.decision"):
             await connector.push(connector.message("is the db up?"))
@@ -447,8 +453,7 @@ async def test_issue3_call_loop_halt_is_counted_under_its_guard(
     server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
     guard = CallLoopGuard(CallLoopPolicy(max_repeats=2))
     async with _agent(_config(server, "get_status"), sleep, call_guard=guard) as agent:
-        rig = PipelineRig(rig_config(), {"parrot": agent})
-        await rig.start()
+        rig = await _hosted(agent)
         connector = rig.connector()
         await connector.push(connector.message("is the db up?"))
     assert connector.texts() == [messages.CALL_LOOP_STOP.format(pause=format_duration(300))]
@@ -461,8 +466,7 @@ async def test_issue3_model_answering_no_reply_never_reaches_the_room(
 ) -> None:
     server.responder = lambda _: text_response("NO_REPLY")
     async with _agent(_config(server), sleep) as agent:
-        rig = PipelineRig(rig_config(), {"parrot": agent})
-        await rig.start()
+        rig = await _hosted(agent)
         connector = rig.connector()
         await connector.push(connector.message("thanks all", mentions_bot=addressed))
     assert len(server.requests) == 1

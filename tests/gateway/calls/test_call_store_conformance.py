@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -135,6 +135,7 @@ async def send(
     fingerprint: str,
     at: float,
     circuit: str = SESSION,
+    *,
     fields: Mapping[str, str] | None = None,
 ) -> CallDecision:
     clock.at(at)
@@ -291,9 +292,9 @@ async def test_issue6_the_same_step_is_the_same_call(make: MakeStore, clock: Clo
     circuit = circuit_key("billing-bot", "run-1", "page-3")
     fields = {"session": "run-1", "step": "page-3", "model": MODEL}
     for attempt in range(5):
-        decision = await send(store, clock, fp(f"attempt {attempt}"), 1.0, circuit, fields)
+        decision = await send(store, clock, fp(f"attempt {attempt}"), 1.0, circuit, fields=fields)
         assert decision.allowed
-    assert (await send(store, clock, fp("attempt 9"), 2.0, circuit, fields)).code == (
+    assert (await send(store, clock, fp("attempt 9"), 2.0, circuit, fields=fields)).code == (
         "loop_detected"
     )
 
@@ -307,7 +308,7 @@ async def ask(
     store: CallStore, clock: Clock, at: float, prompt: str = "Process page", **fields: str
 ) -> CallDecision:
     circuit = circuit_key("billing-bot", fields.get("session"))
-    return await send(store, clock, fp(prompt), at, circuit, fields)
+    return await send(store, clock, fp(prompt), at, circuit, fields=fields)
 
 
 async def test_issue6_reject_rule_refuses_with_duplicate_call(

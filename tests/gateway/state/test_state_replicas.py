@@ -40,6 +40,9 @@ GUILD, CHANNEL = 110, 210
 ROOM = f"discord:{CHANNEL}"
 BUDGET = 4
 NOTICE = "Loop guard: pausing"
+RESET_ACK = "Loop guard reset"
+ECHO_PREFIX = "echo: "
+HUMAN = frozenset({"hi bots", "marker one", "marker two"})
 WAIT_SECONDS = 30.0
 """A bound on every wait, so a broken run fails instead of hanging; never a pass condition."""
 
@@ -135,7 +138,7 @@ async def replicas(tmp_path: Path, fake: DiscordFake, state: str) -> AsyncIterat
                 process.send_signal(signal.SIGTERM)
         async with asyncio.timeout(WAIT_SECONDS):
             codes = [await process.wait() for process in processes]
-    assert codes == [0, 0], [p.read_text() for p in sorted(tmp_path.glob("*.log"))]
+    assert codes == [0, 0], f"a gateway failed to stop cleanly; its log is in {tmp_path}"
 
 
 def posted(fake: DiscordFake, since: int = 0) -> list[tuple[int, str]]:
@@ -144,8 +147,12 @@ def posted(fake: DiscordFake, since: int = 0) -> list[tuple[int, str]]:
 
 
 def bot_to_bot(fake: DiscordFake, since: int = 0) -> list[tuple[int, str]]:
-    """Answers one bot gave to the other bot's message (an echo of an echo)."""
-    return [(a, t) for a, t in posted(fake, since) if t.startswith("echo: echo:")]
+    """Answers a bot gave to the other bot's message: echoes of anything a human did not say."""
+    return [
+        (a, t)
+        for a, t in posted(fake, since)
+        if t.startswith(ECHO_PREFIX) and t[len(ECHO_PREFIX) :] not in HUMAN
+    ]
 
 
 def notices(fake: DiscordFake) -> list[tuple[int, str]]:
@@ -153,14 +160,22 @@ def notices(fake: DiscordFake) -> list[tuple[int, str]]:
     return [(a, t) for a, t in posted(fake) if t.startswith(NOTICE)]
 
 
+def acks(fake: DiscordFake) -> list[tuple[int, str]]:
+    """Acknowledgements of `/loop reset`."""
+    return [(a, t) for a, t in posted(fake) if t.startswith(RESET_ACK)]
+
+
 async def settle(fake: DiscordFake, word: str) -> None:
     """Post a human marker and wait until both bots answered it (see the module docstring)."""
     fake.message(CHANNEL, ALICE, word)
     await wait_for(
-        lambda: sorted(a for a, t in posted(fake) if t == f"echo: {word}") == [PARROT.id, ECHO.id]
+        lambda: (
+            sorted(a for a, t in posted(fake) if t == ECHO_PREFIX + word) == [PARROT.id, ECHO.id]
+        )
     )
 
 
+@pytest.mark.redis
 async def test_two_replicas_on_redis_share_the_budget_the_notice_and_the_reset(
     tmp_path: Path, fake: DiscordFake, redis: RedisServer
 ) -> None:
@@ -181,22 +196,18 @@ async def test_two_replicas_on_redis_share_the_budget_the_notice_and_the_reset(
             assert {a for a, _ in bot_to_bot(fake)} == {PARROT.id, ECHO.id}
             assert len(notices(fake)) == 1
 
+            # Both bots see the command; one executes and acknowledges it. The other bot
+            # echoes the acknowledgement, and the freed pair ping-pongs up to the budget again.
             before = len(fake.sent)
             fake.message(CHANNEL, ALICE, "/loop reset")
-            await wait_for(lambda: any("reset" in t.lower() for _, t in posted(fake, before)))
-            await settle(fake, "marker two")
-            acks = [t for _, t in posted(fake, before) if "reset" in t.lower()]
-            assert len(acks) == 1, acks
-            assert not await cooling()
-
-            after_reset = len(fake.sent)
-            fake.message(CHANNEL, ALICE, "again")
+            await wait_for(lambda: bool(acks(fake)))
             await wait_for(cooling)
-            await settle(fake, "marker three")
-            resumed = bot_to_bot(fake, after_reset)
+            await settle(fake, "marker two")
+            assert len(acks(fake)) == 1
+            resumed = bot_to_bot(fake, before)
             assert len(resumed) == BUDGET
             assert {a for a, _ in resumed} == {PARROT.id, ECHO.id}
-            assert 1 <= len(notices(fake)) <= 2
+            assert len(notices(fake)) == 2
     finally:
         await state.aclose()
 
@@ -208,6 +219,5 @@ async def test_two_replicas_on_memory_share_nothing(tmp_path: Path, fake: Discor
         await wait_for(lambda: len(notices(fake)) == 2)
         await settle(fake, "marker one")
         assert len(bot_to_bot(fake)) == 2 * BUDGET
-        before = len(fake.sent)
         fake.message(CHANNEL, ALICE, "/loop reset")
-        await wait_for(lambda: sum("reset" in t.lower() for _, t in posted(fake, before)) == 2)
+        await wait_for(lambda: len(acks(fake)) == 2)

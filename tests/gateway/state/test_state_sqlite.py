@@ -331,7 +331,8 @@ async def test_a_cooldown_survives_sigkill_with_the_right_time_left(
             await ws.send_json({"type": "say", "text": "@ping start"})
             await said(ws, None, "Loop guard: pausing replies")
             opened_before = time.time()
-        assert re.search(COOLING, await admin_status(port))
+        status = await admin_status(port)
+        assert re.search(COOLING, status), status
     finally:
         first.kill()
     assert first.process.returncode == -signal.SIGKILL
