@@ -35,3 +35,9 @@ class DeliveryError(LoopwardenError):
 
 class StateError(LoopwardenError):
     """The state backend is unreachable or answered with an error."""
+
+
+class GatewayStopping(LoopwardenError):
+    """The gateway is shutting down and takes no new message; the connector should not
+    acknowledge it, so a platform that redelivers (Telegram polling and webhooks) sends it
+    again to the next run instead of losing it."""

@@ -10,7 +10,8 @@ Decisions where DESIGN.md is silent:
 - The sink runs each inbound message's turn as a task the gateway tracks (so `stop` can
   drain it) and awaits it, returning the turn's reply: a connector that awaits the sink
   handles its messages one at a time, in order; one that wants turns to overlap calls the
-  sink from tasks of its own. While stopping, the sink drops messages (returns None).
+  sink from tasks of its own. While stopping, the sink raises `GatewayStopping`, so a
+  connector leaves that message unacknowledged (Telegram then redelivers it to the next run).
 - A connector whose first `start` fails or does not finish within `connect_timeout` does
   not stop the gateway: the failure is logged (type and message, no traceback; the CLI's
   log filter masks secrets) and the same connector is started again in the background
@@ -46,7 +47,7 @@ from gateway.config import BotConfig, Config
 from gateway.connector import Connector, ConnectorServices
 from gateway.context import TurnContext
 from gateway.delivery import Delivery
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayStopping
 from gateway.http import HttpServer, Readiness, create_app
 from gateway.metrics import Metrics
 from gateway.refusals import RecentRefusals
@@ -220,8 +221,8 @@ class Gateway:
     async def _sink(self, message: InboundMessage) -> Reply | None:
         """Run one inbound message through the pipeline as a tracked task; await its end."""
         if self._stopping:
-            log.debug("stopping: dropped message %s for bot %s", message.message_id, message.bot_id)
-            return None
+            log.debug("stopping: refused message %s for bot %s", message.message_id, message.bot_id)
+            raise GatewayStopping(f"gateway stopping; message {message.message_id} not taken")
         hosted = self._hosted.get(message.bot_id)
         if hosted is None:
             log.warning("message for unknown bot %r dropped", message.bot_id)

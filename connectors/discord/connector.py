@@ -73,7 +73,7 @@ from connectors.discord.inbound import (
 )
 from gateway.config import DiscordBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError
+from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
 from gateway.types import InboundMessage, Reply
 
 with warnings.catch_warnings():
@@ -433,6 +433,8 @@ class DiscordConnector:
             return
         try:
             await sink(message)
+        except GatewayStopping:
+            self._drop("stopping")
         except Exception as exc:  # the pipeline must not take the connector down
             self._drop("sink_error")
             log.warning(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from connectors.room.hub import RoomHub, RoomMessage
 from gateway.config import RoomBotConfig
 from gateway.connector import Capabilities, Sink
-from gateway.errors import DeliveryError
+from gateway.errors import DeliveryError, GatewayStopping
 from gateway.types import InboundMessage, Reply
 
 log = logging.getLogger("loopwarden.room")
@@ -127,6 +127,8 @@ class RoomConnector:
             inbound = await self._inbox.get()
             try:
                 await sink(inbound)
+            except GatewayStopping:
+                return
             except Exception:  # the pipeline logs its own errors; this keeps the bot alive
                 log.exception(
                     "room bot %s: handling message %s failed", self.bot_id, inbound.message_id

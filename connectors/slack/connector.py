@@ -81,7 +81,7 @@ from connectors.slack.inbound import (
 )
 from gateway.config import SlackBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError
+from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
 from gateway.types import InboundMessage, Reply
 
 log = logging.getLogger(__name__)
@@ -475,6 +475,8 @@ class SlackConnector:
                 return
             try:
                 await sink(message)
+            except GatewayStopping:
+                self.dropped["stopping"] += 1
             except Exception as exc:  # the pipeline must not take the connector down
                 self.dropped["sink_error"] += 1
                 log.warning(

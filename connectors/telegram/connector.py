@@ -76,7 +76,7 @@ from connectors.telegram.inbound import (
 )
 from gateway.config import TelegramBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError
+from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
 from gateway.types import InboundMessage, Reply
 
 log = logging.getLogger(__name__)
@@ -412,6 +412,8 @@ class TelegramConnector:
             return False
         try:
             await sink(message)
+        except GatewayStopping:
+            return False
         except Exception as exc:  # the pipeline must not take the connector down
             self.dropped["sink_error"] += 1
             log.warning(

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import connectors
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, GatewayStopping
 from gateway.runtime import Gateway, load_connector_factory
 from gateway.types import Reply
 from tests.gateway.runtime_helpers import (
@@ -98,7 +98,7 @@ async def test_a_stalled_start_times_out_and_is_retried() -> None:
         await gateway.stop(1.0)
 
 
-async def test_stop_drains_a_turn_in_flight_and_drops_new_messages() -> None:
+async def test_stop_drains_a_turn_in_flight_and_refuses_new_messages() -> None:
     release = asyncio.Event()
     platform = FakePlatform(hold_send=release)
     gateway = gateway_for(make_config(), platform)
@@ -108,7 +108,8 @@ async def test_stop_drains_a_turn_in_flight_and_drops_new_messages() -> None:
     await connector.sending.wait()
     stopping = asyncio.create_task(gateway.stop(30.0))
     await asyncio.sleep(0)
-    assert await connector.push(human("late")) is None
+    with pytest.raises(GatewayStopping):
+        await connector.push(human("late"))
     assert not stopping.done()
     release.set()
     await stopping
