@@ -396,18 +396,20 @@ class BotLoopGuard:
         Every pair was used after the front one, so none can be idle before the front is,
         give or take one window or cooldown: until the front goes idle (`_sweep_at`) the
         hot path skips this altogether. A draining table is emptied a few pairs per call:
-        its most recently used pairs move to the front of the new table, keeping the order.
+        its most recently used live pairs move to the front of the new table, keeping the
+        order, and idle ones are dropped.
         """
         draining = self._draining
+        window = self._window
         if draining is not None:
             pairs = self._pairs
             for _ in range(_RELEASE_PER_CALL):
                 if not draining:
                     break
                 key, pair = draining.popitem()
-                pairs[key] = pair
-                pairs.move_to_end(key, last=False)
-        window = self._window
+                if _idle_from(pair, window) > now:  # an idle pair is not worth moving
+                    pairs[key] = pair
+                    pairs.move_to_end(key, last=False)
         for _ in range(_RELEASE_PER_CALL):
             table = draining or self._pairs
             if not table:

@@ -1,0 +1,181 @@
+"""What the LLM-call proxy adds: latency and requests/s through it against the upstream direct.
+
+One process runs the fake provider (tests/fakes/llm_upstream.py), the proxy in front of
+it, and aiohttp clients, all on loopback. The same chat-completions request (a ~1 KB
+conversation; each one different, so the call guard admits them all) is sent
+- sequentially, alternating direct and through the proxy, one request at a time: the
+  latency of each, p50 and p99, and the difference (what the proxy adds: reading the
+  body, fingerprinting, the CallStore decision, a second HTTP hop, relaying, the
+  background log write);
+- concurrently (32 in flight): requests per second, direct and through the proxy.
+Both with the default memory state and with sqlite state (a worker-thread hop per
+decision). The proxy's upstream key and the client's proxy key are real config. The
+client, the proxy and the provider share one event loop (one CPU), so requests/s through
+the proxy also pay for the provider's and the client's work twice over: the ratio is a
+floor, the added latency the figure to watch.
+
+Target: <= 1 ms added latency at p50 (memory state).
+
+Run: `.venv/bin/python -m bench.proxy_bench [--quick]` (--quick: a fifth of the requests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from gateway.config import parse_config
+from gateway.proxy.alerts import Alerter
+from gateway.proxy.app import ProxyServer
+from tests.fakes.llm_upstream import FakeLLM
+
+TARGET_ADDED_P50_MS = 1.0
+CONCURRENCY = 32
+PROXY_KEY = "lw-bench-key"
+SYSTEM = "You are a careful billing assistant. " * 12
+
+
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """Per-request latencies in milliseconds."""
+
+    samples: list[float]
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile (0-100), nearest rank."""
+        ordered = sorted(self.samples)
+        index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))
+        return ordered[index]
+
+
+def _config(upstream: str, state: str) -> str:
+    return f"""
+state: {state}
+proxy:
+  host: 127.0.0.1
+  port: 0
+  keys: {{{PROXY_KEY}: {{agent: bench-bot}}}}
+  upstreams:
+    openai: {{base_url: '{upstream}/v1', api_key: sk-bench-upstream-key}}
+  prices: {{'gpt-4o*': {{input_per_1k: 0.0025, output_per_1k: 0.01}}}}
+"""
+
+
+def _body(n: int) -> dict[str, object]:
+    return {
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": f"Summarise the invoice lines of batch {n % 9973}."},
+        ],
+    }
+
+
+Send = Callable[[int], Awaitable[None]]
+
+
+def _sender(http: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> Send:
+    async def send(n: int) -> None:
+        async with http.post(url, json=_body(n), headers=headers) as response:
+            await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status} from {url}")
+
+    return send
+
+
+async def _sequential(direct: Send, proxied: Send, requests: int) -> tuple[Latencies, Latencies]:
+    """Alternate direct and proxied requests, one at a time, timing each."""
+    times: tuple[list[float], list[float]] = ([], [])
+    pair = ((times[0], direct), (times[1], proxied))
+    for n in range(requests):
+        # Alternate which goes first, so neither always meets a warmer cache.
+        for samples, send in pair if n % 2 else pair[::-1]:
+            began = time.perf_counter()
+            await send(n)
+            samples.append((time.perf_counter() - began) * 1000)
+    return Latencies(times[0]), Latencies(times[1])
+
+
+async def _throughput(send: Send, requests: int) -> float:
+    """Requests per second with CONCURRENCY requests in flight."""
+    counter = iter(range(requests))
+
+    async def worker() -> None:
+        for n in counter:
+            await send(n)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return requests / (time.perf_counter() - began)
+
+
+async def _measure(state: str, label: str, requests: int) -> float:
+    async with FakeLLM() as upstream:
+        config = parse_config(_config(upstream.url, state), env={})
+        proxy = ProxyServer(config, alerter=Alerter([]))
+        await proxy.start()
+        try:
+            connector = aiohttp.TCPConnector(limit=CONCURRENCY * 2)
+            async with aiohttp.ClientSession(connector=connector) as http:
+                direct = _sender(http, f"{upstream.url}/v1/chat/completions", {})
+                auth = {"Authorization": f"Bearer {PROXY_KEY}"}
+                proxied = _sender(
+                    http, f"http://127.0.0.1:{proxy.port}/openai/v1/chat/completions", auth
+                )
+                await _sequential(direct, proxied, max(50, requests // 10))  # warm-up
+                gc.collect()
+                plain, through = await _sequential(direct, proxied, requests)
+                direct_rps = await _throughput(direct, requests)
+                proxied_rps = await _throughput(proxied, requests)
+        finally:
+            await proxy.stop()
+    added = through.percentile(50) - plain.percentile(50)
+    print(
+        f"\n{label}: {requests:,} sequential requests each way, then {requests:,} at "
+        f"{CONCURRENCY} in flight"
+    )
+    print(f"  {'':<14}{'p50 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'req/s':>9}")
+    for name, lat, rps in (("direct", plain, direct_rps), ("via proxy", through, proxied_rps)):
+        print(
+            f"  {name:<14}{lat.percentile(50):>9.3f}{lat.percentile(99):>9.3f}"
+            f"{statistics.fmean(lat.samples):>9.3f}{rps:>9.0f}"
+        )
+    print(
+        f"  added by the proxy: p50 {added:.3f} ms, "
+        f"p99 {through.percentile(99) - plain.percentile(99):.3f} ms; "
+        f"throughput ratio proxy/direct {proxied_rps / direct_rps:.2f}"
+    )
+    return added
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure with memory and sqlite state; print figures, ratios and the target."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="a fifth of the requests")
+    args, _ = parser.parse_known_args(argv)
+    requests = 400 if args.quick else 2_000
+    print(
+        f"python {platform.python_version()} on {platform.machine()}, aiohttp {aiohttp.__version__}"
+    )
+    added = asyncio.run(_measure("{backend: memory}", "memory state", requests))
+    with tempfile.TemporaryDirectory(prefix="lw-proxy-bench-") as workdir:
+        path = Path(workdir) / "state.sqlite3"
+        asyncio.run(_measure(f"{{backend: sqlite, path: '{path}'}}", "sqlite state", requests))
+    verdict = "met" if added <= TARGET_ADDED_P50_MS else "NOT met"
+    print(f"\ntarget <= {TARGET_ADDED_P50_MS:.1f} ms added at p50 (memory state): {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
