@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from dataclasses import dataclass
 
 from connectors.room.hub import RoomHub, RoomMessage
@@ -26,6 +27,8 @@ from gateway.types import InboundMessage, Reply
 log = logging.getLogger("loopwarden.room")
 
 PLATFORM = "room"
+RUN = f"{time.time_ns() // 1_000_000:x}"
+"""This process's run prefix for message ids (its start time in milliseconds, hex)."""
 MAX_MESSAGE_LENGTH = 4000
 INBOX_LIMIT = 1000
 
@@ -44,6 +47,16 @@ class RoomIdentity:
         return re.search(rf"(?<![\w@])@(?:{names})(?![\w-])", text, re.IGNORECASE) is not None
 
 
+def platform_message_id(message: RoomMessage) -> str:
+    """The message's id as the gateway sees it: `<run>.<id>`.
+
+    The hub numbers messages from 1 in every process; the run prefix (this process's start
+    time) keeps a restarted gateway with persistent state (sqlite, redis) from taking its
+    first messages for duplicates of the previous run's, which receipts still remember.
+    """
+    return f"{RUN}.{message.id}"
+
+
 def to_inbound(message: RoomMessage, me: RoomIdentity) -> InboundMessage | None:
     """Translate a room message for one hosted bot; None for the bot's own messages."""
     if message.sender_id == me.user_id:
@@ -53,7 +66,7 @@ def to_inbound(message: RoomMessage, me: RoomIdentity) -> InboundMessage | None:
         bot_id=me.bot_id,
         channel_id=message.room,
         thread_id=None,
-        message_id=str(message.id),
+        message_id=platform_message_id(message),
         sender_id=message.sender_id,
         sender_name=message.sender_name,
         sender_is_bot=message.is_bot,
@@ -145,7 +158,7 @@ class RoomConnector:
             is_bot=True,
             text=reply.text,
         )
-        return str(message.id)
+        return platform_message_id(message)
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Show "<bot> is typing…" to the room's clients."""

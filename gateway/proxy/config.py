@@ -42,6 +42,8 @@ def _empty_is_none(value: object) -> object:
     return None if value in ("", None) else value
 
 
+MIN_KEY_LENGTH = 8
+
 Secret = Annotated[SecretStr, AfterValidator(_required_secret)]
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_is_none)]
 
@@ -55,6 +57,14 @@ class ProxyKey(_Model):
 
     key: Secret
     agent: str = Field(min_length=1, pattern=r"^[\w.@-]+$")
+
+    @field_validator("key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr) -> SecretStr:
+        # A short key is guessable, and the log filter would mask its text everywhere.
+        if 0 < len(value.get_secret_value()) < MIN_KEY_LENGTH:
+            raise ValueError(f"must be at least {MIN_KEY_LENGTH} characters long")
+        return value
 
 
 class Upstream(_Model):

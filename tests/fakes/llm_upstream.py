@@ -10,7 +10,8 @@ Every answer carries usage, so cost can be checked.
 
 Hooks: `requests` records everything received; `fail_next(status, n)` answers the next n
 LLM calls with an error in the provider's format; `drop_next(n)` closes the connection
-of the next n LLM calls without answering; `break_next_stream()` sends one chunk of the
+of the next n LLM calls without answering; `stall_next(n)` leaves the next n unanswered
+until the fake shuts down; `break_next_stream()` sends one chunk of the
 next stream and then drops the connection; `gate` (an asyncio.Event) holds every stream
 after its first chunk until the test sets it; `echo_auth` puts the credential the fake
 received into a response header and the body (an SSE comment in streams), as a careless
@@ -63,6 +64,8 @@ class FakeLLM:
     _failures: list[tuple[int, float | None]] = field(default_factory=list)
     _drops: int = 0
     _breaks: int = 0
+    _stalls: int = 0
+    _released: asyncio.Event = field(default_factory=asyncio.Event)
     _runner: web.AppRunner | None = None
     first_chunk_sent: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -88,6 +91,7 @@ class FakeLLM:
     ) -> None:
         if self.gate is not None:
             self.gate.set()
+        self._released.set()
         if self._runner is not None:
             await self._runner.cleanup()
 
@@ -100,6 +104,10 @@ class FakeLLM:
     def drop_next(self, count: int = 1) -> None:
         """Close the connection of the next `count` LLM calls without an answer."""
         self._drops += count
+
+    def stall_next(self, count: int = 1) -> None:
+        """Answer the next `count` LLM calls only when the fake shuts down."""
+        self._stalls += count
 
     def break_next_stream(self) -> None:
         """Send one chunk of the next stream, then drop the connection."""
@@ -135,6 +143,10 @@ class FakeLLM:
         self, request: web.Request, received: Received, error: Json
     ) -> web.StreamResponse | None:
         """A scripted failure for this call, if one is due."""
+        if self._stalls:
+            self._stalls -= 1
+            await self._released.wait()
+            return web.Response(status=599)
         if self._drops:
             self._drops -= 1
             if request.transport is not None:

@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from connectors.room import RoomConnector, create
-from connectors.room.connector import RoomIdentity, to_inbound
+from connectors.room.connector import RUN, RoomIdentity, to_inbound
 from connectors.room.hub import HISTORY_LIMIT, ROOM_HUB, RoomHub, RoomMessage
 from gateway.config import RoomBotConfig
 from gateway.connector import ConnectorServices
@@ -100,7 +100,11 @@ async def test_human_message_reaches_every_client_and_every_bot(room: Room) -> N
         to_ping = await _received(room.inbox["ping"])
         to_pong = await _received(room.inbox["pong"])
     assert (to_ping.platform, to_ping.bot_id, to_ping.channel_id) == ("room", "ping", "lobby")
-    assert (to_ping.sender_id, to_ping.sender_is_bot, to_ping.message_id) == ("alice", False, "1")
+    assert (to_ping.sender_id, to_ping.sender_is_bot, to_ping.message_id) == (
+        "alice",
+        False,
+        f"{RUN}.1",
+    )
     assert to_ping.bot_user_id == "ping"
     assert to_ping.mentions_bot
     assert not to_pong.mentions_bot
@@ -114,7 +118,7 @@ async def test_bot_reply_is_broadcast_and_fed_to_the_other_bots_only(room: Room)
         message_id = await room.bots["ping"].send("lobby", Reply("@Pong hi"))
         event = await next_event(alice, "message")
         assert (event["sender_id"], event["is_bot"], event["text"]) == ("ping", True, "@Pong hi")
-        assert message_id == str(event["id"])
+        assert message_id == f"{RUN}.{event['id']}"
         to_pong = await _received(room.inbox["pong"])
     assert (to_pong.sender_id, to_pong.sender_is_bot, to_pong.mentions_bot) == ("ping", True, True)
     assert room.inbox["ping"].empty()
@@ -188,7 +192,7 @@ async def test_rooms_are_separate(room: Room) -> None:
         event = await next_event(bob, "message")
     assert (event["text"], event["id"], event["room"]) == ("only lobby", 1, "lobby")
     first = await _received(room.inbox["ping"])
-    assert (first.channel_id, first.message_id) == ("side", "1")
+    assert (first.channel_id, first.message_id) == ("side", f"{RUN}.1")
 
 
 @pytest.mark.parametrize(

@@ -76,8 +76,9 @@ def test_every_proxy_secret_is_redacted_from_logs() -> None:
             " {name: x, fields: [step], max_calls: 1, window_seconds: 60}]}",
             "proxy.rules",
         ),
-        ("proxy: {keys: {k: {agent: 'a b'}}}", "proxy.keys.0.agent"),
-        ("proxy: {keys: [{key: a, agent: x}, {key: a, agent: y}]}", "proxy.keys"),
+        ("proxy: {keys: {lw-key-1: {agent: 'a b'}}}", "proxy.keys.0.agent"),
+        ("proxy: {keys: [{key: lw-key-1, agent: x}, {key: lw-key-1, agent: y}]}", "proxy.keys"),
+        ("proxy: {keys: {short: {agent: x}}}", "proxy.keys.0.key"),
         ("proxy: {upstreams: {openai: {base_url: 'ftp://x'}}}", "proxy.upstreams.openai.base_url"),
         ("proxy: {call_loop: {max_repeats: 0}}", "proxy.call_loop.max_repeats"),
         ("proxy: {prices: {'gpt*': {input_per_1k: -1, output_per_1k: 0}}}", "proxy.prices"),
@@ -102,7 +103,9 @@ def test_rule_errors_name_the_rule() -> None:
 
 def test_agents_with_several_keys_get_a_key_id_in_their_root() -> None:
     proxy = parse_config(
-        "proxy: {keys: {k1: {agent: solo}, k2: {agent: twin}, k3: {agent: twin}}}", env={}
+        "proxy: {keys: {lw-key-1: {agent: solo}, lw-key-2: {agent: twin},"
+        " lw-key-3: {agent: twin}}}",
+        env={},
     ).proxy
     assert proxy is not None
     roots = sorted(client.root for client in client_table(proxy.keys).values())
@@ -110,7 +113,7 @@ def test_agents_with_several_keys_get_a_key_id_in_their_root() -> None:
     assert roots[1].startswith("twin~")
     assert roots[2].startswith("twin~")
     assert roots[1] != roots[2]
-    assert all("k2" not in root and "k3" not in root for root in roots)
+    assert all("lw-key" not in root for root in roots)
 
 
 def test_which_requests_are_guarded_calls() -> None:

@@ -268,3 +268,19 @@ async def test_issue6_the_request_log_has_tokens_cost_and_blocked_estimates(rig:
     assert refused.cost is not None
     assert refused.cost > 0
     assert dict(refused.fields) == {"session": "run-1", "agent": "billing-bot", "model": MODEL}
+
+
+async def test_issue6_an_upstream_timeout_is_a_504_and_not_counted() -> None:
+    async with running_proxy("read_timeout: 0.2") as rig:
+        rig.upstream.stall_next(2)
+        async with client(rig) as sdk:
+            failing = sdk.with_options(max_retries=0)
+            for _ in range(2):
+                with pytest.raises(openai.APIStatusError) as caught:
+                    await ask(failing)
+                assert caught.value.status_code == 504
+                assert caught.value.code == "upstream_timeout"
+            for _ in range(5):
+                assert await ask(sdk) == "pong"
+        outcomes = [(e.outcome, e.status) for e in await rig.logged()]
+    assert outcomes == [("upstream_error", None)] * 2 + [("forwarded", 200)] * 5

@@ -209,10 +209,6 @@ admins: {{room: [alice]}}
 policy:
   respond_to: {{humans: all, bots: mentions}}
   bot_loop: {{max_events_per_window: 4, window_seconds: 3600, cooldown_seconds: {cooldown}}}
-# The room numbers its messages from 1 in every process, so a receipt kept across the
-# restart would make the new message 1 a duplicate of the old one: receipts are kept
-# only briefly here (their survival is tested on the store itself).
-pipeline: {{dedupe_ttl_seconds: 0.001}}
 """
 COOLING = r"ping ↔ pong: cooling down, (1 h|59 min \d+ s) left"
 WAIT_SECONDS = 30.0
