@@ -24,8 +24,9 @@ Decisions where DESIGN.md is silent:
 - Upstream keys are masked (same length, `*`) in relayed bodies, headers holding one are
   dropped, and `Set-Cookie` is not relayed (it is for the upstream's domain).
 - Each guarded call is logged (the request log, written in the background so it never
-  delays the next request on the connection) after its response has ended; requests
-  forwarded unguarded (model lists, files) are not logged.
+  delays the next request on the connection) after its response has ended, with the
+  SDK's retry number (`x-stainless-retry-count`, sent by the OpenAI and Anthropic SDKs);
+  requests forwarded unguarded (model lists, files) are not logged.
 - On stop: no new connections; requests in flight get `proxy.drain_seconds`; then alert
   deliveries and log writes in flight get what is left of it (at least a second).
 """

@@ -2,7 +2,9 @@
 
 Guarded calls: POST `chat/completions` (`messages`), `responses` (`input`, a string or a
 list of items) and `completions` (`prompt`). Every other path (`models`, `files`,
-`embeddings`, …) is forwarded unguarded, still behind the proxy key.
+`embeddings`, …) is forwarded unguarded, still behind the proxy key. A refusal's error
+`type` is `loop_guard_error` (not `rate_limit_error`, which clients tend to retry with
+backoff); its `code` is the guard's code, which the SDK exposes as `e.code`.
 """
 
 from __future__ import annotations
