@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 
@@ -52,6 +53,36 @@ class _Counts(Collector):
             for labels, value in list(self.values[family.name].items()):
                 metric.add_metric(list(labels), value)
             yield metric
+
+
+@runtime_checkable
+class ReportsOutages(Protocol):
+    """A state backend that can be unreachable (Redis) and says so."""
+
+    @property
+    def degraded(self) -> bool: ...
+
+    @property
+    def unavailable_calls(self) -> int: ...
+
+
+class _StateHealth(Collector):
+    """The state backend's outage flag and unreachable-call count, read at scrape time."""
+
+    def __init__(self, store: ReportsOutages) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "state_degraded",
+            "1 while the state backend is unreachable (state.on_error decides)",
+            value=1.0 if self._store.degraded else 0.0,
+        )
+        yield CounterMetricFamily(
+            "state_unavailable_calls",
+            "State calls that could not reach the backend",
+            value=self._store.unavailable_calls,
+        )
 
 
 class Metrics:
@@ -106,6 +137,11 @@ class Metrics:
         """Count one unexpected error."""
         key = (stage,)
         self._errors[key] = self._errors.get(key, 0) + 1
+
+    def watch_state(self, store: object) -> None:
+        """Expose a state backend's outage flag and count, when it reports them."""
+        if isinstance(store, ReportsOutages):
+            self.registry.register(_StateHealth(store))
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of one sample (`refusals_total`, stage=…), 0 when absent."""

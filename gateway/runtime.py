@@ -113,6 +113,7 @@ class Gateway:
         self.state = state if state is not None else build_state(config.state, clock=clock)
         self.calls = calls if calls is not None else build_call_store(config.state, clock=clock)
         self.metrics = Metrics()
+        self.metrics.watch_state(self.state)
         recent = RecentRefusals(clock=clock)
         admin = self._admin = AdminService(config, self.state, recent=recent, calls=self.calls)
         self.app = create_app(

@@ -337,7 +337,7 @@ async def said(ws: aiohttp.ClientWebSocketResponse, sender: str | None, needle: 
                 return text
 
 
-async def test_humans_are_answered_through_an_outage_and_budgets_resume_after(
+async def test_issue5_humans_are_answered_through_an_outage_and_budgets_resume_after(
     redis: RedisServer,
 ) -> None:
     gateway = Gateway(parse_config(GATEWAY_CONFIG % redis.url))
@@ -358,9 +358,12 @@ async def test_humans_are_answered_through_an_outage_and_budgets_resume_after(
             assert await said(ws, "ping", "@pong") == "@pong ping"
             await said(ws, "pong", "pong")
             assert store.degraded
+            assert gateway.metrics.value("state_degraded") == 1
+            assert gateway.metrics.value("state_unavailable_calls_total") > 0
 
             redis.start()
             await until_back(store)
+            assert gateway.metrics.value("state_degraded") == 0
             # Redis came back empty: two exchanges fit the budget, the third opens a cooldown.
             for text in ("@ping three", "@ping four"):
                 await ws.send_json({"type": "say", "text": text})
