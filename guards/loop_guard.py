@@ -14,10 +14,12 @@ A count BLOCK or HALT only happens when the streak this call would extend is at 
 Decisions the design left open:
 - The turn timer starts at the first check or record after construction or
   `reset_turn()`, so a guard built long before its first turn does not start out late.
-- A blocked call is recorded by passing the block result (the dict `apply_decision`
-  returns, marked `loop_blocked`) to `record()`. It repeats the last fingerprint of that
-  same call, so retrying a blocked call escalates, and `record()` answers BLOCK with code
-  `blocked` (the call did not run; the next retry's pre-check decides what comes next).
+- A pre-check that answers BLOCK counts the blocked call itself (in the tool's count,
+  and in the streak as a repeat of that call's last fingerprint), so an agent that just
+  skips the call and retries escalates to HALT. Recording the block result (the dict
+  `apply_decision` returns, marked `loop_blocked`) afterwards is accepted and not counted
+  twice; recorded without such a pre-check, it is counted. Either way `record()` answers
+  BLOCK with code `blocked` (the call did not run; the next pre-check decides).
 - A failure and a success with the same text are different results.
 - Severity picks the decision; among equals: time, then no-progress, then cycle, then count.
 - `record()` reuses the canonical arguments that the `check()` just before it computed
@@ -476,7 +478,7 @@ _NOTHING: Final = object()
 
 
 def _advance_cycles(
-    ring: deque[_Fingerprint], runs: tuple[int, ...], fp: _Fingerprint, streak: int
+    ring: deque[_Fingerprint], runs: tuple[int, ...], fp: _Fingerprint
 ) -> tuple[tuple[int, ...], tuple[int, int]]:
     """The cycle runs once `fp` is appended to `ring`, and the longest cycle (2+ laps)."""
     size = len(ring)
@@ -486,8 +488,7 @@ def _advance_cycles(
         run = previous + 1 if size >= period and ring[-period] == fp else 0
         advanced.append(run)
         laps = (run + period) // period  # A,B,A,B: run 2, two laps
-        # A tail of `period` identical fingerprints is a streak, not a cycle.
-        if laps >= 2 and streak < period and laps > best[0]:
+        if laps >= 2 and laps > best[0]:
             best = (laps, period)
     return tuple(advanced), best
 
@@ -519,6 +520,8 @@ class LoopGuard:
         # The last pre-checked call's args object and key; holding the object keeps its
         # identity from being reused by another object.
         self._checked: tuple[object, _CallKey] = (_NOTHING, ("", ""))
+        # The call the last pre-check blocked (and counted), until the next check or record.
+        self._pending_block: _CallKey | None = None
         self._counts: dict[str, int] = {}
         self._turn_start: float | None = None
         self._last: _Fingerprint | None = None
@@ -558,7 +561,16 @@ class LoopGuard:
             t = self._clock() if now is None else now
             if self._turn_start is None:
                 self._turn_start = t
-            return self._decide(key, self._thresholds[bucket], pre, t - self._turn_start)
+            decision = self._decide(key, self._thresholds[bucket], pre, t - self._turn_start)
+            if pre:
+                self._pending_block = None
+                if decision.action is GuardAction.BLOCK:
+                    # The blocked call counts as made, whether or not the caller records
+                    # it: an agent that just skips it and retries escalates to HALT.
+                    self._count_call(tool_name)
+                    self._repeat_last(key)
+                    self._pending_block = key
+            return decision
 
     def record(
         self,
@@ -575,29 +587,18 @@ class LoopGuard:
         checked_args, key = self._checked
         if checked_args is not args or key[0] != tool_name:
             key = (tool_name, canonical_args(args))
-        blocked = type(result) is dict and result.get("loop_blocked") is True
-        outcome = _BLOCKED_RESULT if blocked else result_hash(result, success=success)
+        if type(result) is dict and result.get("loop_blocked") is True:
+            return self._record_blocked(key, now)
+        outcome = result_hash(result, success=success)
         bucket = self._registered.get(tool_name) or classify_tool_name(tool_name)
         with self._lock:
             t = self._clock() if now is None else now
             if self._turn_start is None:
                 self._turn_start = t
-            elapsed = t - self._turn_start
-            counts = self._counts
-            count = counts.get(tool_name)
-            if count is not None:
-                counts[tool_name] = count + 1
-            elif len(counts) < _MAX_TRACKED_TOOLS:
-                counts[tool_name] = 1
-            else:
-                counts[_OTHER_TOOLS] = counts.get(_OTHER_TOOLS, 0) + 1
-            last = self._last
-            if blocked:
-                # A blocked call repeats its call's last fingerprint: retrying escalates.
-                self._push(last if last is not None and last[0] == key else (key, outcome))
-                return self._blocked(key)
+            self._pending_block = None
+            self._count_call(tool_name)
             self._push((key, outcome))
-            return self._decide(key, self._thresholds[bucket], False, elapsed)
+            return self._decide(key, self._thresholds[bucket], False, t - self._turn_start)
 
     def mark_progress(self, label: str) -> None:
         """Mark a real checkpoint: only later calls can build a streak or a cycle."""
@@ -610,6 +611,7 @@ class LoopGuard:
         """Start a new turn: counts, streak, cycle, progress marks and the timer are cleared."""
         with self._lock:
             self._forget_tail()
+            self._pending_block = None
             self._counts = {}
             self._turn_start = None
             self._marks = 0
@@ -637,17 +639,47 @@ class LoopGuard:
         self._runs = _NO_RUNS
         self._cycle = _NO_CYCLE
 
+    def _record_blocked(self, key: _CallKey, now: float | None) -> LoopGuardDecision:
+        """Record a call that was blocked and did not run; counted once, by its pre-check."""
+        with self._lock:
+            if self._turn_start is None:
+                self._turn_start = self._clock() if now is None else now
+            pending, self._pending_block = self._pending_block, None
+            if pending != key:
+                # A block result that no pre-check counted (none ran, or one for another call).
+                self._count_call(key[0])
+                self._repeat_last(key)
+            return self._blocked(key)
+
+    def _count_call(self, tool: str) -> None:
+        """Count one call of `tool` in this turn (lock held)."""
+        counts = self._counts
+        count = counts.get(tool)
+        if count is not None:
+            counts[tool] = count + 1
+        elif len(counts) < _MAX_TRACKED_TOOLS:
+            counts[tool] = 1
+        else:
+            counts[_OTHER_TOOLS] = counts.get(_OTHER_TOOLS, 0) + 1
+
+    def _repeat_last(self, key: _CallKey) -> None:
+        """Push a blocked call: a repeat of its call's last fingerprint, so retrying escalates."""
+        last = self._last
+        self._push(last if last is not None and last[0] == key else (key, _BLOCKED_RESULT))
+
     def _push(self, fp: _Fingerprint) -> None:
         """Append a recorded fingerprint: update the streak and the per-period cycle runs."""
         streak = self._streak + 1 if fp == self._last else 1
         ring = self._ring
         # Usually nothing repeats and every cycle run ends. Inside a streak as long as the
         # ring, no cycle can show and the runs restart from zero once the streak breaks.
+        # Two laps of period p with the last p calls identical would be a streak of 2p >= 4,
+        # so a tail of identical calls is never taken for a cycle: it is a streak.
         if streak >= _LONGEST_PERIOD or fp not in ring:
             self._runs = _NO_RUNS
             self._cycle = _NO_CYCLE
         else:
-            self._runs, self._cycle = _advance_cycles(ring, self._runs, fp, streak)
+            self._runs, self._cycle = _advance_cycles(ring, self._runs, fp)
         ring.append(fp)
         self._last = fp
         self._streak = streak

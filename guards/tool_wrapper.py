@@ -2,8 +2,8 @@
 
 `guarded_call` (async; the tool may be sync or async) and `guarded_call_sync` behave alike:
 - pre-check HALT raises `ToolExecutionError` (not retryable) and the tool does not run;
-- pre-check BLOCK returns the block result without running the tool, and records the
-  blocked call so that retrying it escalates;
+- pre-check BLOCK returns the block result without running the tool (the pre-check
+  counted the blocked call, so retrying it escalates);
 - otherwise (ALLOW or WARN) the tool runs and is recorded, and the post-check decides
   what the caller gets: WARN annotates the result, BLOCK replaces it, HALT raises
   `ToolExecutionError`. A pre-check WARN is not attached: if the result changed, the
@@ -36,9 +36,7 @@ def _start(guard: LoopGuard, tool_name: str, args: Mapping[str, object]) -> obje
     if decision.action is GuardAction.HALT:
         raise ToolExecutionError.from_decision(decision)
     if decision.action is GuardAction.BLOCK:
-        blocked = apply_decision(decision, None)
-        guard.record(tool_name, args, success=False, result=blocked)
-        return blocked
+        return apply_decision(decision, None)
     return None
 
 

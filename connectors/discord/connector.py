@@ -58,7 +58,7 @@ import secrets
 import time
 import warnings
 from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import aiohttp
@@ -71,6 +71,7 @@ from connectors.discord.inbound import (
     thread_name,
     translate_message,
 )
+from connectors.tasks import BackgroundTasks
 from gateway.config import DiscordBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
 from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
@@ -182,7 +183,7 @@ class DiscordConnector:
         self._ups = 0
         self._runner: asyncio.Task[None] | None = None
         self._lanes: dict[str, deque[InboundMessage]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
         self._posts: Counter[str] = Counter()
         # Sends that failed after they may have reached Discord: (target, reply_to, text) →
         # the nonce to post the same message with again.
@@ -226,11 +227,7 @@ class DiscordConnector:
         if client is not None:
             await client.close()
         await self._stop_runner()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self._tasks.cancel()
 
     async def _stop_runner(self) -> None:
         runner, self._runner = self._runner, None
@@ -360,11 +357,6 @@ class DiscordConnector:
             detail = self._describe(exc)
         return ConnectorError(PLATFORM, f"bot {self.bot_id}: {detail}")
 
-    def _spawn(self, work: Coroutine[object, object, None]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     # ------------------------------------------------------------------ inbound
 
     def _guarded(self, event: str, parse: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -410,7 +402,7 @@ class DiscordConnector:
         lane = self._lanes.get(lane_key)
         if lane is None:
             lane = self._lanes[lane_key] = deque()
-            self._spawn(self._drain(lane_key, lane))
+            self._tasks.spawn(self._drain(lane_key, lane))
         elif len(lane) >= LANE_LIMIT:
             self._drop("lane_full")
             log.warning("discord bot %s: too many messages waiting, one dropped", self.bot_id)

@@ -49,7 +49,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qs
@@ -79,6 +79,7 @@ from connectors.slack.inbound import (
     Skip,
     translate_payload,
 )
+from connectors.tasks import BackgroundTasks
 from gateway.config import SlackBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
 from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
@@ -186,7 +187,7 @@ class SlackConnector:
         self._sink: Sink | None = None
         self._running = False
         self._lanes = ChannelLanes()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
         if self.socket_mode:
             return
         services.http.router.add_post(f"/slack/{config.id}/events", self.handle_events)
@@ -329,11 +330,7 @@ class SlackConnector:
         socket, self._socket = self._socket, None
         if socket is not None:
             await _close_socket(socket)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self._tasks.cancel()
         session, self._session = self._session, None
         self._web = self._app = None
         if session is not None:
@@ -465,7 +462,7 @@ class SlackConnector:
         if isinstance(result, Skip):
             self._drop(result, _event_type(payload))
             return
-        self._spawn(self._hand_over(result))
+        self._tasks.spawn(self._hand_over(result))
 
     async def _hand_over(self, message: InboundMessage) -> None:
         """Await the sink in the channel's lane; a failure is logged and counted, never raised."""
@@ -486,11 +483,6 @@ class SlackConnector:
                     type(exc).__name__,
                 )
                 log.debug("pipeline failure of slack bot %s", self.bot_id, exc_info=True)
-
-    def _spawn(self, work: Coroutine[object, object, None]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _drop(self, reason: Skip, what: str) -> None:
         self.dropped[reason.value] += 1

@@ -13,10 +13,12 @@ Decisions where DESIGN.md is silent:
   call returned (or it was deliberately dropped). `aclose` confirms what was handled.
   When the sink raises, that update and the rest of its chat stay unconfirmed and are
   fetched again after a short wait; after `MAX_SINK_ATTEMPTS` (5) failures the update is
-  dropped and logged, so one poisonous update cannot stall a chat forever.
-- A failing getUpdates (dropped connection, 5xx, 409 conflict, a refused token) marks the
-  bot disconnected (`/readyz` 503) and is retried with doubling delays; `RetryAfter` waits
-  as told. Nothing here ever stops the loop but `aclose`.
+  dropped and logged, so one poisonous update cannot stall a chat forever. An update the
+  gateway refuses because it is stopping (`GatewayStopping`) is no failure: polling ends
+  there, and the update stays unconfirmed for the next run to answer.
+- A failing getUpdates (dropped connection, 5xx, 409 conflict, a refused token, any other
+  error) marks the bot disconnected (`/readyz` 503) and is retried with doubling delays;
+  `RetryAfter` waits as told. Nothing ends the loop but `aclose` and a stopping gateway.
 - Webhook mode registers `/telegram/{bot_id}`; a request without the right
   `X-Telegram-Bot-Api-Secret-Token` gets 401, a body that is not JSON 400, an update that
   could not be handed to the pipeline 500 (Telegram redelivers it; dedupe answers once),
@@ -47,7 +49,7 @@ import math
 import time
 import warnings
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -65,6 +67,7 @@ from telegram.error import (
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBDeprecationWarning
 
+from connectors.tasks import BackgroundTasks
 from connectors.telegram.inbound import (
     PLATFORM,
     BotIdentity,
@@ -126,11 +129,12 @@ class TelegramConnector:
         self._sink: Sink | None = None
         self._connected = False
         self._closing = False
+        self._refused = False  # the gateway said it is stopping: take nothing more
         self._offset: int | None = None
         self._group_chats: set[int] = set()
         self._sink_failures: Counter[int] = Counter()
         self._peer_queue: asyncio.Queue[Message] = asyncio.Queue(PEER_QUEUE_SIZE)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = BackgroundTasks()
         if config.mode == "webhook":
             services.http.router.add_post(f"/telegram/{config.id}", self.handle_webhook)
 
@@ -188,9 +192,9 @@ class TelegramConnector:
             username=me.username or "",
             reads_all_group_messages=bool(me.can_read_all_group_messages),
         )
-        self._spawn(self._peer_worker())
+        self._tasks.spawn(self._peer_worker())
         if self._config.mode == "polling":
-            self._spawn(self._poll_forever())
+            self._tasks.spawn(self._poll_forever())
         self._connected = True
         log.info("telegram bot %s started as @%s (%s)", self.bot_id, me.username, self._config.mode)
 
@@ -198,22 +202,13 @@ class TelegramConnector:
         """Stop polling and the peer worker, confirm handled updates, release the HTTP pool."""
         self._closing = True
         self._connected = False
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        await self._tasks.cancel()
         bot, self._bot = self._bot, None
         if bot is None:
             return
         if self._config.mode == "polling" and self._offset is not None:
             await self._confirm_offset()
         await bot.shutdown()
-
-    def _spawn(self, work: Coroutine[object, object, None]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # --------------------------------------------------------------------- polling
 
@@ -229,7 +224,7 @@ class TelegramConnector:
                 log.warning("telegram bot %s: getUpdates rate limited for %.0fs", self.bot_id, wait)
                 await self._sleep(wait)
                 continue
-            except (TelegramError, TypeError, ValueError) as exc:
+            except Exception as exc:  # whatever went wrong, polling goes on after a pause
                 self._connected = False
                 level = (
                     logging.ERROR if isinstance(exc, InvalidToken | Conflict) else logging.WARNING
@@ -250,6 +245,11 @@ class TelegramConnector:
             if batch:
                 log.debug("telegram bot %s: getUpdates gave %d update(s)", self.bot_id, len(batch))
                 if not await self._handle_batch(batch):
+                    if self._refused:
+                        log.info(
+                            "telegram bot %s: the gateway is stopping, polling ends", self.bot_id
+                        )
+                        return
                     await self._sleep(first)  # not a hot loop while the pipeline refuses
             elif self._config.poll_timeout <= 0:
                 await self._sleep(first)
@@ -306,7 +306,9 @@ class TelegramConnector:
     ) -> None:
         """Hand one chat's updates over in order; stop at one the sink did not take."""
         for update_id, message in lane:
-            if not await self._hand_over(message) and not self._give_up(update_id):
+            if not await self._hand_over(message) and (
+                self._refused or not self._give_up(update_id)
+            ):
                 return
             if update_id is not None:
                 done.add(update_id)
@@ -413,6 +415,7 @@ class TelegramConnector:
         try:
             await sink(message)
         except GatewayStopping:
+            self._refused = True
             return False
         except Exception as exc:  # the pipeline must not take the connector down
             self.dropped["sink_error"] += 1

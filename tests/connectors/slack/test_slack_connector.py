@@ -10,16 +10,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
 from connectors.slack import SlackConnector, create
 from connectors.slack.connector import ChannelLanes
 from gateway.config import SlackBotConfig
-from gateway.connector import ConnectorServices
 from gateway.errors import ConnectorError, DeliveryError
-from gateway.types import InboundMessage, Reply
+from gateway.types import Reply
+from tests.connectors.connector_helpers import Inbox, refused_port, services, wait_for
 from tests.fakes.slack_server import FakeUser, SlackFake
 
 BOT_TOKEN = "xoxb-1111-parrot-connector-token"
@@ -28,32 +27,6 @@ HOOK_TOKEN = "xoxb-2222-hook-connector-token"
 SIGNING_SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 ALICE = FakeUser("U0ALICE", "alice")
 OUTSIDER = FakeUser("U0ECHO", "echo", bot_id="B0ECHO")
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll a condition (bounded) instead of sleeping for a fixed time."""
-    async with asyncio.timeout(limit):
-        while not predicate():  # noqa: ASYNC110 - the conditions live in the fake, not in events
-            await asyncio.sleep(0.01)
-
-
-class Inbox:
-    """A sink that records every message; `gate` holds it, `fail` makes it raise."""
-
-    def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
-        self.gate: asyncio.Event | None = None
-        self.fail = False
-
-    async def __call__(self, message: InboundMessage) -> None:
-        self.messages.append(message)
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail:
-            raise RuntimeError("pipeline exploded")
-
-    def texts(self) -> list[str]:
-        return [m.text for m in self.messages]
 
 
 def socket_config(**extra: Any) -> SlackBotConfig:
@@ -112,9 +85,8 @@ async def started(fake: SlackFake) -> AsyncIterator[Started]:
     running: list[SlackConnector] = []
 
     async def start(**extra: Any) -> tuple[SlackConnector, Inbox]:
-        services = ConnectorServices(http=web.Application(), peers={})
         connector = SlackConnector(
-            socket_config(api_base_url=fake.base_url, **extra), services, ping_interval=0.2
+            socket_config(api_base_url=fake.base_url, **extra), services(), ping_interval=0.2
         )
         inbox = Inbox()
         await connector.start(inbox)
@@ -129,9 +101,9 @@ async def started(fake: SlackFake) -> AsyncIterator[Started]:
 @pytest.fixture
 async def hook(fake: SlackFake) -> AsyncIterator[tuple[SlackConnector, Inbox]]:
     """An Events API connector whose route is served on loopback, registered with the fake."""
-    services = ConnectorServices(http=web.Application(), peers={})
-    connector = create(events_config(api_base_url=fake.base_url), services)
-    server = TestServer(services.http, host="127.0.0.1")
+    lent = services()
+    connector = create(events_config(api_base_url=fake.base_url), lent)
+    server = TestServer(lent.http, host="127.0.0.1")
     await server.start_server()
     fake.apps["hook"].events_url = str(server.make_url("/slack/hook-sl/events"))
     inbox = Inbox()
@@ -350,10 +322,9 @@ async def test_slash_command_becomes_loop_text(fake: SlackFake, started: Started
 
 
 async def test_start_with_a_refused_bot_token_raises_without_the_token(fake: SlackFake) -> None:
-    services = ConnectorServices(http=web.Application(), peers={})
     wrong = "xoxb-9999-not-a-known-token"
     connector = SlackConnector(
-        socket_config(api_base_url=fake.base_url, bot_token=SecretStr(wrong)), services
+        socket_config(api_base_url=fake.base_url, bot_token=SecretStr(wrong)), services()
     )
     with pytest.raises(ConnectorError) as caught:
         await connector.start(Inbox())
@@ -363,10 +334,9 @@ async def test_start_with_a_refused_bot_token_raises_without_the_token(fake: Sla
 
 
 async def test_start_with_a_refused_app_token_raises_without_the_token(fake: SlackFake) -> None:
-    services = ConnectorServices(http=web.Application(), peers={})
     wrong = "xapp-1-A9-not-a-known-app-token"
     connector = SlackConnector(
-        socket_config(api_base_url=fake.base_url, app_token=SecretStr(wrong)), services
+        socket_config(api_base_url=fake.base_url, app_token=SecretStr(wrong)), services()
     )
     with pytest.raises(ConnectorError) as caught:
         await connector.start(Inbox())
@@ -375,10 +345,11 @@ async def test_start_with_a_refused_app_token_raises_without_the_token(fake: Sla
 
 
 async def test_start_against_nothing_listening_raises_connector_error() -> None:
-    services = ConnectorServices(http=web.Application(), peers={})
-    connector = SlackConnector(socket_config(api_base_url="http://127.0.0.1:9/api/"), services)
-    with pytest.raises(ConnectorError, match="auth.test failed"):
-        await connector.start(Inbox())
+    with refused_port() as port:
+        config = socket_config(api_base_url=f"http://127.0.0.1:{port}/api/")
+        connector = SlackConnector(config, services())
+        with pytest.raises(ConnectorError, match="auth.test failed"):
+            await connector.start(Inbox())
 
 
 async def test_aclose_cancels_waiting_hand_overs(fake: SlackFake, started: Started) -> None:
@@ -439,8 +410,7 @@ async def test_other_send_failures_are_not_retryable(fake: SlackFake, started: S
 
 
 async def test_send_before_start_is_retryable(fake: SlackFake) -> None:
-    services = ConnectorServices(http=web.Application(), peers={})
-    connector = SlackConnector(socket_config(api_base_url=fake.base_url), services)
+    connector = SlackConnector(socket_config(api_base_url=fake.base_url), services())
     with pytest.raises(DeliveryError) as caught:
         await connector.send("C0LOBBY", Reply("early"))
     assert caught.value.retryable
@@ -451,9 +421,9 @@ async def test_send_before_start_is_retryable(fake: SlackFake) -> None:
 
 
 async def test_events_api_route_is_added_only_without_an_app_token(fake: SlackFake) -> None:
-    events = ConnectorServices(http=web.Application(), peers={})
+    events = services()
     create(events_config(api_base_url=fake.base_url), events)
-    socket = ConnectorServices(http=web.Application(), peers={})
+    socket = services()
     create(socket_config(api_base_url=fake.base_url), socket)
     paths = [r.resource.canonical for r in events.http.router.routes() if r.resource]
     assert paths == ["/slack/hook-sl/events"]
@@ -547,9 +517,9 @@ async def test_events_api_slash_command_is_form_encoded(
 
 
 async def test_events_api_before_start_answers_503(fake: SlackFake) -> None:
-    services = ConnectorServices(http=web.Application(), peers={})
-    connector = create(events_config(api_base_url=fake.base_url), services)
-    server = TestServer(services.http, host="127.0.0.1")
+    lent = services()
+    connector = create(events_config(api_base_url=fake.base_url), lent)
+    server = TestServer(lent.http, host="127.0.0.1")
     await server.start_server()
     try:
         fake.apps["hook"].events_url = str(server.make_url("/slack/hook-sl/events"))

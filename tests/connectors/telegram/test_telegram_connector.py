@@ -15,8 +15,9 @@ from pydantic import SecretStr
 from connectors.telegram import TelegramConnector, create
 from gateway.config import TelegramBotConfig
 from gateway.connector import Connector, ConnectorServices
-from gateway.errors import ConnectorError, DeliveryError
+from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
 from gateway.types import InboundMessage, Reply
+from tests.connectors.connector_helpers import Inbox, services, wait_for
 from tests.fakes.telegram_server import FakeChat, FakeUser, TelegramFake
 
 TOKEN = "123456:AAHfakeTokenForTestsOnly_abcdefghijk"
@@ -27,32 +28,6 @@ ALICE = FakeUser(5678, "Alice", "alice")
 GROUP = FakeChat(-1001, "supergroup", "Lounge")
 OTHER_GROUP = FakeChat(-1002, "supergroup", "Elsewhere")
 FORUM = FakeChat(-1003, "supergroup", "Forum", is_forum=True)
-
-
-async def wait_for(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll a condition (bounded) instead of sleeping for a fixed time."""
-    async with asyncio.timeout(limit):
-        while not predicate():  # noqa: ASYNC110 - the conditions live in the fake, not in events
-            await asyncio.sleep(0.01)
-
-
-class Inbox:
-    """A sink that records every message; `gate` can hold the sink to test offsets."""
-
-    def __init__(self) -> None:
-        self.messages: list[InboundMessage] = []
-        self.gate: asyncio.Event | None = None
-        self.fail = False
-
-    async def __call__(self, message: InboundMessage) -> None:
-        self.messages.append(message)
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail:
-            raise RuntimeError("pipeline exploded")
-
-    def texts(self) -> list[str]:
-        return [m.text for m in self.messages]
 
 
 def config(token: str = TOKEN, bot_id: str = "parrot-tg", **extra: Any) -> TelegramBotConfig:
@@ -90,7 +65,7 @@ Started = Callable[..., Awaitable[tuple[TelegramConnector, Inbox]]]
 @pytest.fixture
 async def started(fake: TelegramFake) -> AsyncIterator[Started]:
     """Start connectors on one shared services object; closes them at the end."""
-    services = ConnectorServices(http=web.Application(), peers={})
+    lent = services()
     running: list[TelegramConnector] = []
 
     async def start(
@@ -98,11 +73,11 @@ async def started(fake: TelegramFake) -> AsyncIterator[Started]:
     ) -> tuple[TelegramConnector, Inbox]:
         connector = TelegramConnector(
             config(token, bot_id, api_base_url=fake.base_url),
-            services,
+            lent,
             retry_delays=(0.01, 0.05),
             typing_delay=0,
         )
-        peers: list[Connector] = services.peers.setdefault("telegram", [])
+        peers: list[Connector] = lent.peers.setdefault("telegram", [])
         peers.append(connector)
         inbox = Inbox()
         await connector.start(inbox)
@@ -137,8 +112,9 @@ async def test_offset_is_confirmed_only_after_the_sink_returned(
     [update] = fake.group_message(OTHER_GROUP, ALICE, "slow")
     await wait_for(lambda: len(inbox.messages) == 1)
     polls = fake.bots[TOKEN].polls
-    await asyncio.sleep(0)
-    # While the sink holds the update, no new getUpdates confirms it.
+    # While the sink holds the update, no new getUpdates confirms it: not even in the time
+    # a whole Bot API round trip takes, far longer than a poller needs to ask again.
+    await connector.send(str(OTHER_GROUP.id), Reply(text="meanwhile"))
     assert fake.bots[TOKEN].polls == polls
     assert [u["update_id"] for u in fake.pending(TOKEN)] == [update["update_id"]]
     inbox.gate.set()
@@ -220,6 +196,28 @@ async def test_an_update_the_sink_keeps_refusing_is_dropped_in_the_end(
     assert inbox.texts().count("poison") == 5
 
 
+async def test_an_update_refused_while_the_gateway_stops_is_left_for_the_next_run(
+    fake: TelegramFake, started: Started
+) -> None:
+    connector, _ = await started()
+    refused: list[str] = []
+
+    async def stopping(message: InboundMessage) -> None:
+        refused.append(message.text)
+        raise GatewayStopping("the gateway is stopping")
+
+    connector._sink = stopping
+    [update] = fake.group_message(OTHER_GROUP, ALICE, "too late")
+    # Polling ends at the first refusal (only the peer worker is left); it is no failure
+    # of the pipeline, so it is neither retried until given up nor ever dropped.
+    await wait_for(lambda: refused == ["too late"] and len(connector._tasks) == 1)
+    await connector.aclose()
+    assert refused == ["too late"]
+    assert connector.dropped["sink_failed"] == 0
+    assert fake.bots[TOKEN].confirmed_offset <= update["update_id"]
+    assert [u["update_id"] for u in fake.pending(TOKEN)] == [update["update_id"]]
+
+
 async def test_dropped_connection_reconnects(fake: TelegramFake, started: Started) -> None:
     connector, inbox = await started()
     fake.drop_next_polls(2)
@@ -292,7 +290,7 @@ async def test_send_when_the_api_is_gone_is_retryable() -> None:
         gone.add_bot(TOKEN, 7001, "ParrotBot")
         connector = TelegramConnector(
             config(api_base_url=gone.base_url),
-            ConnectorServices(http=web.Application(), peers={}),
+            services(),
             retry_delays=(0.01, 0.05),
         )
         await connector.start(Inbox())
@@ -327,7 +325,7 @@ async def test_typing_waits_and_is_skipped_when_the_reply_came_first(
 
     connector = TelegramConnector(
         config(api_base_url=fake.base_url),
-        ConnectorServices(http=web.Application(), peers={}),
+        services(),
         sleep=sleep,
     )
     await connector.start(Inbox())
@@ -348,7 +346,7 @@ async def test_refused_token_is_a_connector_error_without_the_token(fake: Telegr
     bad = "999:WRONGtokenWRONGtokenWRONGtoken"
     connector = TelegramConnector(
         config(bad, api_base_url=fake.base_url),
-        ConnectorServices(http=web.Application(), peers={}),
+        services(),
     )
     with pytest.raises(ConnectorError) as caught:
         await connector.start(Inbox())

@@ -7,23 +7,25 @@ token hygiene. Every wait is a bounded poll on a condition, never a fixed sleep.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import socket
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from gateway.config import load_config
 from gateway.messages import REFUSAL
-from gateway.runtime import Gateway
+from tests.connectors.connector_helpers import (
+    BUDGET,
+    LONG_REPLY,
+    NOTICE,
+    assert_no_secret,
+    gateway_process,
+    running,
+    wait_for,
+    write_e2e_config,
+)
 from tests.fakes.telegram_server import FakeChat, FakeUser, SentMessage, TelegramFake
 
 TOKEN = "123456:AAHparrotTokenE2E_abcdefghijklmnopq"
@@ -33,27 +35,6 @@ ALICE = FakeUser(5678, "Alice", "alice")  # an admin
 MALLORY = FakeUser(9999, "Mallory", "mallory")  # not an admin
 OUTSIDER = FakeUser(8001, "Echo", "OutsideEchoBot", is_bot=True)  # a bot the gateway doesn't host
 GROUP = FakeChat(-1001, "supergroup", "Lounge")
-BUDGET = 4
-ROOT = Path(__file__).resolve().parents[3]
-LONG_REPLY = " ".join(f"word{i:04d}" for i in range(700))  # 6,299 characters
-
-CONFIG = """
-state: {{backend: memory}}
-http: {{host: 127.0.0.1, port: {port}}}
-agents:
-  parrot:
-    kind: scripted
-    rules:
-      - {{match: "^quiet", reply: "NO_REPLY"}}
-      - {{match: "^long", reply: "{long}"}}
-    default: "echo: {{text}}"
-bots:
-{bots}
-admins: {{telegram: ["5678"]}}
-policy:
-  bot_loop: {{max_events_per_window: {budget}, window_seconds: 600, cooldown_seconds: 600}}
-"""
-
 PARROT = """  - id: parrot-tg
     platform: telegram
     token: "{token}"
@@ -87,26 +68,10 @@ def _timedelta_periods(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PTB_TIMEDELTA", "true")
 
 
-async def wait_for(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll a condition (bounded) instead of sleeping for a fixed time."""
-    async with asyncio.timeout(limit):
-        while not predicate():  # noqa: ASYNC110 - the conditions live in the fake, not in events
-            await asyncio.sleep(0.01)
-
-
-def write_config(
-    tmp_path: Path, fake: TelegramFake, *bots: str, port: int = 0, budget: int = BUDGET
-) -> Path:
+def write_config(tmp_path: Path, fake: TelegramFake, *bots: str) -> Path:
     values = {"token": TOKEN, "token_b": TOKEN_B, "base_url": fake.base_url, "secret": SECRET}
-    text = CONFIG.format(
-        port=port,
-        long=LONG_REPLY,
-        budget=budget,
-        bots="".join(bot.format(**values) for bot in bots),
-    )
-    path = tmp_path / "loopwarden.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
+    listed = "".join(bot.format(**values) for bot in bots)
+    return write_e2e_config(tmp_path, platform="telegram", admin=str(ALICE.id), bots=listed)
 
 
 @pytest.fixture
@@ -116,19 +81,6 @@ async def fake() -> AsyncIterator[TelegramFake]:
         server.add_bot(TOKEN_B, 7002, "EchoBot")
         server.add_chat(GROUP, TOKEN)
         yield server
-
-
-@asynccontextmanager
-async def running(path: Path) -> AsyncIterator[Gateway]:
-    """The gateway of a config file, started and (at the end) stopped as `run` does."""
-    config = load_config(path)
-    gateway = Gateway(config)
-    await gateway.start()
-    try:
-        await wait_for(lambda: gateway.ready)
-        yield gateway
-    finally:
-        await gateway.stop(config.pipeline.drain_seconds)
 
 
 def texts(sent: list[SentMessage]) -> list[str]:
@@ -166,7 +118,7 @@ async def test_outside_bot_loop_is_cut_announced_once_and_reset_by_admin_only(
     async with running(write_config(tmp_path, fake, PARROT)):
         fake.on_send = outside_bot_answers
         await say(fake, "start the ping-pong")
-        await wait_for(lambda: any(m.text.startswith("Loop guard: pausing") for m in fake.sent))
+        await wait_for(lambda: any(m.text.startswith(NOTICE) for m in fake.sent))
         # The notice itself draws one more ping, refused in cooldown: wait until it was read.
         await wait_for(lambda: not fake.pending(TOKEN))
         answers_to_bot = [m for m in fake.sent if m.text.startswith("echo: ping")]
@@ -179,15 +131,15 @@ async def test_outside_bot_loop_is_cut_announced_once_and_reset_by_admin_only(
         ack = await say(fake, "/loop@ParrotBot reset")
         assert "reset" in ack.text.lower()
         assert not any(m.text == "echo: ping after refusal" for m in fake.sent)
+        # Two pings were dropped in this cooldown (the notice's and the one above): one notice.
+        assert sum(m.text.startswith(NOTICE) for m in fake.sent) == 1
 
         fake.on_send = outside_bot_answers
         resumed = await say(fake, "ping again", sender=OUTSIDER)
         assert resumed.text == "echo: ping again"
-        await wait_for(
-            lambda: sum(m.text.startswith("Loop guard: pausing") for m in fake.sent) == 2
-        )
+        await wait_for(lambda: sum(m.text.startswith(NOTICE) for m in fake.sent) == 2)
         fake.on_send = None
-        notices = [m for m in fake.sent if m.text.startswith("Loop guard: pausing")]
+        notices = [m for m in fake.sent if m.text.startswith(NOTICE)]
         assert len(notices) == 2  # one per cooldown, not one per dropped message
         assert_never_posted_silence(fake)
 
@@ -198,7 +150,7 @@ async def test_two_hosted_bots_answering_each_other_are_cut_at_the_budget(
     fake.add_chat(GROUP, TOKEN, TOKEN_B)
     async with running(write_config(tmp_path, fake, PARROT, ECHO)):
         fake.group_message(GROUP, ALICE, "hi bots")
-        await wait_for(lambda: any(m.text.startswith("Loop guard: pausing") for m in fake.sent))
+        await wait_for(lambda: any(m.text.startswith(NOTICE) for m in fake.sent))
         before = len(fake.sent)
         fake.group_message(GROUP, ALICE, "still there?")
         await wait_for(
@@ -209,7 +161,7 @@ async def test_two_hosted_bots_answering_each_other_are_cut_at_the_budget(
         )
         bot_to_bot = [m for m in fake.sent if m.text.startswith("echo: echo:")]
         assert len(bot_to_bot) == BUDGET
-        notices = [m for m in fake.sent if m.text.startswith("Loop guard: pausing")]
+        notices = [m for m in fake.sent if m.text.startswith(NOTICE)]
         assert len(notices) == 1
         assert {m.token for m in fake.sent if m.text == "echo: hi bots"} == {TOKEN, TOKEN_B}
 
@@ -268,6 +220,7 @@ async def test_odd_updates_are_dropped_and_the_next_message_is_answered_once(
     tmp_path: Path, fake: TelegramFake
 ) -> None:
     channel = FakeChat(-100777, "channel", "Broadcast")
+    unknown = FakeChat(-100555, "supergroup", "A group the fake does not know")
     async with running(write_config(tmp_path, fake, PARROT)) as gateway:
         connector = gateway.hosted["parrot-tg"].connector
         fake.unknown_update(TOKEN)
@@ -276,14 +229,18 @@ async def test_odd_updates_are_dropped_and_the_next_message_is_answered_once(
         fake.senderless_message(GROUP, "a message from nobody")
         fake.deliver(TOKEN, {"channel_post": fake.build_message(channel, None, "news")})
         fake.deliver(TOKEN, {"message": {"message_id": 5, "chat": {"id": 1}}})
+        # Answered, but sendMessage says "chat not found": a delivery failure, nothing more.
+        fake.deliver(TOKEN, {"message": fake.build_message(unknown, ALICE, "hello?")})
+        failures = "delivery_failures_total"
+        await wait_for(lambda: gateway.metrics.value(failures, platform="telegram") == 1)
         await wait_for(lambda: not fake.pending(TOKEN))
         fake.drop_next_polls(1)
         fake.bots[TOKEN].wakeup.set()
         await wait_for(lambda: fake.pending_drops == 0)
         reply = await say(fake, "anyone home?")
         assert reply.text == "echo: anyone home?"
-        await wait_for(lambda: not fake.pending(TOKEN))
-        assert texts(fake.sent) == ["echo: anyone home?"]
+        await say(fake, "still fine")
+        assert texts(fake.sent) == ["echo: anyone home?", "echo: still fine"]
         assert connector.connected
 
 
@@ -312,64 +269,26 @@ async def test_webhook_mode_verifies_the_secret_and_answers_a_redelivery_once(
         assert (TOKEN, "getupdates") not in fake.calls
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 async def test_subprocess_sigterm_exits_zero_and_never_prints_the_token(
     tmp_path: Path, fake: TelegramFake
 ) -> None:
-    port = free_port()
-    path = write_config(tmp_path, fake, PARROT, port=port)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        "run",
-        "--config",
-        str(path),
-        "--log-level",
-        "DEBUG",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        cwd=ROOT,
-    )
-    output = asyncio.ensure_future(process.communicate())
-    try:
-        async with aiohttp.ClientSession() as http:
-
-            async def ready() -> bool:
-                try:
-                    async with http.get(f"http://127.0.0.1:{port}/readyz") as response:
-                        return response.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            async with asyncio.timeout(20):
-                while not await ready():
-                    assert not output.done(), "the gateway exited early"
-                    await asyncio.sleep(0.05)
+    path = write_config(tmp_path, fake, PARROT)
+    async with gateway_process(path) as gateway:
+        await gateway.ready()
         reply = await say(fake, "hello from outside")
         assert reply.text == "echo: hello from outside"
         fake.fail_next_sends(1, retry_after=1)
         await say(fake, "and through a 429")
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-    stopped_at = time.monotonic()
-    async with asyncio.timeout(15):
-        stdout, stderr = await output
-    assert process.returncode == 0
-    assert time.monotonic() - stopped_at < 10
-    logged = stdout.decode() + stderr.decode()
+        fake.drop_next_polls(1)
+        fake.bots[TOKEN].wakeup.set()
+        await wait_for(lambda: fake.pending_drops == 0)
+        await say(fake, "after a dropped poll")
+        taken = await gateway.terminate()
+    assert gateway.returncode == 0, gateway.output
+    assert taken < 10
+    logged = gateway.output
     assert "DEBUG" in logged
     assert "getUpdates gave 1 update(s)" in logged
+    assert "getUpdates failed" in logged  # the dropped poll was logged, and redacted
     assert "/bot***" in logged  # PTB's DEBUG line with the API URL, redacted
-    secret_part = TOKEN.split(":", 1)[1]
-    assert TOKEN not in logged
-    assert secret_part not in logged
+    assert_no_secret(logged, TOKEN)
