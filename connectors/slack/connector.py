@@ -19,7 +19,9 @@ Decisions where DESIGN.md is silent:
   task this connector tracks, and bolt acknowledges (HTTP 200 or the Socket Mode ack) at
   once, well within Slack's 3 seconds. Messages of one channel are handed over one at a
   time, in the order they arrived; channels run concurrently. `aclose` cancels the tasks
-  still waiting: by then the gateway has drained the turns in flight.
+  still waiting: by then the gateway has drained the turns in flight. Slack never sends an
+  acknowledged payload again, so one that arrives while the gateway is stopping is dropped
+  (counted as `stopping`), not left for the next run as on Telegram.
 - Redeliveries (`X-Slack-Retry-Num`, a Socket Mode `retry_attempt`, a repeated event id)
   and the `message` + `app_mention` pair that one mention produces are answered once by the
   pipeline's dedupe, keyed by channel + ts (see `connectors.slack.inbound`).

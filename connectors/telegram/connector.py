@@ -153,6 +153,7 @@ class TelegramConnector:
     async def start(self, sink: Sink) -> None:
         """Check the token (getMe), set up polling or the webhook, start the workers."""
         self._closing = False
+        self._refused = False
         poller = HTTPXRequest(connection_pool_size=1)
         bot = Bot(
             self._token,

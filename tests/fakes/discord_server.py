@@ -20,17 +20,19 @@ bot in the channel's guild, its author included, so hosted bots see each other's
 Dispatches to a bot whose connection is down wait in its session's backlog for a RESUME.
 
 Hooks: `message` / `redeliver` / `dispatch` inject events; `sent`, `typing_calls`,
-`threads_opened` and `intents` (the IDENTIFY intents of each token) record what bots did; `fail_next_sends(n)` answers the next n message
-posts with 429; `lose_next_answers(n)` posts the next n but answers 503, as if the answer
-were lost (a post with a `nonce` already seen and `enforce_nonce` gets the message that
-nonce made, as on Discord); `drop_connections()` cuts every gateway connection without a
-close frame and `close_connections(code)` closes them with a close code; `on_send` lets a
-test react to each posted message (e.g. play another bot that answers).
+`threads_opened` and `intents` (the IDENTIFY intents of each token) record what bots
+did; `fail_next_sends(n)` answers the next n message posts with 429;
+`lose_next_answers(n)` posts the next n but answers 503, as if the answer were lost (a
+post with a `nonce` already seen and `enforce_nonce` gets the message that nonce made, as
+on Discord); `drop_connections()` cuts every gateway connection without a close frame and
+`close_connections(code)` closes them with a close code; `on_send` lets a test react to
+each posted message (e.g. play another bot that answers).
 
 Standalone, for tests that run gateways in other processes:
 `python -m tests.fakes.discord_server --port N --config fake.json` serves a world described
 by JSON (see `World.from_json`) and a small control API under `/_fake/` (`POST messages`,
-`GET sent`, `POST fail_sends`, `POST drop`).
+`GET sent`, `POST fail_sends`, `POST drop`). Its first output line says where it listens,
+so `--port 0` (the default: any free port) is what tests use.
 """
 
 from __future__ import annotations

@@ -61,6 +61,16 @@ WEBHOOK = """  - id: parrot-tg
     webhook_secret: "{secret}"
 """
 
+ECHO_WEBHOOK = """  - id: echo-tg
+    platform: telegram
+    token: "{token_b}"
+    agent: parrot
+    api_base_url: "{base_url}"
+    mode: webhook
+    webhook_url: "https://gateway.example/telegram/echo-tg"
+    webhook_secret: "{secret}"
+"""
+
 
 @pytest.fixture(autouse=True)
 def _timedelta_periods(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,9 +282,19 @@ async def test_webhook_mode_verifies_the_secret_and_answers_a_redelivery_once(
 async def test_subprocess_sigterm_exits_zero_and_never_prints_the_token(
     tmp_path: Path, fake: TelegramFake
 ) -> None:
-    path = write_config(tmp_path, fake, PARROT)
+    path = write_config(tmp_path, fake, PARROT, ECHO_WEBHOOK)
     async with gateway_process(path) as gateway:
-        await gateway.ready()
+        port = await gateway.ready()
+        update = fake.private_message(TOKEN_B, ALICE, "by webhook")
+        url = f"http://127.0.0.1:{port}/telegram/echo-tg"
+        async with aiohttp.ClientSession() as http:
+            wrong = {"X-Telegram-Bot-Api-Secret-Token": "a-guess"}
+            async with http.post(url, json=update, headers=wrong) as forged:
+                assert forged.status == 401
+            right = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+            async with http.post(url, json=update, headers=right) as answered:
+                assert answered.status == 200
+        assert [(m.token, m.text) for m in fake.sent] == [(TOKEN_B, "echo: by webhook")]
         reply = await say(fake, "hello from outside")
         assert reply.text == "echo: hello from outside"
         fake.fail_next_sends(1, retry_after=1)
@@ -291,4 +311,5 @@ async def test_subprocess_sigterm_exits_zero_and_never_prints_the_token(
     assert "getUpdates gave 1 update(s)" in logged
     assert "getUpdates failed" in logged  # the dropped poll was logged, and redacted
     assert "/bot***" in logged  # PTB's DEBUG line with the API URL, redacted
-    assert_no_secret(logged, TOKEN)
+    assert "webhook request with a bad secret token" in logged
+    assert_no_secret(logged, TOKEN, TOKEN_B, SECRET)
