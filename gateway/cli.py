@@ -31,7 +31,8 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TypeAlias, cast
 
 from gateway import __version__
@@ -48,6 +49,10 @@ log = logging.getLogger("loopwarden")
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 Handler = Callable[[argparse.Namespace], int]
+ConfigCommand = Callable[[argparse.Namespace, Config], int]
+Serve = Callable[[Config], Coroutine[object, object, int]]
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _print_config_error(exc: ConfigError) -> None:
@@ -63,39 +68,78 @@ def _load(path: str) -> Config | None:
         return None
 
 
-def _logging_options() -> argparse.ArgumentParser:
-    """The `--log-level` option shared by long-running subcommands."""
-    options = argparse.ArgumentParser(add_help=False)
-    options.add_argument(
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config")
+
+
+def _with_config(command: ConfigCommand) -> Handler:
+    """A handler that loads `--config` and runs `command` with it (exit 2 when invalid)."""
+
+    def handler(args: argparse.Namespace) -> int:
+        config = _load(args.config)
+        if config is None:
+            return 2
+        return command(args, config)
+
+    return handler
+
+
+def _serving(serve: Serve) -> Handler:
+    """A long-running subcommand's handler: load `--config`, set up logging, run `serve`."""
+
+    def run(args: argparse.Namespace, config: Config) -> int:
+        try:
+            configure_logging(args.log_level, secret_values(config))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return asyncio.run(serve(config))
+
+    return _with_config(run)
+
+
+@contextmanager
+def _stop_on_signals(note: str) -> Iterator[asyncio.Event]:
+    """An event that SIGINT/SIGTERM set (logging `note`) while the block runs."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+
+    def on_signal(signum: signal.Signals) -> None:
+        log.info("%s received: %s", signum.name, note)
+        stop.set()
+
+    for signum in _STOP_SIGNALS:
+        loop.add_signal_handler(signum, on_signal, signum)
+    try:
+        yield stop
+    finally:
+        for signum in _STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
+
+
+def _add_serving(
+    subcommands: Subcommands, name: str, serve: Serve, *, help: str, description: str
+) -> None:
+    """Add a long-running subcommand: `--config`, `--log-level`, and `serve` as its handler."""
+    parser = subcommands.add_parser(name, help=help, description=description)
+    parser.add_argument(
         "--log-level",
         type=str.upper,
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         help="log level (default: $LOOPWARDEN_LOG_LEVEL or INFO)",
     )
-    return options
+    _config_option(parser)
+    parser.set_defaults(handler=_serving(serve))
 
 
 def _add_run(subcommands: Subcommands) -> None:
-    parser = subcommands.add_parser(
+    _add_serving(
+        subcommands,
         "run",
-        parents=[_logging_options()],
+        serve,
         help="run the gateway until SIGINT/SIGTERM",
         description="Run the gateway; on SIGINT/SIGTERM drain turns in flight and exit 0.",
     )
-    parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config")
-    parser.set_defaults(handler=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
-        return 2
-    try:
-        configure_logging(args.log_level, secret_values(config))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(serve(config))
 
 
 async def serve(config: Config) -> int:
@@ -108,35 +152,26 @@ async def serve(config: Config) -> int:
     except Exception:  # logged, not printed raw: the log filter masks any secret in it
         log.exception("the gateway could not be built")
         return 1
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_signal(signum: signal.Signals) -> None:
-        log.info("%s received: stopping", signum.name)
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
-    starting = asyncio.create_task(gateway.start())
-    stopping = asyncio.create_task(stop.wait())
-    code = 0
-    try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
-            starting.result()
-            log.info("loopwarden running, %d bot(s), http port %d", len(config.bots), gateway.port)
-            await stopping
-    except Exception:
-        log.exception("the gateway failed to start")
-        code = 1
-    finally:
-        for task in (starting, stopping):
-            task.cancel()
-        await asyncio.wait({starting, stopping})
-        await gateway.stop(config.pipeline.drain_seconds)
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-    return code
+    with _stop_on_signals("stopping") as stop:
+        starting = asyncio.create_task(gateway.start())
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()
+                log.info(
+                    "loopwarden running, %d bot(s), http port %d", len(config.bots), gateway.port
+                )
+                await stopping
+        except Exception:
+            log.exception("the gateway failed to start")
+            return 1
+        finally:
+            for task in (starting, stopping):
+                task.cancel()
+            await asyncio.wait({starting, stopping})
+            await gateway.stop(config.pipeline.drain_seconds)
+    return 0
 
 
 def _add_check_config(subcommands: Subcommands) -> None:
@@ -190,27 +225,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _add_proxy(subcommands: Subcommands) -> None:
-    parser = subcommands.add_parser(
+    _add_serving(
+        subcommands,
         "proxy",
-        parents=[_logging_options()],
+        serve_proxy,
         help="run the LLM-call proxy until SIGINT/SIGTERM",
         description="Serve the OpenAI-, Anthropic- and Gemini-compatible proxy routes; on "
         "SIGINT/SIGTERM drain requests in flight and exit 0.",
     )
-    parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config")
-    parser.set_defaults(handler=_proxy)
-
-
-def _proxy(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
-        return 2
-    try:
-        configure_logging(args.log_level, secret_values(config))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(serve_proxy(config))
 
 
 async def serve_proxy(config: Config) -> int:
@@ -220,31 +242,16 @@ async def serve_proxy(config: Config) -> int:
     except ConfigError as exc:
         _print_config_error(exc)
         return 2
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-
-    def on_signal(signum: signal.Signals) -> None:
-        log.info("%s received: stopping the proxy", signum.name)
-        stop.set()
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
-    code = 0
-    try:
-        await server.start()
-        await stop.wait()
-    except Exception:
-        log.exception("the proxy failed to start")
-        code = 1
-    finally:
-        await server.stop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(signum)
-    return code
-
-
-def _config_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", required=True, metavar="FILE", help="the YAML config")
+    with _stop_on_signals("stopping the proxy") as stop:
+        try:
+            await server.start()
+            await stop.wait()
+        except Exception:
+            log.exception("the proxy failed to start")
+            return 1
+        finally:
+            await server.stop()
+    return 0
 
 
 def _add_circuits(subcommands: Subcommands) -> None:
@@ -257,24 +264,18 @@ def _add_circuits(subcommands: Subcommands) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="the paused circuits, with time left")
     _config_option(listing)
-    listing.set_defaults(handler=_circuits_list)
+    listing.set_defaults(handler=_with_config(_circuits_list))
     reopen = actions.add_parser("reopen", help="lift one circuit's pause")
     reopen.add_argument("circuit", metavar="CIRCUIT", help="e.g. billing-bot/session=run-42")
     _config_option(reopen)
-    reopen.set_defaults(handler=_circuits_reopen)
+    reopen.set_defaults(handler=_with_config(_circuits_reopen))
 
 
-def _circuits_list(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
-        return 2
+def _circuits_list(args: argparse.Namespace, config: Config) -> int:
     return commands.run_command(commands.list_circuits(config, sys.stdout))
 
 
-def _circuits_reopen(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
-        return 2
+def _circuits_reopen(args: argparse.Namespace, config: Config) -> int:
     return commands.run_command(commands.reopen_circuit(config, args.circuit, sys.stdout))
 
 
@@ -298,7 +299,7 @@ def _add_calls(subcommands: Subcommands) -> None:
         "--since", type=_duration, default=commands.DEFAULT_SINCE, help="e.g. 24h (default 7d)"
     )
     _config_option(export)
-    export.set_defaults(handler=_calls_export)
+    export.set_defaults(handler=_with_config(_calls_export))
     preview = actions.add_parser(
         "preview-rule", help="how many logged calls a uniqueness rule would have stopped"
     )
@@ -312,20 +313,14 @@ def _add_calls(subcommands: Subcommands) -> None:
         "--since", type=_duration, default=commands.DEFAULT_SINCE, help="e.g. 24h (default 7d)"
     )
     _config_option(preview)
-    preview.set_defaults(handler=_calls_preview)
+    preview.set_defaults(handler=_with_config(_calls_preview))
 
 
-def _calls_export(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
-        return 2
+def _calls_export(args: argparse.Namespace, config: Config) -> int:
     return commands.run_command(commands.export_calls(config, args.since, sys.stdout))
 
 
-def _calls_preview(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    if config is None:
-        return 2
+def _calls_preview(args: argparse.Namespace, config: Config) -> int:
     try:
         rule = commands.resolve_rule(config, args.rule)
     except ConfigError as exc:

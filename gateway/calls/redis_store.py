@@ -1,6 +1,7 @@
 """Redis call store: several proxy (or gateway) replicas share circuits, pauses and the log.
 
-Every decision is one Lua script call (EVALSHA, reloaded by redis-py after NOSCRIPT), so
+Every decision is one Lua script call (EVALSHA, reloaded after NOSCRIPT; the connection
+and its outage handling are gateway/state/redis_link.py, shared with the StateStore), so
 replicas never race on a read-modify-write: the circuit's pause, the rule groups' pauses,
 the counted calls of the circuit and every applicable uniqueness rule are read and
 written in that one script. Which rules apply to a call (its field values and filters)
@@ -36,15 +37,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Literal, TypeVar, cast
-from urllib.parse import urlsplit
-
-from redis import exceptions as redis_errors
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from typing import cast
 
 from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome
 from gateway.calls.verdicts import (
@@ -52,49 +47,29 @@ from gateway.calls.verdicts import (
     allowed_verdict,
     call_identity,
     duplicate_verdict,
-    is_group,
-    longest_window,
     loop_verdict,
     paused_verdict,
+    receipt_to_uncount,
+    reopen_window,
     rule_group,
     rule_key,
+    rules_by_name,
 )
 from gateway.errors import StateError
-from guards.call_loop import (
-    CallDecision,
-    CallLoopPolicy,
-    PausedCircuit,
-    UniquenessRule,
-    is_provider_failure,
-)
+from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
+from guards.call_loop import CallDecision, CallLoopPolicy, PausedCircuit, UniquenessRule
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-OnError = Literal["allow", "deny"]
 
 MSG_STATE_DOWN = (
     "loopwarden: the call guard's shared state is unreachable; retry in {seconds} seconds."
 )
 _SEP = "\x1f"
-_SCAN_COUNT = 1000
 _LOG_CHUNK = 1000
-_UNAVAILABLE = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.ReadOnlyError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ClusterDownError,
-    OSError,
-)
 
-_PRELUDE = """
-local function clock(given)
-  if given ~= '' then return tonumber(given) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local function num(x) return string.format('%.17g', x) end
+_PRELUDE = (
+    LUA_CLOCK
+    + """
 -- TTLs only free memory (the scripts compare times themselves): a minute of slack.
 local function ttl(seconds) return math.max(1, math.ceil(seconds * 1000)) + 60000 end
 local NEVER = -math.huge
@@ -140,6 +115,7 @@ local function live(key, now, window, floor)
   return redis.call('ZCARD', key)
 end
 """
+)
 
 # KEYS: circuit hold, call events, seq, then per applicable rule: group hold, rule events.
 # ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name.
@@ -248,7 +224,7 @@ return out
 )
 
 
-class RedisCallStore:
+class RedisCallStore(RedisLinked):
     """A CallStore in Redis: one atomic script per decision, server time, capped log."""
 
     def __init__(
@@ -265,109 +241,31 @@ class RedisCallStore:
         timeout: float = 2.0,
         probe_interval: float = 1.0,
     ) -> None:
-        self._client = Redis.from_url(
+        self._link = RedisLink(
             url,
-            decode_responses=True,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,)),
+            name="redis call store",
+            log=log,
+            on_error=on_error,
+            if_allowed="letting LLM calls through uncounted",
+            if_denied="refusing LLM calls",
+            clock=clock,
+            timeout=timeout,
+            probe_interval=probe_interval,
         )
-        self._password = urlsplit(url).password
         self._policy = policy or CallLoopPolicy()
-        self._rules: dict[str, UniquenessRule] = {}
-        for rule in rules:
-            if rule.name in self._rules:
-                raise ValueError(f"rules: the name {rule.name!r} is used twice")
-            self._rules[rule.name] = rule
-        self._on_error = on_error
+        self._rules = rules_by_name(rules)
         self._base = f"{key_prefix}{{calls}}:"
-        self._clock = clock
         self._wall_clock = wall_clock
         self._log_keep = log_keep
-        self._probe_interval = probe_interval
-        register = self._client.register_script
-        self._decide = register(_DECIDE)
-        self._uncount = register(_UNCOUNT)
-        self._reopen = register(_REOPEN)
-        self._paused = register(_PAUSED)
-        self._down = False
-        self._down_since = 0.0
-        self._probe_at = 0.0
-        self.unavailable_calls = 0
-        """Calls that could not reach Redis (counted across outages)."""
+        script = self._link.script
+        self._decide = script(_DECIDE)
+        self._uncount = script(_UNCOUNT)
+        self._reopen = script(_REOPEN)
+        self._paused = script(_PAUSED)
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
-        return f"RedisCallStore(key_prefix={self._base!r}, on_error={self._on_error!r})"
-
-    @property
-    def degraded(self) -> bool:
-        """True while Redis is unreachable and `on_error` decides."""
-        return self._down
-
-    async def start(self) -> None:
-        """Load the scripts; an unreachable Redis is an outage (logged), not a start failure."""
-
-        async def load() -> None:
-            for script in (self._decide, self._uncount, self._reopen, self._paused):
-                await self._client.script_load(script.script)
-
-        try:
-            await self._guarded(load)
-        except StateError:
-            return
-
-    async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._client.aclose()
-
-    async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Run one Redis call; an unreachable Redis becomes a StateError (logged once)."""
-        if self._down:
-            now = time.monotonic()
-            if now < self._probe_at:
-                self.unavailable_calls += 1
-                raise StateError("the redis call store is unreachable")
-            self._probe_at = now + self._probe_interval
-        try:
-            result = await call()
-        except _UNAVAILABLE as exc:
-            self._failed(exc)
-            raise StateError("the redis call store is unreachable") from None
-        if self._down:
-            self._down = False
-            log.warning(
-                "redis call store reachable again after %.1f s; %d call(s) failed meanwhile",
-                time.monotonic() - self._down_since,
-                self.unavailable_calls,
-            )
-        return result
-
-    def _failed(self, exc: BaseException) -> None:
-        self.unavailable_calls += 1
-        if self._down:
-            return
-        self._down = True
-        self._down_since = time.monotonic()
-        self._probe_at = self._down_since + self._probe_interval
-        text = f"{type(exc).__name__}: {exc}"
-        if self._password:
-            text = text.replace(self._password, "***")
-        consequence = (
-            "letting LLM calls through uncounted"
-            if self._on_error == "allow"
-            else "refusing LLM calls"
-        )
-        log.warning(
-            "redis call store unreachable (%s); on_error=%s: %s until it is back",
-            text,
-            self._on_error,
-            consequence,
-        )
-
-    def _now(self) -> str:
-        """The injected clock's time for a script, or '' to use the server's TIME."""
-        return "" if self._clock is None else repr(self._clock())
+        return f"RedisCallStore(key_prefix={self._base!r}, on_error={self._link.on_error!r})"
 
     def _hold_key(self, key: str) -> str:
         return f"{self._base}hold:{key}"
@@ -386,7 +284,7 @@ class RedisCallStore:
         policy = self._policy
         keys = [self._hold_key(circuit), self._call_key(circuit, identity), f"{self._base}seq"]
         args: list[str | int] = [
-            self._now(),
+            self._link.now(),
             policy.max_repeats,
             repr(policy.window_seconds),
             repr(policy.pause_seconds),
@@ -408,7 +306,7 @@ class RedisCallStore:
                 candidate.name,
             ]
         try:
-            kind, value, count, index = await self._guarded(
+            kind, value, count, index = await self._link.guarded(
                 lambda: self._decide(keys=keys, args=args)
             )
         except StateError:
@@ -428,9 +326,9 @@ class RedisCallStore:
 
     def _unavailable(self, circuit: str) -> CallDecision:
         """The decision while Redis is down: `on_error` lets the call through or refuses it."""
-        if self._on_error == "allow":
+        if self._link.on_error == "allow":
             return CallDecision(True, "ok", 0.0, 0, circuit, "")
-        wait = self._probe_interval
+        wait = self._link.probe_interval
         message = MSG_STATE_DOWN.format(seconds=max(1, round(wait)))
         return CallDecision(False, "loop_paused", wait, 0, circuit, message)
 
@@ -438,27 +336,23 @@ class RedisCallStore:
         self, decision: CallDecision, status: int | None = None, error: str | None = None
     ) -> bool:
         """Uncount an allowed call the provider failed, in one script call."""
-        receipt = decision.receipt
-        if receipt is None or not is_provider_failure(status, error):
+        receipt = receipt_to_uncount(decision, status, error)
+        if receipt is None:
             return False
         keys = [self._call_key(*receipt.call)]
         keys += [self._rule_events_key(name, key) for name, key in receipt.rule_keys]
         args = [repr(receipt.at)]
         try:
-            removed = await self._guarded(lambda: self._uncount(keys=keys, args=args))
+            removed = await self._link.guarded(lambda: self._uncount(keys=keys, args=args))
         except StateError:
             return False
         return bool(removed)
 
     async def reopen(self, circuit: str) -> bool:
         """Lift a pause (circuit or rule group) and forget the counts before now."""
-        window = (
-            longest_window(self._policy, self._rules)
-            if is_group(circuit)
-            else self._policy.window_seconds
-        )
-        args = [self._now(), repr(window)]
-        lifted = await self._guarded(
+        window = reopen_window(self._policy, self._rules, circuit)
+        args = [self._link.now(), repr(window)]
+        lifted = await self._link.guarded(
             lambda: self._reopen(keys=[self._hold_key(circuit)], args=args)
         )
         return bool(lifted)
@@ -468,17 +362,10 @@ class RedisCallStore:
         head = self._hold_key("")
 
         async def paused() -> list[PausedCircuit]:
-            keys = sorted(
-                {
-                    str(key)
-                    async for key in self._client.scan_iter(
-                        match=_glob_escape(head) + "*", count=_SCAN_COUNT
-                    )
-                }
-            )
+            keys = sorted({key async for key in self._link.scan(glob_escape(head) + "*")})
             if not keys:
                 return []
-            views = await self._paused(keys=keys, args=[self._now()])
+            views = await self._paused(keys=keys, args=[self._link.now()])
             return [
                 PausedCircuit(
                     circuit=key[len(head) :],
@@ -490,7 +377,7 @@ class RedisCallStore:
                 if view
             ]
 
-        return await self._guarded(paused)
+        return await self._link.guarded(paused)
 
     async def log_call(self, entry: CallLogEntry) -> None:
         """Add one entry (ZADD by time) and trim to the newest `log_keep` (dropped while down)."""
@@ -498,13 +385,13 @@ class RedisCallStore:
         member = json.dumps(_encode(entry), sort_keys=True)
 
         async def append() -> None:
-            async with self._client.pipeline(transaction=True) as pipe:
+            async with self._link.client.pipeline(transaction=True) as pipe:
                 pipe.zadd(key, {member: entry.at})
                 pipe.zremrangebyrank(key, 0, -self._log_keep - 1)
                 await pipe.execute()
 
         try:
-            await self._guarded(append)
+            await self._link.guarded(append)
         except StateError:
             return
 
@@ -517,7 +404,7 @@ class RedisCallStore:
             found: list[CallLogEntry] = []
             offset = 0
             while True:
-                batch = await self._client.zrangebyscore(
+                batch = await self._link.client.zrangebyscore(
                     key, cutoff, "+inf", start=offset, num=_LOG_CHUNK
                 )
                 found.extend(_decode(str(raw)) for raw in batch)
@@ -525,7 +412,7 @@ class RedisCallStore:
                     return found
                 offset += _LOG_CHUNK
 
-        return await self._guarded(since)
+        return await self._link.guarded(since)
 
 
 def _encode(entry: CallLogEntry) -> dict[str, object]:
@@ -577,8 +464,3 @@ def _decode(raw: str) -> CallLogEntry:
         duration_ms=float(data["duration_ms"]),
         fields=MappingProxyType({str(k): str(v) for k, v in data["fields"].items()}),
     )
-
-
-def _glob_escape(text: str) -> str:
-    """`text` as a literal in a Redis MATCH pattern."""
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

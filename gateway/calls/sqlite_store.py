@@ -2,11 +2,11 @@
 
 The tables live in the state file (`state.path`) next to the StateStore's, prefixed
 `call_`, with their own schema version (`call_meta`), so neither store's migrations touch
-the other's tables. As in gateway/state/sqlite.py the file runs in WAL mode with one
-connection owned by one worker thread, and every decision is one `BEGIN IMMEDIATE`
-transaction that reads the clock once it holds the write lock, so decisions are
-serialised in time order, also between processes sharing the file (a proxy and the
-`loopwarden circuits` command, say).
+the other's tables. As for the StateStore, the file runs in WAL mode with one connection
+owned by one worker thread (gateway/state/sqlite_db.py), and every decision is one
+`BEGIN IMMEDIATE` transaction that reads the clock once it holds the write lock, so
+decisions are serialised in time order, also between processes sharing the file (a proxy
+and the `loopwarden circuits` command, say).
 
 Decisions where DESIGN.md is silent:
 - Time is wall-clock (`time.time()`, injectable), stored as absolute instants, so a pause
@@ -19,18 +19,14 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import TypeVar, cast
+from typing import cast
 
 from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome
 from gateway.calls.verdicts import (
@@ -40,25 +36,19 @@ from gateway.calls.verdicts import (
     allowed_verdict,
     call_identity,
     duplicate_verdict,
-    is_group,
-    longest_window,
     loop_verdict,
     pause_hold,
     paused_verdict,
+    receipt_to_uncount,
     reopen_hold,
+    reopen_window,
     rule_group,
     rule_key,
+    rules_by_name,
 )
 from gateway.errors import StateError
-from guards.call_loop import (
-    CallDecision,
-    CallLoopPolicy,
-    PausedCircuit,
-    UniquenessRule,
-    is_provider_failure,
-)
-
-T = TypeVar("T")
+from gateway.state.sqlite_db import SqliteDb
+from guards.call_loop import CallDecision, CallLoopPolicy, PausedCircuit, UniquenessRule
 
 SCHEMA_VERSION = 1
 _SCHEMA = (
@@ -106,82 +96,32 @@ class SqliteCallStore:
     ) -> None:
         if log_keep < 1:
             raise ValueError(f"log_keep must be 1 or more, got {log_keep!r}")
-        self._path = os.fspath(path)
         self._policy = policy or CallLoopPolicy()
-        self._rules: dict[str, UniquenessRule] = {}
-        for rule in rules:
-            if rule.name in self._rules:
-                raise ValueError(f"rules: the name {rule.name!r} is used twice")
-            self._rules[rule.name] = rule
-        self._clock = clock or time.time
+        self._rules = rules_by_name(rules)
         self._wall_clock = wall_clock
         self._log_keep = log_keep
-        self._busy_timeout = busy_timeout
-        self._executor: ThreadPoolExecutor | None = None
-        # Opened, used and closed on the executor's one thread only.
-        self._db: sqlite3.Connection | None = None
+        self._sqlite = SqliteDb(
+            path,
+            name="sqlite call store",
+            thread_name="lw-calls",
+            create_schema=_create_schema,
+            clock=clock or time.time,
+            busy_timeout=busy_timeout,
+        )
 
     async def start(self) -> None:
         """Open the file (creating its directory and tables) on the store's own thread."""
-        if self._executor is not None:
-            return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lw-calls")
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._open)
-        except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
-            raise
+        await self._sqlite.start()
 
     async def aclose(self) -> None:
         """Close the connection and stop the thread."""
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._close)
-        finally:
-            executor.shutdown(wait=False)
-
-    def _open(self) -> None:
-        if self._path != ":memory:":
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-            _create_schema(db, self._path)
-        except BaseException:
-            db.close()
-            raise
-        self._db = db
-
-    def _close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            db.close()
-
-    async def _write(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
-        """Run `work(db, now)` on the store's thread in one write transaction."""
-        executor = self._executor
-        if executor is None:
-            raise StateError("the sqlite call store is not started")
-
-        def run() -> T:
-            db = self._db
-            if db is None:
-                raise StateError("the sqlite call store is not started")
-            with _transaction(db):
-                return work(db, self._clock())
-
-        return await asyncio.get_running_loop().run_in_executor(executor, run)
+        await self._sqlite.aclose()
 
     async def decide(
         self, circuit: str, fingerprint: str, fields: Mapping[str, str] = MappingProxyType({})
     ) -> CallDecision:
         """Decide one call and count it when allowed, in one transaction."""
-        return await self._write(
+        return await self._sqlite.write(
             lambda db, now: self._decide(db, now, circuit, fingerprint, fields)
         )
 
@@ -243,8 +183,8 @@ class SqliteCallStore:
         self, decision: CallDecision, status: int | None = None, error: str | None = None
     ) -> bool:
         """Uncount an allowed call the provider failed; other outcomes stay counted."""
-        receipt = decision.receipt
-        if receipt is None or not is_provider_failure(status, error):
+        receipt = receipt_to_uncount(decision, status, error)
+        if receipt is None:
             return False
 
         def uncount(db: sqlite3.Connection, now: float) -> bool:
@@ -253,22 +193,18 @@ class SqliteCallStore:
                 _discard(db, _rule_key(name, key), receipt.at)
             return removed
 
-        return await self._write(uncount)
+        return await self._sqlite.write(uncount)
 
     async def reopen(self, circuit: str) -> bool:
         """Lift a pause (circuit or rule group) and forget the counts before now."""
-        window = (
-            longest_window(self._policy, self._rules)
-            if is_group(circuit)
-            else self._policy.window_seconds
-        )
+        window = reopen_window(self._policy, self._rules, circuit)
 
         def reopen(db: sqlite3.Connection, now: float) -> bool:
             hold = _hold(db, circuit, now)
             _put_hold(db, circuit, reopen_hold(hold, now, window))
             return hold is not None and hold.paused_until > now
 
-        return await self._write(reopen)
+        return await self._sqlite.write(reopen)
 
     async def paused(self) -> list[PausedCircuit]:
         """The circuits and rule groups paused now, by key."""
@@ -284,7 +220,7 @@ class SqliteCallStore:
                 for key, until, reason, count in rows
             ]
 
-        return await self._write(paused)
+        return await self._sqlite.write(paused)
 
     async def log_call(self, entry: CallLogEntry) -> None:
         """Append one entry; the oldest beyond `log_keep` go."""
@@ -317,7 +253,7 @@ class SqliteCallStore:
             if newest is not None and newest > keep:
                 db.execute("DELETE FROM call_log WHERE id <= ?", (newest - keep,))
 
-        await self._write(append)
+        await self._sqlite.write(append)
 
     async def calls_since(self, seconds: float) -> list[CallLogEntry]:
         """Entries at or after now - seconds, oldest first."""
@@ -329,7 +265,7 @@ class SqliteCallStore:
             )
             return [_entry(row) for row in rows]
 
-        return await self._write(since)
+        return await self._sqlite.write(since)
 
 
 def _entry(row: tuple[object, ...]) -> CallLogEntry:
@@ -368,33 +304,20 @@ def _outcome(text: str) -> CallOutcome:
     raise StateError(f"the call log holds an unknown outcome {text!r}")
 
 
-@contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN IMMEDIATE … COMMIT, rolled back on any error."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-
-
 def _create_schema(db: sqlite3.Connection, path: str) -> None:
     """Create the call tables (a newer schema is refused, not downgraded)."""
-    with _transaction(db):
-        for statement in _SCHEMA:
-            db.execute(statement)
-        row = db.execute("SELECT value FROM call_meta WHERE name = 'schema'").fetchone()
-        if row is not None and row[0] > SCHEMA_VERSION:
-            raise StateError(
-                f"{path} holds call tables of a newer loopwarden "
-                f"(schema {row[0]}, this one knows {SCHEMA_VERSION})"
-            )
-        db.execute(
-            "INSERT OR REPLACE INTO call_meta (name, value) VALUES ('schema', ?)",
-            (SCHEMA_VERSION,),
+    for statement in _SCHEMA:
+        db.execute(statement)
+    row = db.execute("SELECT value FROM call_meta WHERE name = 'schema'").fetchone()
+    if row is not None and row[0] > SCHEMA_VERSION:
+        raise StateError(
+            f"{path} holds call tables of a newer loopwarden "
+            f"(schema {row[0]}, this one knows {SCHEMA_VERSION})"
         )
+    db.execute(
+        "INSERT OR REPLACE INTO call_meta (name, value) VALUES ('schema', ?)",
+        (SCHEMA_VERSION,),
+    )
 
 
 def _call_key(circuit: str, identity: str) -> str:

@@ -9,7 +9,7 @@ alike; tests/gateway/calls/test_call_store_conformance.py holds them to it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -24,6 +24,7 @@ from guards.call_loop import (
     CallReceipt,
     UniquenessRule,
     fingerprint_call,
+    is_provider_failure,
 )
 
 NEVER = -math.inf
@@ -86,9 +87,36 @@ def is_group(key: str) -> bool:
     return key.startswith("rule=")
 
 
+def rules_by_name(rules: Iterable[UniquenessRule]) -> dict[str, UniquenessRule]:
+    """The rules by name, as the guard checks them (a name used twice is a ValueError)."""
+    named: dict[str, UniquenessRule] = {}
+    for rule in rules:
+        if rule.name in named:
+            raise ValueError(f"rules: the name {rule.name!r} is used twice")
+        named[rule.name] = rule
+    return named
+
+
 def longest_window(policy: CallLoopPolicy, rules: Mapping[str, UniquenessRule]) -> float:
     """How long a reopened rule group's fresh start must be remembered."""
     return max([policy.window_seconds, *(rule.window_seconds for rule in rules.values())])
+
+
+def reopen_window(
+    policy: CallLoopPolicy, rules: Mapping[str, UniquenessRule], circuit: str
+) -> float:
+    """How long the fresh start of a reopened circuit or rule group must be remembered."""
+    return longest_window(policy, rules) if is_group(circuit) else policy.window_seconds
+
+
+def receipt_to_uncount(
+    decision: CallDecision, status: int | None, error: str | None
+) -> CallReceipt | None:
+    """The receipt of an allowed call the provider failed; None when the call stays counted."""
+    receipt = decision.receipt
+    if receipt is None or not is_provider_failure(status, error):
+        return None
+    return receipt
 
 
 def seconds_text(value: float) -> str:

@@ -1,8 +1,8 @@
 """Redis state: budgets, cooldowns, receipts and pauses shared by every gateway replica.
 
-Each decision is one server-side Lua script call (EVALSHA; redis-py loads a script again
-when the server answers NOSCRIPT, e.g. after a restart lost the script cache), so replicas
-never race on a read-modify-write. Time is the Redis server's `TIME`, read inside the
+Each decision is one server-side Lua script call (EVALSHA, reloaded after NOSCRIPT; the
+connection and its outage handling are gateway/state/redis_link.py), so replicas never
+race on a read-modify-write. Time is the Redis server's `TIME`, read inside the
 script, so replicas whose clocks disagree still agree on windows and cooldowns; tests may
 inject a clock whose value is passed to the scripts instead. Every key expires by itself
 (PEXPIRE to the window, cooldown or TTL it serves), so an idle pair or room costs nothing.
@@ -46,52 +46,30 @@ import dataclasses
 import json
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Literal, TypeVar, cast
-from urllib.parse import urlsplit
-
-from redis import exceptions as redis_errors
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from typing import Literal, cast
 
 from gateway.errors import StateError
 from gateway.state.base import AuditEntry
+from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
 from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-OnError = Literal["allow", "deny"]
 
 AUDIT_KEEP = 10_000
 _SEP = "\x1f"
 _TURNS_SEEN_MS = 600_000
 _TURNS_IDLE_MS = 86_400_000
-_SCAN_COUNT = 1000
 _AUDIT_CHUNK = 200
-_UNAVAILABLE = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.ReadOnlyError,
-    redis_errors.OutOfMemoryError,
-    redis_errors.ClusterDownError,
-    OSError,
-)
 _DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
 _FAIL_OPEN = PairDecision(allowed=True, reason="ok", retry_after=0.0, count=0)
 
-# Shared by every script: `now` from ARGV (an injected clock) or the server's TIME.
-_PRELUDE = """
-local function clock(given)
-  if given ~= '' then return tonumber(given) end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local function num(x) return string.format('%.17g', x) end
+_PRELUDE = (
+    LUA_CLOCK
+    + """
 local function ms(seconds) return math.max(1, math.ceil(seconds * 1000)) end
 """
+)
 
 # KEYS: events, cooldown. ARGV: now, budget, window, cooldown.
 # Returns {code, retry_after, count}: code 0 ok, 1 budget exceeded, 2 cooldown.
@@ -214,7 +192,7 @@ return num(left)
 )
 
 
-class RedisStateStore:
+class RedisStateStore(RedisLinked):
     """A StateStore in Redis: one atomic script per decision, server time, self-expiring keys."""
 
     def __init__(
@@ -227,131 +205,29 @@ class RedisStateStore:
         timeout: float = 2.0,
         probe_interval: float = 1.0,
     ) -> None:
-        # One immediate retry on a fresh connection: after a Redis restart the pooled
-        # connections are dead, and the first command on each must not count as an outage.
-        self._client = Redis.from_url(
+        self._link = RedisLink(
             url,
-            decode_responses=True,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,)),
+            name="redis state store",
+            log=log,
+            on_error=on_error,
+            if_allowed="admitting messages without shared budgets",
+            if_denied="refusing messages",
+            clock=clock,
+            timeout=timeout,
+            probe_interval=probe_interval,
         )
-        self._password = urlsplit(url).password
-        self._on_error = on_error
         self._prefix = key_prefix
-        self._clock = clock
-        self._probe_interval = probe_interval
-        register = self._client.register_script
-        self._pair_decide = register(_PAIR_DECIDE)
-        self._pair_view = register(_PAIR_VIEW)
-        self._claim = register(_CLAIM)
-        self._bot_turn = register(_BOT_TURN)
-        self._pause = register(_PAUSE)
-        self._pause_remaining = register(_PAUSE_REMAINING)
-        self._scripts = (
-            self._pair_decide,
-            self._pair_view,
-            self._claim,
-            self._bot_turn,
-            self._pause,
-            self._pause_remaining,
-        )
-        self._down = False
-        self._down_since = 0.0
-        self._probe_at = 0.0
-        self._unavailable = 0
-        self._unavailable_in_outage = 0
+        script = self._link.script
+        self._pair_decide = script(_PAIR_DECIDE)
+        self._pair_view = script(_PAIR_VIEW)
+        self._claim = script(_CLAIM)
+        self._bot_turn = script(_BOT_TURN)
+        self._pause = script(_PAUSE)
+        self._pause_remaining = script(_PAUSE_REMAINING)
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
-        return f"RedisStateStore(key_prefix={self._prefix!r}, on_error={self._on_error!r})"
-
-    @property
-    def degraded(self) -> bool:
-        """True while Redis is unreachable and `on_error` decides."""
-        return self._down
-
-    @property
-    def unavailable_calls(self) -> int:
-        """Calls that could not reach Redis, over every outage so far."""
-        return self._unavailable
-
-    async def start(self) -> None:
-        """Load the scripts; an unreachable Redis is an outage (logged), not a start failure."""
-
-        async def load() -> None:
-            for script in self._scripts:
-                await self._client.script_load(script.script)
-
-        try:
-            await self._guarded(load)
-        except StateError:
-            return
-
-    async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._client.aclose()
-
-    # Outage handling
-
-    async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
-        """Run one Redis call; an unreachable Redis becomes a StateError (logged once)."""
-        if self._down:
-            now = time.monotonic()
-            if now < self._probe_at:
-                self._count_unavailable()
-                raise StateError("the redis state store is unreachable")
-            self._probe_at = now + self._probe_interval
-        try:
-            result = await call()
-        except _UNAVAILABLE as exc:
-            self._failed(exc)
-            raise StateError("the redis state store is unreachable") from None
-        if self._down:
-            self._recovered()
-        return result
-
-    def _count_unavailable(self) -> None:
-        self._unavailable += 1
-        self._unavailable_in_outage += 1
-
-    def _failed(self, exc: BaseException) -> None:
-        if self._down:
-            self._count_unavailable()
-            return
-        self._unavailable_in_outage = 0
-        self._count_unavailable()
-        self._down = True
-        self._down_since = time.monotonic()
-        self._probe_at = self._down_since + self._probe_interval
-        consequence = (
-            "admitting messages without shared budgets"
-            if self._on_error == "allow"
-            else "refusing messages"
-        )
-        log.warning(
-            "redis state store unreachable (%s); on_error=%s: %s until it is back",
-            self._describe(exc),
-            self._on_error,
-            consequence,
-        )
-
-    def _recovered(self) -> None:
-        self._down = False
-        log.info(
-            "redis state store reachable again after %.1f s; %d call(s) failed meanwhile",
-            time.monotonic() - self._down_since,
-            self._unavailable_in_outage,
-        )
-
-    def _describe(self, exc: BaseException) -> str:
-        """The error's type and text, with the URL's password masked."""
-        text = f"{type(exc).__name__}: {exc}"
-        return text.replace(self._password, "***") if self._password else text
-
-    def _now(self) -> str:
-        """The injected clock's time for a script, or '' to use the server's TIME."""
-        return "" if self._clock is None else repr(self._clock())
+        return f"RedisStateStore(key_prefix={self._prefix!r}, on_error={self._link.on_error!r})"
 
     # Keys
 
@@ -362,10 +238,10 @@ class RedisStateStore:
     async def _pairs(self, scope: str | None, bot_id: str | None) -> list[tuple[str, str, str]]:
         """The pairs held, by SCAN (an admin-command path, never per message)."""
         head = f"{self._prefix}pair:{{"
-        pattern = _glob_escape(head) + (_glob_escape(scope + _SEP) if scope is not None else "")
+        pattern = glob_escape(head) + (glob_escape(scope + _SEP) if scope is not None else "")
         found: set[tuple[str, str, str]] = set()
-        async for key in self._client.scan_iter(match=pattern + "*}", count=_SCAN_COUNT):
-            parts = str(key)[len(head) : -1].split(_SEP)
+        async for key in self._link.scan(pattern + "*}"):
+            parts = key[len(head) : -1].split(_SEP)
             if len(parts) != 3:
                 continue
             room, a, b = parts
@@ -384,19 +260,19 @@ class RedisStateStore:
         a, b = pair_key(self_bot_id, sender_bot_id)
         keys = self._pair_keys(scope, a, b)
         args = (
-            self._now(),
+            self._link.now(),
             policy.max_events_per_window,
             repr(policy.window_seconds),
             repr(policy.cooldown_seconds),
         )
         try:
-            code, retry_after, count = await self._guarded(
+            code, retry_after, count = await self._link.guarded(
                 lambda: self._pair_decide(keys=keys, args=args)
             )
         except StateError:
-            if self._on_error == "allow":
+            if self._link.on_error == "allow":
                 return _FAIL_OPEN
-            return PairDecision(False, "cooldown", self._probe_interval, 0)
+            return PairDecision(False, "cooldown", self._link.probe_interval, 0)
         if code == 0:
             return PairDecision(True, "ok", 0.0, int(count))
         reason: Literal["budget_exceeded", "cooldown"] = (
@@ -411,13 +287,13 @@ class RedisStateStore:
             pairs = await self._pairs(scope, bot_id)
             if not pairs:
                 return 0
-            async with self._client.pipeline(transaction=False) as pipe:
+            async with self._link.client.pipeline(transaction=False) as pipe:
                 for pair in pairs:
                     pipe.unlink(*self._pair_keys(*pair))
                 deleted = await pipe.execute()
             return sum(1 for n in deleted if n)
 
-        return await self._guarded(reset)
+        return await self._link.guarded(reset)
 
     async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
         """Live pairs with counts and cooldown left, ordered by room and ids."""
@@ -426,8 +302,8 @@ class RedisStateStore:
             pairs = await self._pairs(scope, None)
             if not pairs:
                 return []
-            now = self._now()
-            async with self._client.pipeline(transaction=False) as pipe:
+            now = self._link.now()
+            async with self._link.client.pipeline(transaction=False) as pipe:
                 for pair in pairs:
                     await self._pair_view(keys=self._pair_keys(*pair), args=(now,), client=pipe)
                 views = await pipe.execute()
@@ -438,7 +314,7 @@ class RedisStateStore:
             ]
 
         try:
-            return await self._guarded(snapshot)
+            return await self._link.guarded(snapshot)
         except StateError:
             return []
 
@@ -450,20 +326,20 @@ class RedisStateStore:
         keys = [counter] if message_key is None else [counter, f"{counter}:seen:{message_key}"]
         args = ("1" if is_bot else "0", _TURNS_SEEN_MS, _TURNS_IDLE_MS)
         try:
-            count = await self._guarded(lambda: self._bot_turn(keys=keys, args=args))
+            count = await self._link.guarded(lambda: self._bot_turn(keys=keys, args=args))
         except StateError:
             return 0
         return int(count)
 
     async def claim(self, key: str, ttl: float) -> bool:
         """First claimant wins until the TTL runs out (SET … PX in one script)."""
-        args = (self._now(), repr(float(ttl)))
+        args = (self._link.now(), repr(float(ttl)))
         try:
-            won = await self._guarded(
+            won = await self._link.guarded(
                 lambda: self._claim(keys=[f"{self._prefix}claim:{key}"], args=args)
             )
         except StateError:
-            return self._on_error == "allow"
+            return self._link.on_error == "allow"
         return bool(won)
 
     # Overrides and pauses
@@ -471,9 +347,10 @@ class RedisStateStore:
     async def get_overrides(self, scope: str) -> Mapping[str, object]:
         """The scope's overrides (HGETALL), decoded from JSON; empty while Redis is down."""
         try:
-            raw = await self._guarded(
+            raw = await self._link.guarded(
                 lambda: cast(
-                    Awaitable[dict[str, str]], self._client.hgetall(f"{self._prefix}ovr:{scope}")
+                    Awaitable[dict[str, str]],
+                    self._link.client.hgetall(f"{self._prefix}ovr:{scope}"),
                 )
             )
         except StateError:
@@ -483,26 +360,30 @@ class RedisStateStore:
     async def set_override(self, scope: str, field: str, value: object) -> None:
         """HSET one override as JSON."""
         encoded = json.dumps(value)
-        await self._guarded(lambda: self._client.hset(f"{self._prefix}ovr:{scope}", field, encoded))
+        await self._link.guarded(
+            lambda: self._link.client.hset(f"{self._prefix}ovr:{scope}", field, encoded)
+        )
 
     async def clear_overrides(self, scope: str) -> None:
         """Delete the scope's override hash."""
-        await self._guarded(lambda: self._client.delete(f"{self._prefix}ovr:{scope}"))
+        await self._link.guarded(lambda: self._link.client.delete(f"{self._prefix}ovr:{scope}"))
 
     async def pause(self, scope: str, seconds: float | None) -> None:
         """Pause the room: a key expiring with the pause, or without expiry until resumed."""
-        args = (self._now(), "" if seconds is None else repr(float(seconds)))
-        await self._guarded(lambda: self._pause(keys=[f"{self._prefix}pause:{scope}"], args=args))
+        args = (self._link.now(), "" if seconds is None else repr(float(seconds)))
+        await self._link.guarded(
+            lambda: self._pause(keys=[f"{self._prefix}pause:{scope}"], args=args)
+        )
 
     async def resume(self, scope: str) -> None:
         """Delete the pause key."""
-        await self._guarded(lambda: self._client.delete(f"{self._prefix}pause:{scope}"))
+        await self._link.guarded(lambda: self._link.client.delete(f"{self._prefix}pause:{scope}"))
 
     async def pause_remaining(self, scope: str) -> float | None:
         """Seconds left, `inf` when indefinite, None when not paused or Redis is down."""
-        args = (self._now(),)
+        args = (self._link.now(),)
         try:
-            left = await self._guarded(
+            left = await self._link.guarded(
                 lambda: self._pause_remaining(keys=[f"{self._prefix}pause:{scope}"], args=args)
             )
         except StateError:
@@ -519,13 +400,13 @@ class RedisStateStore:
         encoded = json.dumps(dataclasses.asdict(entry))
 
         async def append() -> None:
-            async with self._client.pipeline(transaction=True) as pipe:
+            async with self._link.client.pipeline(transaction=True) as pipe:
                 pipe.lpush(key, encoded)
                 pipe.ltrim(key, 0, AUDIT_KEEP - 1)
                 await pipe.execute()
 
         try:
-            await self._guarded(append)
+            await self._link.guarded(append)
         except StateError:
             return
 
@@ -539,7 +420,7 @@ class RedisStateStore:
             chunk = max(limit, _AUDIT_CHUNK)
             while len(found) < limit:
                 batch = await cast(
-                    Awaitable[list[str]], self._client.lrange(key, start, start + chunk - 1)
+                    Awaitable[list[str]], self._link.client.lrange(key, start, start + chunk - 1)
                 )
                 for raw in batch:
                     entry = _decode_audit(raw)
@@ -551,7 +432,7 @@ class RedisStateStore:
             return found[:limit]
 
         try:
-            return await self._guarded(recent)
+            return await self._link.guarded(recent)
         except StateError:
             return []
 
@@ -569,8 +450,3 @@ def _decode_audit(raw: str) -> AuditEntry:
         allowed=bool(data["allowed"]),
         outcome=str(data["outcome"]),
     )
-
-
-def _glob_escape(text: str) -> str:
-    """`text` as a literal in a Redis MATCH pattern."""
-    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)

@@ -1,12 +1,12 @@
 """SQLite state: one gateway node whose budgets, cooldowns and receipts survive restarts.
 
-The database runs in WAL mode with one connection, owned by one worker thread: every
-call is handed to that thread, so any number of coroutines can use the store and the
-event loop never blocks on disk. Each decision is one `BEGIN IMMEDIATE` transaction
-that reads the clock only once it holds the write lock, so decisions are serialised in
-time order, also between processes sharing the file (`busy_timeout` makes the others
-wait). A committed decision survives SIGKILL of the gateway (the WAL is in the file
-system); `synchronous=NORMAL` may lose the last transactions on a power cut only.
+The database runs in WAL mode with one connection, owned by one worker thread
+(gateway/state/sqlite_db.py): any number of coroutines can use the store and the event
+loop never blocks on disk. Each decision is one `BEGIN IMMEDIATE` transaction that reads
+the clock only once it holds the write lock, so decisions are serialised in time order,
+also between processes sharing the file (`busy_timeout` makes the others wait). A
+committed decision survives SIGKILL of the gateway (the WAL is in the file system);
+`synchronous=NORMAL` may lose the last transactions on a power cut only.
 
 Decisions where DESIGN.md is silent:
 - Time is wall-clock (`time.time()`, injectable) and stored as absolute instants, unlike
@@ -24,23 +24,17 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
-from typing import TypeVar
+from collections.abc import Callable, Mapping
 
 from gateway.errors import StateError
 from gateway.state.base import AuditEntry
+from gateway.state.sqlite_db import SqliteDb, transaction
 from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
-
-T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 _SCHEMA = (
@@ -92,85 +86,28 @@ class SqliteStateStore:
     ) -> None:
         if audit_keep < 1:
             raise ValueError(f"audit_keep must be 1 or more, got {audit_keep!r}")
-        self._path = os.fspath(path)
-        self._clock = clock or time.time
         self._audit_keep = audit_keep
-        self._busy_timeout = busy_timeout
-        self._executor: ThreadPoolExecutor | None = None
-        # Opened, used and closed on the executor's one thread only.
-        self._db: sqlite3.Connection | None = None
+        self._sqlite = SqliteDb(
+            path,
+            name="sqlite state store",
+            thread_name="lw-sqlite",
+            create_schema=_create_schema,
+            clock=clock or time.time,
+            busy_timeout=busy_timeout,
+        )
 
     @property
     def path(self) -> str:
         """The database file."""
-        return self._path
+        return self._sqlite.path
 
     async def start(self) -> None:
         """Open the file (creating its directory and schema) on the store's own thread."""
-        if self._executor is not None:
-            return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lw-sqlite")
-        try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._open)
-        except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
-            raise
+        await self._sqlite.start()
 
     async def aclose(self) -> None:
         """Close the connection and stop the thread."""
-        executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._close)
-        finally:
-            executor.shutdown(wait=False)
-
-    def _open(self) -> None:
-        if self._path != ":memory:":
-            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
-            _create_schema(db, self._path)
-        except BaseException:
-            db.close()
-            raise
-        self._db = db
-
-    def _close(self) -> None:
-        db, self._db = self._db, None
-        if db is not None:
-            db.close()
-
-    async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `work` with the connection on the store's thread."""
-        executor = self._executor
-        if executor is None:
-            raise StateError("the sqlite state store is not started")
-        return await asyncio.get_running_loop().run_in_executor(executor, self._with_db, work)
-
-    def _with_db(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        db = self._db
-        if db is None:
-            raise StateError("the sqlite state store is not started")
-        return work(db)
-
-    async def _write(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
-        """Run `work(db, now)` in one write transaction, `now` read under the write lock."""
-
-        def run(db: sqlite3.Connection) -> T:
-            with _transaction(db):
-                return work(db, self._clock())
-
-        return await self._call(run)
-
-    async def _read(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
-        """Run `work(db, now)` without taking the write lock (WAL readers never wait)."""
-        return await self._call(lambda db: work(db, self._clock()))
+        await self._sqlite.aclose()
 
     async def pair_decide(
         self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
@@ -179,7 +116,7 @@ class SqliteStateStore:
         if not policy.enabled:
             return _DISABLED
         a, b = pair_key(self_bot_id, sender_bot_id)
-        return await self._write(lambda db, now: _decide(db, now, (scope, a, b), policy))
+        return await self._sqlite.write(lambda db, now: _decide(db, now, (scope, a, b), policy))
 
     async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
         """Drop the pairs held (all, one room's, one bot's); idle ones are not counted."""
@@ -189,7 +126,7 @@ class SqliteStateStore:
             where, params = _pair_filter(scope, bot_id)
             return db.execute(f"DELETE FROM pairs{where}", params).rowcount
 
-        return await self._write(reset)
+        return await self._sqlite.write(reset)
 
     async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
         """Live pairs (an event counting or a cooldown running), ordered by room and ids."""
@@ -210,7 +147,7 @@ class SqliteStateStore:
                     )
             return found
 
-        return await self._read(snapshot)
+        return await self._sqlite.read(snapshot)
 
     async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
         """Count consecutive bot turns; a human resets; a message key counts once."""
@@ -243,7 +180,7 @@ class SqliteStateStore:
                 )
             return count
 
-        return await self._write(turn)
+        return await self._sqlite.write(turn)
 
     async def claim(self, key: str, ttl: float) -> bool:
         """First claimant wins until the TTL runs out."""
@@ -260,7 +197,7 @@ class SqliteStateStore:
             )
             return True
 
-        return await self._write(claim)
+        return await self._sqlite.write(claim)
 
     async def get_overrides(self, scope: str) -> Mapping[str, object]:
         """The scope's overrides, decoded from JSON."""
@@ -269,12 +206,12 @@ class SqliteStateStore:
             rows = db.execute("SELECT field, value FROM overrides WHERE scope = ?", (scope,))
             return {field: json.loads(value) for field, value in rows}
 
-        return await self._read(overrides)
+        return await self._sqlite.read(overrides)
 
     async def set_override(self, scope: str, field: str, value: object) -> None:
         """Store one override as JSON."""
         encoded = json.dumps(value)
-        await self._write(
+        await self._sqlite.write(
             lambda db, now: db.execute(
                 "INSERT OR REPLACE INTO overrides (scope, field, value) VALUES (?, ?, ?)",
                 (scope, field, encoded),
@@ -283,13 +220,13 @@ class SqliteStateStore:
 
     async def clear_overrides(self, scope: str) -> None:
         """Drop a scope's overrides."""
-        await self._write(
+        await self._sqlite.write(
             lambda db, now: db.execute("DELETE FROM overrides WHERE scope = ?", (scope,))
         )
 
     async def pause(self, scope: str, seconds: float | None) -> None:
         """Pause until now + seconds (an absolute wall-clock instant), or until resumed."""
-        await self._write(
+        await self._sqlite.write(
             lambda db, now: db.execute(
                 "INSERT OR REPLACE INTO pauses (scope, until) VALUES (?, ?)",
                 (scope, None if seconds is None else now + seconds),
@@ -298,7 +235,7 @@ class SqliteStateStore:
 
     async def resume(self, scope: str) -> None:
         """Lift the pause."""
-        await self._write(
+        await self._sqlite.write(
             lambda db, now: db.execute("DELETE FROM pauses WHERE scope = ?", (scope,))
         )
 
@@ -314,14 +251,14 @@ class SqliteStateStore:
             left: float = row[0] - now
             if left > 0:
                 return left
-            with _transaction(db):
+            with transaction(db):
                 db.execute(
                     "DELETE FROM pauses WHERE scope = ? AND until IS NOT NULL AND until <= ?",
                     (scope, now),
                 )
             return None
 
-        return await self._read(remaining)
+        return await self._sqlite.read(remaining)
 
     async def audit(self, entry: AuditEntry) -> None:
         """Append one entry; the oldest beyond `audit_keep` go."""
@@ -345,7 +282,7 @@ class SqliteStateStore:
             if newest is not None:
                 db.execute("DELETE FROM audit WHERE id <= ?", (newest - keep,))
 
-        await self._write(append)
+        await self._sqlite.write(append)
 
     async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
         """Newest first, optionally for one room."""
@@ -364,33 +301,20 @@ class SqliteStateStore:
                 for at, platform, room, user_id, name, command, allowed, outcome in rows
             ]
 
-        return await self._read(recent)
-
-
-@contextmanager
-def _transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN IMMEDIATE … COMMIT, rolled back on any error."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
+        return await self._sqlite.read(recent)
 
 
 def _create_schema(db: sqlite3.Connection, path: str) -> None:
     """Create the tables of this schema version (a newer file is refused, not downgraded)."""
-    with _transaction(db):
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version > SCHEMA_VERSION:
-            raise StateError(
-                f"{path} was written by a newer loopwarden "
-                f"(schema {version}, this one knows {SCHEMA_VERSION})"
-            )
-        for statement in _SCHEMA:
-            db.execute(statement)
-        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StateError(
+            f"{path} was written by a newer loopwarden "
+            f"(schema {version}, this one knows {SCHEMA_VERSION})"
+        )
+    for statement in _SCHEMA:
+        db.execute(statement)
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
 def _sweep(db: sqlite3.Connection, table: str, now: float) -> None:
