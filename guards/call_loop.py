@@ -64,7 +64,7 @@ import re
 import threading
 import time
 from bisect import bisect_left
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -772,36 +772,50 @@ _NEVER = -math.inf
 _SWEEP_PER_CALL = 4
 # Tables are rebuilt once they shrink to a quarter of their peak (dicts never shrink).
 _REBUILD_MIN = 1024
+# A key holds at most its limit of event times (refused calls are not recorded). Up to
+# this limit they are a list (dropping the oldest shifts a few pointers); above it a
+# deque, so that a rule allowing thousands of calls per window stays O(1) per call.
+_LIST_MAX_LIMIT = 64
+
+_Times = list[float] | deque[float]
+
+
+def _list_times(first: float) -> _Times:
+    """Event times for a small limit: a list."""
+    return [first]
+
+
+def _deque_times(first: float) -> _Times:
+    """Event times for a large limit: a deque, O(1) at both ends."""
+    return deque((first,))
 
 
 class _Windows:
     """Event times per key in one sliding window; LRU-ordered, swept and capped."""
 
-    __slots__ = ("_cap", "_peak", "_table", "_window")
+    __slots__ = ("_cap", "_new_times", "_peak", "_table", "_window")
 
-    def __init__(self, window: float, cap: int) -> None:
+    def __init__(self, window: float, cap: int, limit: int) -> None:
         self._window = window
         self._cap = cap
+        self._new_times = _list_times if limit <= _LIST_MAX_LIMIT else _deque_times
         self._peak = 0
         # Ordered by last event: `now` never goes back, so the front expires first.
-        self._table: OrderedDict[tuple[str, ...], list[float]] = OrderedDict()
+        self._table: OrderedDict[tuple[str, ...], _Times] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._table)
 
-    def live(self, key: tuple[str, ...], now: float, floor: float) -> list[float]:
+    def live(self, key: tuple[str, ...], now: float, floor: float) -> Sequence[float]:
         """The times in the window (an event at t counts in [t, t + window)), after floor."""
         times = self._table.get(key)
         if times is None:
-            return []
+            return ()
         window = self._window
-        dead = 0
-        while dead < len(times) and (times[dead] + window <= now or times[dead] < floor):
-            dead += 1
-        if dead:
-            del times[:dead]
-            if not times:
-                del self._table[key]
+        while times and (times[0] + window <= now or times[0] < floor):
+            del times[0]
+        if not times:
+            del self._table[key]
         return times
 
     def add(self, key: tuple[str, ...], now: float) -> int:
@@ -809,7 +823,7 @@ class _Windows:
         table = self._table
         times = table.get(key)
         if times is None:
-            table[key] = [now]
+            table[key] = self._new_times(now)
             if len(table) > self._cap:
                 table.popitem(last=False)
             self._peak = max(self._peak, len(table))
@@ -915,7 +929,7 @@ class _RuleBook:
 
     def __init__(self, rule: UniquenessRule, cap: int) -> None:
         self.rule = rule
-        self.windows = _Windows(rule.window_seconds, cap)
+        self.windows = _Windows(rule.window_seconds, cap, rule.max_calls)
 
     def key(self, fingerprint: str, fields: Mapping[str, str]) -> tuple[str, ...] | None:
         """The rule's key for a call, or None when the rule does not apply to it."""
@@ -1009,7 +1023,7 @@ class CallLoopGuard:
         self._policy = policy or CallLoopPolicy()
         self._clock = clock or time.monotonic
         self._lock = threading.Lock()
-        self._calls = _Windows(self._policy.window_seconds, max_circuits)
+        self._calls = _Windows(self._policy.window_seconds, max_circuits, self._policy.max_repeats)
         self._books: dict[str, _RuleBook] = {}
         for rule in rules:
             if rule.name in self._books:
@@ -1201,7 +1215,7 @@ class CallLoopGuard:
         circuit: str,
         book: _RuleBook,
         key: tuple[str, ...],
-        times: list[float],
+        times: Sequence[float],
         earlier: _Hold | None,
         now: float,
     ) -> CallDecision:

@@ -520,7 +520,7 @@ class LoopGuard:
         # The last pre-checked call's args object and key; holding the object keeps its
         # identity from being reused by another object.
         self._checked: tuple[object, _CallKey] = (_NOTHING, ("", ""))
-        # The call the last pre-check blocked (and counted), until the next check or record.
+        # The call the last pre-check blocked (and counted), until the next record.
         self._pending_block: _CallKey | None = None
         self._counts: dict[str, int] = {}
         self._turn_start: float | None = None
@@ -562,14 +562,12 @@ class LoopGuard:
             if self._turn_start is None:
                 self._turn_start = t
             decision = self._decide(key, self._thresholds[bucket], pre, t - self._turn_start)
-            if pre:
-                self._pending_block = None
-                if decision.action is GuardAction.BLOCK:
-                    # The blocked call counts as made, whether or not the caller records
-                    # it: an agent that just skips it and retries escalates to HALT.
-                    self._count_call(tool_name)
-                    self._repeat_last(key)
-                    self._pending_block = key
+            if pre and decision.action is GuardAction.BLOCK:
+                # The blocked call counts as made, whether or not the caller records it:
+                # an agent that just skips it and retries escalates to HALT.
+                self._count_call(tool_name)
+                self._repeat_last(key)
+                self._pending_block = key
             return decision
 
     def record(
@@ -596,7 +594,12 @@ class LoopGuard:
             if self._turn_start is None:
                 self._turn_start = t
             self._pending_block = None
-            self._count_call(tool_name)
+            counts = self._counts
+            count = counts.get(tool_name)
+            if count is None:
+                self._count_call(tool_name)
+            else:
+                counts[tool_name] = count + 1
             self._push((key, outcome))
             return self._decide(key, self._thresholds[bucket], False, t - self._turn_start)
 

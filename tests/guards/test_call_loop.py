@@ -398,6 +398,12 @@ def test_concurrent_repeats_are_caught_before_their_outcome() -> None:
     assert send(guard, A, 10.0).code == "loop_detected"
 
 
+def test_an_outcome_without_status_or_error_stays_counted() -> None:
+    guard = CallLoopGuard()
+    assert not is_provider_failure(None, None)
+    assert not guard.record_outcome(send(guard, A, 0.0))
+
+
 def test_refusals_cannot_be_uncounted() -> None:
     guard = CallLoopGuard(CallLoopPolicy(max_repeats=1))
     send(guard, A, 0.0)
@@ -470,6 +476,28 @@ def test_idle_circuits_are_forgotten_and_the_table_is_capped() -> None:
     assert len(guard) == 1
 
 
+def test_the_cap_forgets_the_least_recently_used_call_window() -> None:
+    guard = CallLoopGuard(CallLoopPolicy(max_repeats=3), max_circuits=3)
+    for circuit in ("c1", "c2", "c3", "c1"):
+        send(guard, A, 1.0, circuit=circuit)
+    send(guard, A, 2.0, circuit="c4")  # the table is full: c2 goes, not c1 or c3
+
+    assert send(guard, A, 3.0, circuit="c1").count == 3
+    assert send(guard, A, 3.0, circuit="c2").count == 1
+    assert len(guard) == 3
+
+
+def test_a_pause_after_a_reopen_ends_on_time() -> None:
+    guard = CallLoopGuard(CallLoopPolicy(max_repeats=1, window_seconds=60.0, pause_seconds=5.0))
+    send(guard, A, 0.0)
+    assert send(guard, A, 1.0).code == "loop_detected"
+    assert guard.reopen(SESSION, now=2.0)
+    send(guard, A, 3.0)
+    assert send(guard, A, 4.0).code == "loop_detected"  # paused until 9
+    assert send(guard, B, 8.999).code == "loop_paused"
+    assert send(guard, B, 9.0).allowed
+
+
 def test_guard_uses_its_clock() -> None:
     clock = FakeClock()
     guard = CallLoopGuard(CallLoopPolicy(max_repeats=1, pause_seconds=30.0), clock=clock)
@@ -500,24 +528,43 @@ def test_threads_never_admit_more_than_the_limit() -> None:
     assert allowed.count(True) == 5
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.floats(min_value=0.0, max_value=30.0), min_size=1, max_size=60),
-    st.integers(min_value=1, max_value=6),
-    st.floats(min_value=0.5, max_value=50.0),
-    st.floats(min_value=0.0, max_value=40.0),
-)
-def test_identical_calls_never_exceed_max_repeats_in_any_window(
-    gaps: list[float], max_repeats: int, window: float, pause: float
-) -> None:
-    guard = CallLoopGuard(CallLoopPolicy(max_repeats, window, pause))
-    now, admitted = 0.0, []
-    for gap in gaps:
-        now += gap
-        if send(guard, A, now).allowed:
-            admitted.append(now)
-    for start in admitted:
-        assert sum(start <= t < start + window for t in admitted) <= max_repeats
+def test_identical_calls_never_exceed_max_repeats_in_any_window() -> None:
+    seen = {"examples": 0, "loop_detected": 0, "loop_paused": 0}
+    # Bursts (short gaps) trip the guard; long gaps let windows and pauses end.
+    gaps = st.floats(min_value=0.0, max_value=1.0) | st.floats(min_value=0.0, max_value=30.0)
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.lists(gaps, min_size=5, max_size=60),
+        st.integers(min_value=1, max_value=6),
+        st.floats(min_value=0.5, max_value=50.0),
+        st.floats(min_value=0.0, max_value=40.0),
+    )
+    def prop(gaps: list[float], max_repeats: int, window: float, pause: float) -> None:
+        guard = CallLoopGuard(CallLoopPolicy(max_repeats, window, pause))
+        now, admitted, paused_until = 0.0, [], -1.0
+        for gap in gaps:
+            now += gap
+            decision = send(guard, A, now)
+            if decision.allowed:
+                assert now >= paused_until  # nothing passes a running pause
+                admitted.append(now)
+            elif decision.code == "loop_detected":
+                assert now >= paused_until
+                paused_until = now + pause
+            else:
+                assert decision.code == "loop_paused"
+                assert now < paused_until
+                assert decision.retry_after == pytest.approx(paused_until - now)
+            seen[decision.code] = seen.get(decision.code, 0) + 1
+        for start in admitted:
+            assert sum(start <= t < start + window for t in admitted) <= max_repeats
+        seen["examples"] += 1
+
+    prop()
+    # Not vacuous: the guard trips and pauses in a good share of the examples.
+    assert seen["loop_detected"] >= seen["examples"] // 4, seen
+    assert seen["loop_paused"] >= seen["examples"] // 4, seen
 
 
 def test_policy_from_dict() -> None:
@@ -623,6 +670,28 @@ def test_issue6_reject_rule_refuses_with_duplicate_call() -> None:
     assert ask(guard, 11.0, session="s1").allowed
     assert ask(guard, 11.0, session="s1").allowed
     assert ask(guard, 60.0, session="s1", step="page-3").allowed
+
+
+@pytest.mark.parametrize("limit", [64, 65, 300])
+def test_large_limits_slide_like_small_ones(limit: int) -> None:
+    # Above 64 the event times of a key are a deque instead of a list.
+    window = float(limit)
+    guard = CallLoopGuard(
+        CallLoopPolicy(max_repeats=limit, window_seconds=window),
+        rules=[rule(fields=["session"], max_calls=limit, window_seconds=window)],
+    )
+    for t in range(limit):
+        assert ask(guard, float(t), session="s1").allowed
+    refused = ask(guard, limit - 0.5, session="s1")
+    assert (refused.code, refused.retry_after) == ("loop_detected", 300.0)
+    other = CallLoopGuard(rules=[rule(fields=["session"], max_calls=limit, window_seconds=window)])
+    for t in range(limit):
+        assert ask(other, float(t), f"call {t}", session="s1").allowed
+    duplicate = ask(other, limit - 0.5, "another call", session="s1")
+    assert (duplicate.code, duplicate.retry_after) == ("duplicate_call", 0.5)
+    # One call a second never exceeds `limit` per `limit` seconds: the oldest leaves.
+    for t in range(limit, 3 * limit):
+        assert ask(other, float(t), f"call {t}", session="s1").allowed
 
 
 def test_issue6_trailing_star_filters_match_prefixes() -> None:

@@ -446,6 +446,65 @@ def test_names_are_split_in_every_style(name: str) -> None:
     assert LoopGuard().classify(name) == "idempotent"
 
 
+DESIGN_MUTATING_VERBS = [
+    "write",
+    "edit",
+    "delete",
+    "remove",
+    "update",
+    "set",
+    "create",
+    "send",
+    "post",
+    "put",
+    "patch",
+    "exec",
+    "run",
+    "install",
+    "commit",
+    "push",
+    "forget",
+    "checkout",
+    "pay",
+    "buy",
+    "move",
+    "rename",
+    "drop",
+    "insert",
+]
+DESIGN_READ_VERBS = [
+    "read",
+    "get",
+    "list",
+    "search",
+    "find",
+    "show",
+    "view",
+    "check",
+    "fetch",
+    "query",
+    "describe",
+    "status",
+    "poll",
+    "wait",
+]
+
+
+@pytest.mark.parametrize("verb", DESIGN_MUTATING_VERBS)
+def test_issue2_every_design_mutating_verb_makes_a_tool_mutating(verb: str) -> None:
+    guard = LoopGuard()
+    camel = "get" + verb.capitalize() + "Thing"  # a read verb too: the mutating one wins
+    for name in (f"{verb}_thing", camel, f"thing-{verb}", f"search_and_{verb}"):
+        assert guard.classify(name) == "mutating", name
+
+
+@pytest.mark.parametrize("verb", DESIGN_READ_VERBS)
+def test_issue2_every_design_read_verb_makes_a_tool_idempotent(verb: str) -> None:
+    guard = LoopGuard()
+    for name in (f"{verb}_thing", verb + "Thing", f"thing-{verb}"):
+        assert guard.classify(name) == "idempotent", name
+
+
 def test_register_tool_overrides_classification() -> None:
     guard = LoopGuard()
     guard.register_tool("frobnicate", idempotent=True)
@@ -821,3 +880,48 @@ def test_a_streak_warns_and_halts_exactly_at_its_thresholds(
     expected = HALT if length >= halt else WARN if length >= warn else ALLOW
     assert post.action is expected
     assert pre.action is expected
+
+
+@given(
+    warn=st.integers(1, 8),
+    block=st.integers(0, 8),
+    halt=st.integers(0, 8),
+    streak_warn=st.integers(1, 8),
+    streak_extra=st.integers(0, 8),
+    mutating=st.booleans(),
+    record_blocked=st.booleans(),
+)
+@settings(max_examples=100, deadline=None)
+def test_issue2_a_stuck_call_always_ends_in_halt(
+    *,
+    warn: int,
+    block: int,
+    halt: int,
+    streak_warn: int,
+    streak_extra: int,
+    mutating: bool,
+    record_blocked: bool,
+) -> None:
+    # Every call either runs and repeats the result or is blocked and counts as a repeat,
+    # so the streak grows by one per call: HALT comes by the (no_progress_halt + 1)-th.
+    prefix = "mutating" if mutating else "idempotent"
+    config = LoopGuardConfig.from_dict(
+        {
+            f"{prefix}_warn_threshold": warn,
+            f"{prefix}_block_threshold": warn + block,
+            f"{prefix}_halt_threshold": warn + block + halt,
+            "no_progress_warn": streak_warn,
+            "no_progress_halt": streak_warn + streak_extra,
+        }
+    )
+    tool = "write_file" if mutating else "read_file"
+    steps = drive(
+        LoopGuard(config), tool, {"path": "x"}, same_error, 100, record_blocked=record_blocked
+    )
+
+    assert steps[-1].pre.action is HALT
+    assert len(steps) <= config.no_progress_halt + 1
+    # Once blocked, never allowed again: retrying a blocked call never resets.
+    actions = pre_actions(steps)
+    if BLOCK in actions:
+        assert set(actions[actions.index(BLOCK) :]) <= {BLOCK, HALT}
