@@ -1,8 +1,11 @@
-"""Run every benchmark in turn: `python -m bench` (or `make bench`); `--quick` shrinks them."""
+"""Run every benchmark, each in its own process so that memory figures stay clean.
+
+`python -m bench` (or `make bench`); `python -m bench --quick` runs the smaller workloads.
+"""
 
 from __future__ import annotations
 
-import importlib
+import subprocess
 import sys
 
 BENCHES = (
@@ -16,19 +19,17 @@ BENCHES = (
 )
 
 
-def main() -> int:
-    """Run each benchmark module's `main()` with this process's arguments."""
-    failures = 0
+def main(argv: list[str] | None = None) -> int:
+    """Run each benchmark module with the given arguments; non-zero if any failed."""
+    args = sys.argv[1:] if argv is None else argv
+    failed = []
     for name in BENCHES:
         print(f"\n=== {name} ===", flush=True)
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            print(f"skipped: {exc}")
-            continue
-        result = module.main()
-        failures += 1 if result else 0
-    return 1 if failures else 0
+        if subprocess.run([sys.executable, "-m", name, *args], check=False).returncode:
+            failed.append(name)
+    if failed:
+        print(f"\nfailed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

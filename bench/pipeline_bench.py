@@ -202,7 +202,10 @@ def cli() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--messages", type=int, default=60_000, help="messages per run")
     parser.add_argument("--repeat", type=int, default=5, help="runs; the best one counts")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the messages, 2 runs")
     args = parser.parse_args()
+    if args.quick:
+        args.messages, args.repeat = args.messages // 10, 2
     asyncio.run(main(args.messages, args.repeat))
 
 
