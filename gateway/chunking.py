@@ -17,6 +17,7 @@ import re
 from bisect import bisect_left
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Literal
 
 _FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n]*)$", re.MULTILINE)
 _BREAK = re.compile(r"[ \t\r\n]+")
@@ -31,6 +32,10 @@ class _Kind(IntEnum):
     LINE = 1
     SENTENCE = 2
     WORD = 3
+
+
+LengthUnit = Literal["chars", "utf16"]
+"""What a platform's message limit counts: code points, or UTF-16 code units (Telegram)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,15 +59,35 @@ class _Cut:
     fence: _Fence | None  # the fence left open at this cut, to close and reopen
 
 
-def chunk_text(text: str, limit: int) -> list[str]:
-    """Split `text` into chunks of at most `limit` characters, in order, none empty."""
+def chunk_text(text: str, limit: int, *, units: LengthUnit = "chars") -> list[str]:
+    """Split `text` into chunks of at most `limit` characters, in order, none empty.
+
+    With `units="utf16"` the limit counts UTF-16 code units, as Telegram does (an emoji
+    outside the Basic Multilingual Plane counts twice): a chunk over the limit is cut
+    again with a character limit scaled by its own density, until every chunk fits.
+    """
     if limit < 1:
         raise ValueError(f"limit must be at least 1, got {limit}")
     if not text or text.isspace():
         return []
-    if len(text) <= limit:
-        return [text]
-    return _Splitter(text, limit).chunks()
+    chunks = [text] if len(text) <= limit else _Splitter(text, limit).chunks()
+    if units == "utf16":
+        return [part for chunk in chunks for part in _fit_utf16(chunk, limit)]
+    return chunks
+
+
+def utf16_length(text: str) -> int:
+    """How many UTF-16 code units `text` takes."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def _fit_utf16(chunk: str, limit: int) -> list[str]:
+    """`chunk` as pieces of at most `limit` UTF-16 units (a lone character always fits)."""
+    size = utf16_length(chunk)
+    if size <= limit or len(chunk) == 1:
+        return [chunk]
+    scaled = max(1, limit * len(chunk) // size)
+    return [part for piece in chunk_text(chunk, scaled) for part in _fit_utf16(piece, limit)]
 
 
 class _Splitter:

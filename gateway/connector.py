@@ -8,6 +8,7 @@ from typing import Protocol
 
 from aiohttp import web
 
+from gateway.chunking import LengthUnit
 from gateway.types import InboundMessage, Reply
 
 Sink = Callable[[InboundMessage], Awaitable[object]]
@@ -23,6 +24,7 @@ class Capabilities:
     knows_bots: bool = True
     typing: bool = False
     ephemeral: bool = False
+    length_unit: LengthUnit = "chars"
 
 
 class Connector(Protocol):

@@ -70,8 +70,10 @@ class Delivery:
     async def deliver(self, connector: Connector, channel_id: str, reply: Reply) -> bool:
         """Send every chunk of `reply` in order; True when all were delivered. Never raises."""
         platform = connector.name
-        limit = connector.capabilities.max_message_length
-        chunks = chunk_text(reply.text, limit)
+        capabilities = connector.capabilities
+        chunks = chunk_text(
+            reply.text, capabilities.max_message_length, units=capabilities.length_unit
+        )
         for index, text in enumerate(chunks):
             part = reply if text is reply.text else self._part(reply, text, index)
             try:

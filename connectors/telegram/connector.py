@@ -98,8 +98,13 @@ class TelegramConnector:
     """One hosted Telegram bot: long polling or webhook in, sendMessage out."""
 
     name = PLATFORM
+    # Telegram counts a message's length in UTF-16 code units (an emoji counts twice).
     capabilities = Capabilities(
-        max_message_length=MAX_MESSAGE_LENGTH, threads=True, knows_bots=True, typing=True
+        max_message_length=MAX_MESSAGE_LENGTH,
+        threads=True,
+        knows_bots=True,
+        typing=True,
+        length_unit="utf16",
     )
 
     def __init__(

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chunking import chunk_text
+from gateway.chunking import chunk_text, utf16_length
 
 _WHITESPACE = re.compile(r"[ \t\r\n]+")
 
@@ -182,3 +182,24 @@ def test_fences_balanced_in_every_chunk_and_words_kept(text: str, limit: int) ->
         assert len(chunk) <= limit
         assert fence_lines(chunk) % 2 == 0, chunk
     assert non_fence_words(chunks) == non_fence_words([text])
+
+
+@given(
+    text=st.text(alphabet=st.sampled_from("ab \n😀🚀é"), max_size=400),
+    limit=st.integers(2, 80),
+)
+@settings(max_examples=300)
+def test_utf16_chunks_fit_in_code_units_and_lose_nothing(text: str, limit: int) -> None:
+    chunks = chunk_text(text, limit, units="utf16")
+    assert all(chunk and utf16_length(chunk) <= limit for chunk in chunks)
+    assert "".join("".join(chunks).split()) == "".join(text.split())
+
+
+def test_emoji_reply_for_telegram_fits_4096_utf16_units() -> None:
+    text = ("🚀" * 1500 + " launch\n") * 4
+    chunks = chunk_text(text, 4096, units="utf16")
+    assert max(utf16_length(chunk) for chunk in chunks) <= 4096
+    assert max(len(chunk) for chunk in chunk_text(text, 4096)) > 2048
+    assert "".join(c.replace(" ", "").replace("\n", "") for c in chunks) == text.replace(
+        " ", ""
+    ).replace("\n", "")
