@@ -162,18 +162,21 @@ async def test_run_serves_until_a_signal_then_exits_0(
     try:
         lines: list[str] = []
         port = await asyncio.wait_for(_served_port(process.stderr, lines), 30)
+        # Keep reading the log so a chatty DEBUG run can never fill the pipe and block.
+        draining = asyncio.create_task(_collect(process.stderr, lines))
         async with aiohttp.ClientSession() as client:
             async with client.get(f"http://127.0.0.1:{port}/healthz") as response:
                 assert response.status == 200
             await asyncio.wait_for(_until_ready(client, port), 30)
         process.send_signal(signum)
         code = await asyncio.wait_for(process.wait(), 10)
+        await draining
     finally:
         if process.returncode is None:
             process.kill()
             await process.wait()
-    out, err = await process.communicate()
-    output = "".join(lines) + err.decode() + out.decode()
+    out, _ = await process.communicate()
+    output = "".join(lines) + out.decode()
     assert code == 0, output
     assert ADMIN_SECRET not in output
     assert "gateway stopped" in output
@@ -189,6 +192,12 @@ async def _served_port(stream: asyncio.StreamReader, lines: list[str]) -> int:
         found = re.search(r"http server on [\d.]+:(\d+)", line)
         if found:
             return int(found.group(1))
+
+
+async def _collect(stream: asyncio.StreamReader, lines: list[str]) -> None:
+    """Read the rest of the process's log into `lines`."""
+    while line := await stream.readline():
+        lines.append(line.decode())
 
 
 async def _until_ready(client: aiohttp.ClientSession, port: int) -> None:
