@@ -12,9 +12,11 @@ Uniqueness rules (`UniquenessRule`) cap calls that share chosen fields (`duplica
 Decisions the design left open:
 - Normalisation works on UTF-8 bytes. All digits are first mapped to "0" in a copy (same
   offsets), so the regex engine's fast literal-prefix search visits digits only, and
-  every volatile token is anchored at its first digit; the few kinds with letters before
-  that digit (hex ids and UUIDs such as "deadbeef12", month names such as "Nov 30 2026",
-  an optional weekday) are widened to the left in Python. Provider ids keep their prefix
+  every volatile token is anchored at its first digit (the common kinds are tried first,
+  by a pattern that gives the same spans in fewer steps, and two of them with only text
+  between are one match); the few kinds with letters before that digit (hex ids and
+  UUIDs such as "deadbeef12", month names such as "Nov 30 2026", an optional weekday)
+  are widened to the left in Python. Provider ids keep their prefix
   ("call_Abc123" becomes "call_" + placeholder) and need a digit or a capital letter in
   their suffix, so words such as "run_tests" stay. A UUID whose first group has no
   digit, a date without a year ("Nov 30") and thousands separators ("12,345") are not
@@ -47,9 +49,9 @@ Decisions the design left open:
   group `loop_paused`. `paused()` and `reopen()` list and take both circuit keys and
   rule-group keys ("rule=NAME/field=value/...").
 - Memory: call windows are one LRU table keyed by (circuit, call); entries whose last
-  event left the window are swept a few per call, the table is rebuilt when it shrank to
-  a quarter, and `max_circuits` caps each table (the LRU entry goes first). `now` must not
-  go backwards.
+  event left the window are swept a few per call, a table that shrank to a quarter of its
+  peak is replaced a few entries per call (no call copies it whole), and `max_circuits`
+  caps each table (the LRU entry goes first). `now` must not go backwards.
 - Messages never contain secrets as long as the circuit root is an agent name or a key
   id, never the raw key: it is echoed in refusals and in `paused()`.
 """
@@ -112,11 +114,12 @@ MSG_DUPLICATE_PAUSED = (
 # --------------------------------------------------------------------------------------
 
 _MARK = b"\x00"
-# The placeholder is a word character for every boundary test, so that text next to a
-# replaced token is judged the same way in a second pass (idempotence).
-_W = r"[0-9A-Za-z\x00]"
-_D = "[0-9]"
-_H = "[0-9a-fA-F]"
+# The token pattern runs on a copy where every digit is "0" (the "shape"): the literal "0"
+# prefix makes the engine jump from digit to digit, and "0" is cheaper to match than
+# [0-9]. The placeholder is a word character for every boundary test, so that text next
+# to a replaced token is judged the same way in a second pass (idempotence).
+_W = r"[0A-Za-z\x00]"
+_H = "[0a-fA-F]"
 _END = f"(?!{_W})"
 _MONTHS = (
     "jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?"
@@ -126,7 +129,14 @@ _WEEKDAYS = (
     "mon(?:day)?|tue(?:s(?:day)?)?|wed(?:nesday)?|thu(?:r(?:s(?:day)?)?)?|fri(?:day)?"
     "|sat(?:urday)?|sun(?:day)?"
 )
-_ORDINAL = "(?:st|nd|rd|th)?"
+
+
+def _opt(pattern: str) -> str:
+    """An optional group written as an empty alternative, which sre runs faster than `?`."""
+    return f"(?:{pattern}|)"
+
+
+_ORDINAL = _opt("st|nd|rd|th")
 # After a run of 1-4 digits, what can follow in a date or time token: an ordinal, am/pm,
 # or spaces and a month (two letters are enough to skip "page 12 of"). Explicit case
 # classes: this runs at every number, and (?i:) is slower.
@@ -136,52 +146,80 @@ _SHORT_RUN_FOLLOWERS = (
 )
 _AMPM = r"(?i:[ap]\.?m\.?)"
 _UUID_TAIL = f"-{_H}{{4}}-{_H}{{4}}-{_H}{{4}}-{_H}{{12}}{_END}"
+# What follows "10:05" and "2026-11-30" in a time or an ISO date (seconds, fraction, am/pm;
+# time and zone: 2026-11-30T10:05:33.120+01:00).
+_TIME_TAIL = _opt(":00" + _opt("[.,]0+")) + _opt(f" ?{_AMPM}") + _END
+_ISO_TAIL = (
+    _opt("[T ]00:00" + _opt(":00" + _opt("[.,]0+")) + _opt("Z|[+-]00" + _opt(":?00"))) + _END
+)
 
-# Run on a copy where every digit is "0": the literal "0" prefix makes the engine jump
-# from digit to digit. Each alternative continues after the token's first digit.
+# Each alternative continues after the token's first digit.
 _SHORT_RUN_TOKENS = "|".join(
     (
         # 10:05, 10:05:33.5, 10:05 pm (first: the most common, and the kinds are disjoint)
-        f"{_D}?:{_D}{{2}}(?::{_D}{{2}}(?:[.,]{_D}+)?)?(?: ?{_AMPM})?{_END}",
-        # ISO date, optionally with time and zone: 2026-11-30T10:05:33.120+01:00
-        f"{_D}{{3}}-{_D}{{2}}-{_D}{{2}}"
-        f"(?:[T ]{_D}{{2}}:{_D}{{2}}(?::{_D}{{2}}(?:[.,]{_D}+)?)?"
-        f"(?:Z|[+-]{_D}{{2}}(?::?{_D}{{2}})?)?)?"
-        f"{_END}",
-        f"{_D}{{3}}/{_D}{{1,2}}/{_D}{{1,2}}{_END}",  # 2026/11/30
+        f"0?:00{_TIME_TAIL}",
+        f"000-00-00{_ISO_TAIL}",
+        f"000/0{{1,2}}/0{{1,2}}{_END}",  # 2026/11/30
         # 30/11/2026, 11/30/26, 30-11-2026, 30.11.2026
-        f"{_D}?(?:/{_D}{{1,2}}/(?:{_D}{{4}}|{_D}{{2}})|-{_D}{{1,2}}-{_D}{{4}}"
-        f"|\\.{_D}{{1,2}}\\.{_D}{{4}}){_END}",
+        f"0?(?:/0{{1,2}}/(?:0{{4}}|00)|-0{{1,2}}-0{{4}}|\\.0{{1,2}}\\.0{{4}}){_END}",
         # 30 Nov 2026, 1st December, 2026 (a weekday before it is widened in Python)
-        f"(?P<ddate>{_D}?{_ORDINAL} +(?i:{_MONTHS})\\.?,? +{_D}{{4}}{_END})",
-        f"{_D}? ?{_AMPM}{_END}",  # 3pm, 11 a.m.
+        f"(?P<ddate>0?{_ORDINAL} +(?i:{_MONTHS})\\.?,? +0{{4}}{_END})",
+        f"0? ?{_AMPM}{_END}",  # 3pm, 11 a.m.
     )
 )
+# Longest text between two tokens that are matched as a pair: a longer gap is not worth
+# scanning twice when the second token turns out to be missing.
+_PAIR_GAP_MAX = 64
+# The common tokens, tried first: each gives exactly the span the general alternatives
+# would give at that place (ids and numbers, ISO dates, times), in fewer steps. The
+# lookbehinds sit after the digits so that a mismatch is found by the cheap literals.
+_FAST_TOKENS = "|".join(
+    (
+        # A run of 5+ digits touching no hex letter and no "-": a long number or a hex id
+        # made of digits only, the same span either way.
+        "000(?:0(?<![a-fA-F]00000)0*+(?![a-fA-F-])"
+        # ISO date; the usual UTC timestamp (2026-11-30T10:05:33Z) by literals alone, which
+        # is what the general tail gives it too.
+        f"|-00-00(?<!{_W}0000-00-00)(?:T00:00:00Z{_END}|{_ISO_TAIL}))",
+        f"0:00(?<!{_W}00:00){_TIME_TAIL}",
+        f":00(?<!{_W}0:00){_TIME_TAIL}",
+    )
+)
+# Two common tokens with only digit-free text between them ("id": "…", "created": "…")
+# are one match: the text between them (group "between") is the same in the data and
+# the shape, so the loop in Python runs once instead of twice.
 _TOKEN_RX = re.compile(
     (
-        f"0(?<!{_D}0)(?:"
+        f"0(?<!00)(?:(?:{_FAST_TOKENS})(?:(?P<between>[^0]{{1,{_PAIR_GAP_MAX}}}+)"
+        f"0(?<!00)(?:{_FAST_TOKENS})|)"
+        # A token starts here only after a hex letter, or where up to four digits are
+        # followed by a digit, a letter or a date or time separator: plain small numbers
+        # ("amount": 717) fail here at once.
+        r"|(?:(?<=[a-fA-F]0)|(?=0{0,3}+[0A-Za-z ,./:-]))(?:"
         # Tokens that start at a word boundary: UUIDs and hex ids whose first character is
         # a digit, then dates and times (a run of 1-4 digits and what may follow it).
         f"(?<!{_W}0)(?:"
         f"{_H}{{7}}(?:{_UUID_TAIL}|{_H}*{_END})"
-        f"|(?={_D}{{0,3}}+(?:[-/.:]|{_SHORT_RUN_FOLLOWERS}))"
+        f"|(?=0{{0,3}}+(?:[-/.:]|{_SHORT_RUN_FOLLOWERS}))"
         f"(?:{_SHORT_RUN_TOKENS})"
         ")"
         # UUID or hex id with letters before its first digit: widened and checked in Python.
         f"|(?<=[a-fA-F]0)(?:(?P<uuidl>{_H}{{0,7}}{_UUID_TAIL})|(?P<hexl>{_H}*{_END}))"
         # Nov 30 2026, Nov. 30th, 2026: the month name before it is checked in Python.
-        f"|(?P<mdate>(?<=[A-Za-z.] 0){_D}?{_ORDINAL},? +{_D}{{4}}{_END})"
+        f"|(?P<mdate>(?<=[A-Za-z.] 0)0?{_ORDINAL},? +0{{4}}{_END})"
         # Numbers of 5+ digits, also inside words (ORD12345).
-        f"|{_D}{{4,}}(?!{_D})"
-        ")"
+        "|0{4,}(?!0)"
+        "))"
     ).encode()
 )
-_NUMBER_RX = re.compile(f"0(?<!{_D}0){_D}{{4,}}(?!{_D})".encode())
+_BETWEEN = _TOKEN_RX.groupindex["between"]
+_NUMBER_RX = re.compile(b"0(?<!00)0{4,}(?!0)")
 _MONTH_TAIL_RX = re.compile(
     (f"(?:(?<![A-Za-z])(?i:{_WEEKDAYS})\\.?,? +)?(?<![A-Za-z])(?i:{_MONTHS})\\.? \\Z").encode()
 )
 _WEEKDAY_TAIL_RX = re.compile(f"(?<![A-Za-z])(?i:{_WEEKDAYS})\\.?,? +\\Z".encode())
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_ZERO = ord("0")
 _HEX_LETTERS = frozenset(b"abcdefABCDEF")
 _WORD_BYTES = frozenset(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz\x00")
 # Longest month-first date prefix: "Wednesday, September " is 21 bytes.
@@ -193,8 +231,11 @@ def _provider_rx(separator: str, prefixes: Sequence[str]) -> re.Pattern[bytes]:
     """Provider ids with this separator, found at the separator (a fast literal search).
 
     The match starts at the separator, so the prefix stays ("call_" + placeholder);
-    lookbehinds must have a fixed width, hence one per prefix length.
+    lookbehinds must have a fixed width, hence one per prefix length, after a cheap one
+    on the prefixes' last letters that turns away most separators (a date's dashes).
     """
+    shortest = min(map(len, prefixes))
+    tails = "|".join(sorted({re.escape(prefix[-shortest:] + separator) for prefix in prefixes}))
     by_width: dict[int, list[str]] = {}
     for prefix in prefixes:
         by_width.setdefault(len(prefix), []).append(re.escape(prefix))
@@ -203,12 +244,15 @@ def _provider_rx(separator: str, prefixes: Sequence[str]) -> re.Pattern[bytes]:
         for names in by_width.values()
     )
     return re.compile(
-        f"{re.escape(separator)}(?:{behind})(?=[a-z]*[0-9A-Z])[A-Za-z0-9]{{6,}}".encode()
+        f"{re.escape(separator)}(?<={tails})(?:{behind})"
+        "(?=[a-z]*[0-9A-Z])[A-Za-z0-9]{6,}".encode()
     )
 
 
+# (separator byte, pattern, replacement); the separator as an int: `int in bytes` is a
+# plain memchr, several times cheaper than `bytes in bytes` on short texts.
 _PROVIDERS = tuple(
-    (separator.encode(), _provider_rx(separator, prefixes), (separator + "\x00").encode())
+    (ord(separator), _provider_rx(separator, prefixes), (separator + "\x00").encode())
     for separator, prefixes in (
         (
             "_",
@@ -254,25 +298,39 @@ def _widen(kind: str, data: bytes, shape: bytes, *, start: int, end: int, floor:
 
 def _normalise(data: bytes) -> bytes:
     """`data` with every volatile token replaced by the placeholder."""
+    shape = data.translate(_DIGITS_TO_ZERO)
+    if _ZERO not in shape and data.islower():
+        return data  # no digit and no capital: no token and no provider id
     for separator, pattern, replacement in _PROVIDERS:
         if separator in data:
-            data = pattern.sub(replacement, data)
-    shape = data.translate(_DIGITS_TO_ZERO)
-    if b"0" not in shape:
+            data, replaced = pattern.subn(replacement, data)
+            if replaced:
+                shape = data.translate(_DIGITS_TO_ZERO)
+    if _ZERO not in shape:
         return data  # every token kind holds a digit
-    out: list[bytes] = []
-    append = out.append
-    emitted = search_from = 0
+    first = _TOKEN_RX.search(shape)
+    if first is None:
+        return data
+    # The text between tokens; joined with the placeholder at the end.
+    gaps: list[bytes] = []
+    append = gaps.append
+    emitted = 0
+    search_from = first.start()
     while True:
         for match in _TOKEN_RX.finditer(shape, search_from):
-            start, end = match.span()
-            kind = match.lastgroup
-            if kind is None:
+            group = match.lastindex
+            if group is None:  # one token
+                start, end = match.span()
                 append(data[emitted:start])
-                append(_MARK)
                 emitted = end
                 continue
-            begin = _widen(kind, data, shape, start=start, end=end, floor=emitted)
+            start, end = match.span()
+            if group == _BETWEEN:  # two tokens and the text between them
+                append(data[emitted:start])
+                append(match[_BETWEEN])
+                emitted = end
+                continue
+            begin = _widen(match.lastgroup or "", data, shape, start=start, end=end, floor=emitted)
             if begin < 0:
                 # Not that kind of token after all, but it may start with a long number;
                 # either way, search again inside the span the match covered.
@@ -281,18 +339,16 @@ def _normalise(data: bytes) -> bytes:
                     search_from = start + 1
                 else:
                     append(data[emitted:start])
-                    append(_MARK)
                     emitted = search_from = number.end()
                 break
             append(data[emitted:begin])
-            append(_MARK)
             emitted = end
         else:
             break
-    if not out:
+    if not gaps:
         return data
     append(data[emitted:])
-    return b"".join(out)
+    return _MARK.join(gaps)
 
 
 def normalise_text(text: str) -> str:
@@ -403,37 +459,95 @@ def _frame(out: list[bytes], tag: bytes, payload: bytes) -> None:
     out.append(payload)
 
 
-def _encode(value: object, out: list[bytes], *, structural: bool, payload: bool) -> None:
-    """Append the canonical encoding of a message value (see the module docstring)."""
+def _framed_key(name: str) -> bytes:
+    """A dict key's frame (tag "K"), as `_frame` writes it."""
+    raw = name.encode("utf-8", "surrogatepass")
+    return b"K%d:%s" % (len(raw), raw)
+
+
+# The frames of the keys messages use most, built once: keys are framed at every use.
+_KEY_FRAMES = {
+    name: _framed_key(name)
+    for name in (
+        _VOLATILE_KEYS
+        | _STRUCTURAL_KEYS
+        | _PAYLOAD_KEYS
+        | {"role", "type", "text", "name", "arguments", "input", "url", "detail", "is_error"}
+    )
+}
+
+
+def _encode(value: object, out: list[bytes], structural: bool, payload: bool) -> None:
+    """Append the canonical encoding of a message value (see the module docstring).
+
+    `structural`: the value is message structure (volatile keys are dropped); `payload`:
+    a string here may be base64 content. This is the hot path of `fingerprint_call`: the
+    JSON types are handled first, by cheap exact checks, and the rest by the same rules
+    (isinstance on an ABC is slow).
+    """
     if isinstance(value, str):
-        content = _data_url_bytes(value) if value.startswith("data:") else None
-        if content is None and payload:
-            content = _decode_base64(value)
-        if content is None:
-            _frame(out, b"S", _normalise(value.encode("utf-8", "surrogatepass")))
+        if payload or value.startswith("data:"):
+            _encode_text(value, out, payload)
         else:
-            out.append(b"B" + _blob(content))
-    elif isinstance(value, dict | Mapping):
-        out.append(b"{")
-        for key in sorted(value, key=str):
-            name = key if isinstance(key, str) else str(key)
-            if structural and name in _VOLATILE_KEYS:
-                continue
-            _frame(out, b"K", name.encode("utf-8", "surrogatepass"))
-            inner = structural and name in _STRUCTURAL_KEYS
-            _encode(value[key], out, structural=inner, payload=inner and name in _PAYLOAD_KEYS)
-        out.append(b"}")
+            raw = value.encode("utf-8", "surrogatepass")
+            # A word holds no digit, "_" or "-", so no token: roles, types, names.
+            text = raw if value.isalpha() else _normalise(raw)
+            out.append(b"S%d:" % len(text))
+            out.append(text)
+    elif isinstance(value, dict):
+        _encode_mapping(value, out, structural)
+    elif type(value) is list or type(value) is tuple:
+        out.append(b"[")
+        for item in value:
+            _encode(item, out, structural, False)
+        out.append(b"]")
+    elif value is None or value is True or value is False:
+        out.append(b"n" if value is None else b"t" if value else b"f")
+    elif isinstance(value, Mapping):
+        _encode_mapping(value, out, structural)
     elif isinstance(value, bytes | bytearray | memoryview):
         out.append(b"B" + _blob(bytes(value)))
     elif isinstance(value, list | tuple):
-        out.append(b"[")
-        for item in value:
-            _encode(item, out, structural=structural, payload=False)
-        out.append(b"]")
-    elif value is None or isinstance(value, bool):
-        out.append(b"n" if value is None else b"t" if value else b"f")
+        _encode(list(value), out, structural, payload)
     else:
         _frame(out, b"V", _normalise(repr(value).encode("utf-8", "surrogatepass")))
+
+
+def _encode_text(value: str, out: list[bytes], payload: bool) -> None:
+    """Append a string: the hash of the bytes it wraps, else its normalised text."""
+    content = _data_url_bytes(value) if value.startswith("data:") else None
+    if content is None and payload:
+        content = _decode_base64(value)
+    if content is None:
+        _frame(out, b"S", _normalise(value.encode("utf-8", "surrogatepass")))
+    else:
+        out.append(b"B" + _blob(content))
+
+
+def _encode_mapping(value: Mapping[object, object], out: list[bytes], structural: bool) -> None:
+    """Append a mapping in key order, without the volatile keys of message structure."""
+    append = out.append
+    append(b"{")
+    frames = _KEY_FRAMES
+    for key in sorted(value, key=str):
+        name = key if isinstance(key, str) else str(key)
+        inner = payload = False
+        if structural:
+            if name in _VOLATILE_KEYS:
+                continue
+            inner = name in _STRUCTURAL_KEYS
+            payload = inner and name in _PAYLOAD_KEYS
+        append(frames.get(name) or _framed_key(name))
+        item = value[key]
+        if item is None:
+            append(b"n")
+        elif not payload and isinstance(item, str) and item.isalpha():  # as in `_encode`
+            raw = item.encode("utf-8", "surrogatepass")
+            append(b"S%d:" % len(raw))
+            append(raw)
+        else:
+            _encode(item, out, inner, payload)
+    append(b"}")
 
 
 def _step_fingerprint(model: str, step: str) -> str:
@@ -463,7 +577,7 @@ def fingerprint_call(
     out: list[bytes] = []
     _frame(out, b"M", model.encode("utf-8", "surrogatepass"))
     for message in messages[-2:]:
-        _encode(message, out, structural=True, payload=False)
+        _encode(message, out, True, False)
     out.append(b"A")
     for attachment in attachments:
         out.append(_attachment_digest(attachment))
@@ -764,14 +878,152 @@ def is_provider_failure(status: int | None, error: str | None = None) -> bool:
 
 
 # --------------------------------------------------------------------------------------
+# Call identities, rule keys and verdicts: pure, and shared with the stateful call stores
+# (gateway/calls/), so that every backend answers exactly as the guard does
+# --------------------------------------------------------------------------------------
+
+RuleKey = tuple[str, ...]
+"""A uniqueness rule's key for a call: the call's values of the rule's fields, in order."""
+
+
+def call_identity(fingerprint: str, fields: Mapping[str, str]) -> str:
+    """What makes two calls the same: the fingerprint, or model + step when a step is sent."""
+    step = fields.get("step")
+    return _step_fingerprint(fields.get("model", ""), step) if step else fingerprint
+
+
+def rules_by_name(rules: Iterable[UniquenessRule]) -> dict[str, UniquenessRule]:
+    """The rules by name, in order; a name used twice is a ValueError (one would be lost)."""
+    named: dict[str, UniquenessRule] = {}
+    for rule in rules:
+        if rule.name in named:
+            raise ValueError(f"rules: the name {rule.name!r} is used twice")
+        named[rule.name] = rule
+    return named
+
+
+def _field_value(name: str, fingerprint: str, fields: Mapping[str, str]) -> str | None:
+    """A call's value for a rule field; "prompt" falls back to the fingerprint."""
+    value = fields.get(name)
+    if value:
+        return value
+    if name == "prompt":
+        return fingerprint or None
+    return None
+
+
+def rule_key(rule: UniquenessRule, fingerprint: str, fields: Mapping[str, str]) -> RuleKey | None:
+    """The rule's key for a call (its field values), or None when the rule does not apply."""
+    for name, pattern in rule.filters.items():
+        value = _field_value(name, fingerprint, fields)
+        if value is None:
+            return None
+        if pattern.endswith("*"):
+            if not value.startswith(pattern[:-1]):
+                return None
+        elif value != pattern:
+            return None
+    values: list[str] = []
+    for name in rule.fields:
+        value = _field_value(name, fingerprint, fields)
+        if value is None:
+            return None
+        values.append(value)
+    return tuple(values)
+
+
+def rule_group(rule: UniquenessRule, key: RuleKey) -> str:
+    """The group a "pause" rule pauses ("rule=NAME/field=value"): the key without the prompt."""
+    parts = [f"rule={_quoted(rule.name)}"]
+    parts.extend(
+        f"{name}={_quoted(value)}"
+        for name, value in zip(rule.fields, key, strict=True)
+        if name != "prompt"
+    )
+    return "/".join(parts)
+
+
+def seconds_text(value: float) -> str:
+    """Seconds for a message: whole seconds, rounded up ("many" when there is no end)."""
+    return str(math.ceil(value)) if math.isfinite(value) else "many"
+
+
+def _refusal(
+    code: CallCode, circuit: str, count: int, retry_after: float, message: str, *, rule: str | None
+) -> CallDecision:
+    """A refused call's verdict: never counted, so without a receipt."""
+    return CallDecision(
+        allowed=False,
+        code=code,
+        retry_after=retry_after,
+        count=count,
+        circuit=circuit,
+        message=message,
+        rule=rule,
+    )
+
+
+def paused_verdict(circuit: str, remaining: float, count: int, rule: str | None) -> CallDecision:
+    """A call refused because its circuit (rule None) or its rule group is paused."""
+    if rule is None:
+        message = MSG_LOOP_PAUSED.format(circuit=circuit, seconds=seconds_text(remaining))
+    else:
+        message = MSG_RULE_PAUSED.format(rule=rule, seconds=seconds_text(remaining))
+    return _refusal("loop_paused", circuit, count, remaining, message, rule=rule)
+
+
+def loop_verdict(circuit: str, count: int, pause: float) -> CallDecision:
+    """The call that repeats too often: refused, and its circuit is paused for `pause`."""
+    message = MSG_LOOP_DETECTED.format(circuit=circuit, seconds=seconds_text(pause))
+    return _refusal("loop_detected", circuit, count, pause, message, rule=None)
+
+
+def duplicate_verdict(
+    circuit: str, rule: UniquenessRule, count: int, retry_after: float
+) -> CallDecision:
+    """A call over a rule's limit ("pause" rules: `retry_after` is the pause)."""
+    template = MSG_DUPLICATE_PAUSED if rule.action == "pause" else MSG_DUPLICATE
+    message = template.format(
+        rule=rule.name,
+        limit=rule.max_calls,
+        window=f"{rule.window_seconds:g}",
+        seconds=seconds_text(retry_after),
+    )
+    return _refusal("duplicate_call", circuit, count, retry_after, message, rule=rule.name)
+
+
+def allowed_verdict(
+    circuit: str,
+    identity: str,
+    count: int,
+    at: float,
+    rule_keys: tuple[tuple[str, RuleKey], ...],
+) -> CallDecision:
+    """An allowed, counted call, with the receipt that lets a provider failure uncount it."""
+    return CallDecision(
+        allowed=True,
+        code="ok",
+        retry_after=0.0,
+        count=count,
+        circuit=circuit,
+        message="",
+        receipt=CallReceipt(at=at, call=(circuit, identity), rule_keys=rule_keys),
+    )
+
+
+# --------------------------------------------------------------------------------------
 # Bookkeeping
 # --------------------------------------------------------------------------------------
 
-_NEVER = -math.inf
+NEVER = -math.inf
+"""The fresh start of a hold that never was reopened: every counted call is live."""
 # Entries whose last event left the window, freed per call (n idle entries: n/4 calls).
 _SWEEP_PER_CALL = 4
-# Tables are rebuilt once they shrink to a quarter of their peak (dicts never shrink).
+# Tables are replaced once they shrink to a quarter of their peak (dicts never shrink),
+# if that peak was at least this big (a small table gives back nothing worth the work).
 _REBUILD_MIN = 1024
+# Entries of a replaced table moved over (or dropped, when expired) per call.
+_MOVE_PER_CALL = 4
 # A key holds at most its limit of event times (refused calls are not recorded). Up to
 # this limit they are a list (dropping the oldest shifts a few pointers); above it a
 # deque, so that a rule allowing thousands of calls per window stays O(1) per call.
@@ -791,79 +1043,137 @@ def _deque_times(first: float) -> _Times:
 
 
 class _Windows:
-    """Event times per key in one sliding window; LRU-ordered, swept and capped."""
+    """Event times per key in one sliding window; LRU-ordered, swept and capped.
 
-    __slots__ = ("_cap", "_new_times", "_peak", "_table", "_window")
+    Python dicts never give memory back, so a table that has shrunk to a quarter of its
+    peak is replaced, without a stall (copying costs about a microsecond per entry, 20 ms
+    for 25,000): it becomes `_draining`, all of it less recently used than `_table`, and
+    is emptied a few entries per call, its live entries moving to the front of the new
+    table in order and its expired ones dropped, then let go with the arrays sized for
+    its peak. guards/bot_loop.py replaces its pair table the same way.
+    """
+
+    __slots__ = ("_cap", "_draining", "_new_times", "_peak", "_table", "_window")
 
     def __init__(self, window: float, cap: int, limit: int) -> None:
         self._window = window
         self._cap = cap
         self._new_times = _list_times if limit <= _LIST_MAX_LIMIT else _deque_times
+        # The number of entries held at the peak since the table was last replaced.
         self._peak = 0
         # Ordered by last event: `now` never goes back, so the front expires first.
         self._table: OrderedDict[tuple[str, ...], _Times] = OrderedDict()
+        self._draining: OrderedDict[tuple[str, ...], _Times] | None = None
 
     def __len__(self) -> int:
-        return len(self._table)
+        draining = self._draining
+        return len(self._table) + (len(draining) if draining else 0)
+
+    def _in_draining(
+        self, key: tuple[str, ...]
+    ) -> tuple[OrderedDict[tuple[str, ...], _Times], _Times] | None:
+        """The key's event times in the draining table, and that table, if it is there."""
+        draining = self._draining
+        times = None if draining is None else draining.get(key)
+        return None if draining is None or times is None else (draining, times)
 
     def live(self, key: tuple[str, ...], now: float, floor: float) -> Sequence[float]:
         """The times in the window (an event at t counts in [t, t + window)), after floor."""
-        times = self._table.get(key)
+        table = self._table
+        times = table.get(key)
         if times is None:
-            return ()
+            found = self._in_draining(key)
+            if found is None:
+                return ()
+            table, times = found
         window = self._window
         while times and (times[0] + window <= now or times[0] < floor):
             del times[0]
         if not times:
-            del self._table[key]
+            del table[key]
         return times
 
     def add(self, key: tuple[str, ...], now: float) -> int:
         """Record one event at `now`; the number of live events of the key after it."""
         table = self._table
         times = table.get(key)
-        if times is None:
-            table[key] = self._new_times(now)
-            if len(table) > self._cap:
-                table.popitem(last=False)
-            self._peak = max(self._peak, len(table))
-            return 1
-        times.append(now)
-        table.move_to_end(key)
-        return len(times)
+        if times is not None:
+            times.append(now)
+            table.move_to_end(key)
+            return len(times)
+        draining = self._draining
+        times = None if draining is None else draining.pop(key, None)
+        if times is not None:  # used again: now the most recently used entry of all
+            times.append(now)
+            table[key] = times
+            return len(times)
+        table[key] = self._new_times(now)
+        size = len(table) + (len(draining) if draining else 0)
+        if size > self._cap:
+            (draining or table).popitem(last=False)
+            size -= 1
+        self._peak = max(self._peak, size)
+        return 1
 
     def discard(self, key: tuple[str, ...], at: float) -> bool:
         """Forget one event recorded at `at`, if it is still held."""
-        times = self._table.get(key)
+        table = self._table
+        times = table.get(key)
         if times is None:
-            return False
+            found = self._in_draining(key)
+            if found is None:
+                return False
+            table, times = found
         index = bisect_left(times, at)
         if index == len(times) or times[index] != at:
             return False
         del times[index]
         if not times:
-            del self._table[key]
+            del table[key]
         return True
 
     def sweep(self, now: float) -> None:
-        """Free a few entries whose last event left the window; rebuild a shrunken table."""
-        table = self._table
+        """Free a few entries whose last event left the window; replace a shrunken table.
+
+        The front (least recently used) entry of all is the first to expire. A draining
+        table gives up its most recently used entries first: the live ones go to the front
+        of the new table, which keeps the order of the whole.
+        """
         window = self._window
+        draining = self._draining
+        if draining is not None:
+            table = self._table
+            for _ in range(_MOVE_PER_CALL):
+                if not draining:
+                    break
+                key, times = draining.popitem()
+                if times[-1] + window > now:
+                    table[key] = times
+                    table.move_to_end(key, last=False)
+        front = draining or self._table
         for _ in range(_SWEEP_PER_CALL):
-            if not table:
+            if not front:
                 break
-            key = next(iter(table))
-            if table[key][-1] + window > now:
+            key = next(iter(front))
+            if front[key][-1] + window > now:
                 break
-            del table[key]
-        if self._peak >= _REBUILD_MIN and len(table) * 4 <= self._peak:
-            self._table = OrderedDict(table)
-            self._peak = len(table)
+            del front[key]
+        if draining is not None and not draining:
+            self._draining = None  # let go of it and its arrays sized for the peak
+        if self._draining is None and self._peak >= _REBUILD_MIN:
+            size = len(self._table)
+            if size * 4 <= self._peak:
+                self._draining, self._table = self._table, OrderedDict()
+                self._peak = size
 
 
-@dataclass(slots=True)
-class _Hold:
-    """A pause and/or fresh start on a circuit or rule group (events before are forgotten)."""
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A pause and/or fresh start on a circuit or rule group (events before are forgotten).
+
+    `count` is the number of calls the running pause has refused, the one that opened it
+    included; `expires_at` is when the hold changes no decision any more.
+    """
 
     paused_until: float
     fresh_from: float
@@ -873,15 +1183,21 @@ class _Hold:
     count: int
 
 
-def _pause_hold(
-    earlier: _Hold | None, now: float, pause: float, *, reason: str, rule: str | None
-) -> _Hold:
+def pause_hold(
+    earlier: Hold | None, now: float, pause: float, *, reason: str, rule: str | None
+) -> Hold:
     """A pause from now; an earlier reopen's fresh start (and its lifetime) carries over."""
     if earlier is None:
-        return _Hold(now + pause, _NEVER, now + pause, reason, rule, 1)
-    return _Hold(
-        now + pause, earlier.fresh_from, max(earlier.expires_at, now + pause), reason, rule, 1
-    )
+        return Hold(now + pause, NEVER, now + pause, reason, rule, 1)
+    expires = max(earlier.expires_at, now + pause)
+    return Hold(now + pause, earlier.fresh_from, expires, reason, rule, 1)
+
+
+def reopen_hold(earlier: Hold | None, now: float, window: float) -> Hold:
+    """No pause, and a fresh start now that lasts as long as a counted call could."""
+    reason = earlier.reason if earlier is not None else "reopened"
+    rule = earlier.rule if earlier is not None else None
+    return Hold(now, now, now + window, reason, rule, 0)
 
 
 class _Holds:
@@ -894,19 +1210,32 @@ class _Holds:
     def __init__(self, cap: int) -> None:
         self._cap = cap
         self._limit = self._MIN_LIMIT
-        self._table: dict[str, _Hold] = {}
+        self._table: dict[str, Hold] = {}
 
     def __bool__(self) -> bool:
         return bool(self._table)
 
-    def get(self, key: str, now: float) -> _Hold | None:
+    def get(self, key: str, now: float) -> Hold | None:
         hold = self._table.get(key)
         if hold is not None and hold.expires_at <= now:
             del self._table[key]
             return None
         return hold
 
-    def put(self, key: str, hold: _Hold, now: float) -> None:
+    def refused(self, key: str, hold: Hold) -> Hold:
+        """Count one more call refused by the running pause `hold` (it keeps its place)."""
+        counted = Hold(
+            hold.paused_until,
+            hold.fresh_from,
+            hold.expires_at,
+            hold.reason,
+            hold.rule,
+            hold.count + 1,
+        )
+        self._table[key] = counted
+        return counted
+
+    def put(self, key: str, hold: Hold, now: float) -> None:
         table = self._table
         table.pop(key, None)
         table[key] = hold
@@ -918,58 +1247,18 @@ class _Holds:
             self._table = live
             self._limit = max(self._MIN_LIMIT, 2 * len(live))
 
-    def items(self) -> list[tuple[str, _Hold]]:
+    def items(self) -> list[tuple[str, Hold]]:
         return list(self._table.items())
 
 
 class _RuleBook:
-    """One uniqueness rule's windows and the keys it gives calls."""
+    """One uniqueness rule and its sliding windows, by rule key."""
 
     __slots__ = ("rule", "windows")
 
     def __init__(self, rule: UniquenessRule, cap: int) -> None:
         self.rule = rule
         self.windows = _Windows(rule.window_seconds, cap, rule.max_calls)
-
-    def key(self, fingerprint: str, fields: Mapping[str, str]) -> tuple[str, ...] | None:
-        """The rule's key for a call, or None when the rule does not apply to it."""
-        rule = self.rule
-        for name, pattern in rule.filters.items():
-            value = _field_value(name, fingerprint, fields)
-            if value is None:
-                return None
-            if pattern.endswith("*"):
-                if not value.startswith(pattern[:-1]):
-                    return None
-            elif value != pattern:
-                return None
-        values: list[str] = []
-        for name in rule.fields:
-            value = _field_value(name, fingerprint, fields)
-            if value is None:
-                return None
-            values.append(value)
-        return tuple(values)
-
-    def group(self, key: tuple[str, ...]) -> str:
-        """The key of the group a "pause" rule pauses: the rule's key without the prompt."""
-        parts = [f"rule={_quoted(self.rule.name)}"]
-        parts.extend(
-            f"{name}={_quoted(value)}"
-            for name, value in zip(self.rule.fields, key, strict=True)
-            if name != "prompt"
-        )
-        return "/".join(parts)
-
-
-def _field_value(name: str, fingerprint: str, fields: Mapping[str, str]) -> str | None:
-    """A call's value for a rule field; "prompt" falls back to the fingerprint."""
-    value = fields.get(name)
-    if value:
-        return value
-    if name == "prompt":
-        return fingerprint or None
-    return None
 
 
 def preview_rule(
@@ -993,11 +1282,6 @@ def preview_rule(
 def _logged_at(call: LoggedCall) -> float:
     """Sort key of a logged call: its time."""
     return call.at
-
-
-def _seconds(value: float) -> str:
-    """Seconds for a message: whole seconds, rounded up."""
-    return str(math.ceil(value)) if math.isfinite(value) else "many"
 
 
 # --------------------------------------------------------------------------------------
@@ -1024,11 +1308,9 @@ class CallLoopGuard:
         self._clock = clock or time.monotonic
         self._lock = threading.Lock()
         self._calls = _Windows(self._policy.window_seconds, max_circuits, self._policy.max_repeats)
-        self._books: dict[str, _RuleBook] = {}
-        for rule in rules:
-            if rule.name in self._books:
-                raise ValueError(f"rules: the name {rule.name!r} is used twice")
-            self._books[rule.name] = _RuleBook(rule, max_circuits)
+        self._books = {
+            name: _RuleBook(rule, max_circuits) for name, rule in rules_by_name(rules).items()
+        }
         self._circuit_holds = _Holds(max_circuits)
         self._group_holds = _Holds(max_circuits)
         self._longest_window = max(
@@ -1058,8 +1340,7 @@ class CallLoopGuard:
         now: float | None = None,
     ) -> CallDecision:
         """Decide one call and, when it is allowed, count it (see `record_outcome`)."""
-        step = fields.get("step")
-        identity = _step_fingerprint(fields.get("model", ""), step) if step else fingerprint
+        identity = call_identity(fingerprint, fields)
         with self._lock:
             when = self._clock() if now is None else now
             self._calls.sweep(when)
@@ -1067,28 +1348,30 @@ class CallLoopGuard:
                 book.windows.sweep(when)
             hold = self._circuit_holds.get(circuit, when)
             if hold is not None and hold.paused_until > when:
-                hold.count += 1
-                return self._paused(circuit, hold, when)
-            keyed: list[tuple[_RuleBook, tuple[str, ...], _Hold | None]] = []
+                hold = self._circuit_holds.refused(circuit, hold)
+                return paused_verdict(circuit, hold.paused_until - when, hold.count, hold.rule)
+            keyed: list[tuple[_RuleBook, RuleKey, Hold | None]] = []
             for book in self._books.values():
-                key = book.key(fingerprint, fields)
+                key = rule_key(book.rule, fingerprint, fields)
                 if key is None:
                     continue
-                group_hold = (
-                    self._group_holds.get(book.group(key), when) if self._group_holds else None
-                )
-                if group_hold is not None and group_hold.paused_until > when:
-                    group_hold.count += 1
-                    return self._paused(circuit, group_hold, when)
+                group_hold = None
+                if self._group_holds:
+                    group = rule_group(book.rule, key)
+                    group_hold = self._group_holds.get(group, when)
+                    if group_hold is not None and group_hold.paused_until > when:
+                        group_hold = self._group_holds.refused(group, group_hold)
+                        remaining = group_hold.paused_until - when
+                        return paused_verdict(circuit, remaining, group_hold.count, group_hold.rule)
                 keyed.append((book, key, group_hold))
             call = (circuit, identity)
-            floor = _NEVER if hold is None else hold.fresh_from
+            floor = NEVER if hold is None else hold.fresh_from
             repeats = len(self._calls.live(call, when, floor))
             if repeats >= self._policy.max_repeats:
                 return self._open_loop_pause(circuit, repeats + 1, hold, when)
             for book, key, group_hold in keyed:
                 times = book.windows.live(
-                    key, when, _NEVER if group_hold is None else group_hold.fresh_from
+                    key, when, NEVER if group_hold is None else group_hold.fresh_from
                 )
                 if len(times) >= book.rule.max_calls:
                     return self._refuse_duplicate(
@@ -1103,15 +1386,7 @@ class CallLoopGuard:
             rule_keys = tuple((book.rule.name, key) for book, key, _ in keyed)
             for book, key, _ in keyed:
                 book.windows.add(key, when)
-            return CallDecision(
-                allowed=True,
-                code="ok",
-                retry_after=0.0,
-                count=count,
-                circuit=circuit,
-                message="",
-                receipt=CallReceipt(at=when, call=call, rule_keys=rule_keys),
-            )
+            return allowed_verdict(circuit, identity, count, when, rule_keys)
 
     def record_outcome(
         self, decision: CallDecision, *, status: int | None = None, error: str | None = None
@@ -1144,18 +1419,7 @@ class CallLoopGuard:
             hold = holds.get(circuit, when)
             lifted = hold is not None and hold.paused_until > when
             window = self._longest_window if is_group else self._policy.window_seconds
-            holds.put(
-                circuit,
-                _Hold(
-                    paused_until=when,
-                    fresh_from=when,
-                    expires_at=when + window,
-                    reason=hold.reason if hold is not None else "reopened",
-                    rule=hold.rule if hold is not None else None,
-                    count=0,
-                ),
-                when,
-            )
+            holds.put(circuit, reopen_hold(hold, when, window), when)
             return lifted
 
     def paused(self, *, now: float | None = None) -> list[PausedCircuit]:
@@ -1175,75 +1439,35 @@ class CallLoopGuard:
             ]
         return sorted(found, key=_paused_key)
 
-    def _paused(self, circuit: str, hold: _Hold, now: float) -> CallDecision:
-        """The refusal of a call on a paused circuit or group."""
-        remaining = hold.paused_until - now
-        if hold.rule is None:
-            message = MSG_LOOP_PAUSED.format(circuit=circuit, seconds=_seconds(remaining))
-        else:
-            message = MSG_RULE_PAUSED.format(rule=hold.rule, seconds=_seconds(remaining))
-        return CallDecision(
-            allowed=False,
-            code="loop_paused",
-            retry_after=remaining,
-            count=hold.count,
-            circuit=circuit,
-            message=message,
-            rule=hold.rule,
-        )
-
     def _open_loop_pause(
-        self, circuit: str, count: int, earlier: _Hold | None, now: float
+        self, circuit: str, count: int, earlier: Hold | None, now: float
     ) -> CallDecision:
         """Refuse the call that repeats too often and pause its circuit."""
         pause = self._policy.pause_seconds
         self._circuit_holds.put(
-            circuit, _pause_hold(earlier, now, pause, reason="loop_detected", rule=None), now
+            circuit, pause_hold(earlier, now, pause, reason="loop_detected", rule=None), now
         )
-        return CallDecision(
-            allowed=False,
-            code="loop_detected",
-            retry_after=pause,
-            count=count,
-            circuit=circuit,
-            message=MSG_LOOP_DETECTED.format(circuit=circuit, seconds=_seconds(pause)),
-        )
+        return loop_verdict(circuit, count, pause)
 
     def _refuse_duplicate(
         self,
         *,
         circuit: str,
         book: _RuleBook,
-        key: tuple[str, ...],
+        key: RuleKey,
         times: Sequence[float],
-        earlier: _Hold | None,
+        earlier: Hold | None,
         now: float,
     ) -> CallDecision:
         """Refuse a call over a rule's limit; a "pause" rule also pauses the rule's group."""
         rule = book.rule
-        window = f"{rule.window_seconds:g}"
         if rule.action == "pause":
-            pause = self._policy.pause_seconds
-            hold = _pause_hold(earlier, now, pause, reason=f"rule:{rule.name}", rule=rule.name)
-            self._group_holds.put(book.group(key), hold, now)
-            retry_after = pause
-            message = MSG_DUPLICATE_PAUSED.format(
-                rule=rule.name, limit=rule.max_calls, window=window, seconds=_seconds(pause)
-            )
+            retry_after = self._policy.pause_seconds
+            hold = pause_hold(earlier, now, retry_after, reason=f"rule:{rule.name}", rule=rule.name)
+            self._group_holds.put(rule_group(rule, key), hold, now)
         else:
             retry_after = times[0] + rule.window_seconds - now
-            message = MSG_DUPLICATE.format(
-                rule=rule.name, limit=rule.max_calls, window=window, seconds=_seconds(retry_after)
-            )
-        return CallDecision(
-            allowed=False,
-            code="duplicate_call",
-            retry_after=retry_after,
-            count=len(times) + 1,
-            circuit=circuit,
-            message=message,
-            rule=rule.name,
-        )
+        return duplicate_verdict(circuit, rule, len(times) + 1, retry_after)
 
 
 def _paused_key(paused: PausedCircuit) -> str:

@@ -16,41 +16,91 @@ handling still applies, unless the post-check is HALT, which raises
 `ToolExecutionError` chained to it. A WARN or BLOCK verdict on a failed call is added to
 the exception as a note (`exc.__notes__`). Cancellation is not a tool failure: it
 propagates unrecorded.
+
+`on_decision`, when given, is called with each decision the guard makes for the call, in
+order: the pre-check, then (if the tool ran) the post-check. A caller that reports which
+verdict settled a call (see `settling_decision`) needs nothing more than a list's
+`append`.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from guards.loop_guard import GuardAction, LoopGuard, ToolExecutionError, apply_decision
+from guards.loop_guard import (
+    GuardAction,
+    LoopGuard,
+    LoopGuardDecision,
+    ToolExecutionError,
+    apply_decision,
+)
+
+DecisionHook = Callable[[LoopGuardDecision], None]
+"""Called with each decision the guard makes for one call (pre-check, post-check)."""
+
+
+def settling_decision(decisions: Sequence[LoopGuardDecision]) -> LoopGuardDecision | None:
+    """The decision that settled a call: a pre-check BLOCK or HALT, else the last one."""
+    if not decisions:
+        return None
+    first = decisions[0]
+    return first if first.action in (GuardAction.BLOCK, GuardAction.HALT) else decisions[-1]
 
 
 def _failure_text(exc: BaseException) -> str:
+    """A failed call's recorded result: identical failures build a streak."""
     return f"{type(exc).__name__}: {exc}"
 
 
-def _start(guard: LoopGuard, tool_name: str, args: Mapping[str, object]) -> object | None:
-    """Pre-check; the block result when the call must not run (HALT raises)."""
-    decision = guard.check(tool_name, args)
-    if decision.action is GuardAction.HALT:
-        raise ToolExecutionError.from_decision(decision)
-    if decision.action is GuardAction.BLOCK:
-        return apply_decision(decision, None)
-    return None
+class _GuardedCall:
+    """One call's steps of the protocol, each decision also passed to the hook."""
 
+    __slots__ = ("_args", "_guard", "_on_decision", "_tool_name")
 
-def _failed(guard: LoopGuard, tool_name: str, args: Mapping[str, object], exc: Exception) -> None:
-    """Record a raised tool call; raise on HALT, else note the verdict on the exception."""
-    decision = guard.record(tool_name, args, success=False, result=_failure_text(exc))
-    if decision.action is GuardAction.HALT:
-        raise ToolExecutionError.from_decision(decision) from exc
-    if decision.action is not GuardAction.ALLOW:
-        exc.add_note(f"[loop-guard] {decision.message}")
+    def __init__(
+        self,
+        guard: LoopGuard,
+        tool_name: str,
+        args: Mapping[str, object],
+        on_decision: DecisionHook | None,
+    ) -> None:
+        self._guard = guard
+        self._tool_name = tool_name
+        self._args = args
+        self._on_decision = on_decision
 
+    def _seen(self, decision: LoopGuardDecision) -> LoopGuardDecision:
+        """Pass a decision to the hook, if any, and return it."""
+        if self._on_decision is not None:
+            self._on_decision(decision)
+        return decision
 
-def _finish(guard: LoopGuard, tool_name: str, args: Mapping[str, object], result: object) -> object:
-    return apply_decision(guard.record(tool_name, args, success=True, result=result), result)
+    def start(self) -> object | None:
+        """Pre-check; the block result when the call must not run (HALT raises)."""
+        decision = self._seen(self._guard.check(self._tool_name, self._args))
+        if decision.action is GuardAction.HALT:
+            raise ToolExecutionError.from_decision(decision)
+        if decision.action is GuardAction.BLOCK:
+            return apply_decision(decision, None)
+        return None
+
+    def failed(self, exc: Exception) -> None:
+        """Record a raised tool call; raise on HALT, else note the verdict on the exception."""
+        decision = self._seen(
+            self._guard.record(
+                self._tool_name, self._args, success=False, result=_failure_text(exc)
+            )
+        )
+        if decision.action is GuardAction.HALT:
+            raise ToolExecutionError.from_decision(decision) from exc
+        if decision.action is not GuardAction.ALLOW:
+            exc.add_note(f"[loop-guard] {decision.message}")
+
+    def finish(self, result: object) -> object:
+        """Record a call that returned; the result as the post-check lets the caller see it."""
+        record = self._guard.record(self._tool_name, self._args, success=True, result=result)
+        return apply_decision(self._seen(record), result)
 
 
 async def guarded_call(
@@ -58,19 +108,21 @@ async def guarded_call(
     tool_name: str,
     fn: Callable[..., object],
     args: Mapping[str, object],
+    *,
+    on_decision: DecisionHook | None = None,
 ) -> object:
     """Run `fn(**args)` (sync or async) under the guard; see the module docstring."""
-    blocked = _start(guard, tool_name, args)
-    if blocked is not None:
+    call = _GuardedCall(guard, tool_name, args, on_decision)
+    if (blocked := call.start()) is not None:
         return blocked
     try:
         result = fn(**args)
         if inspect.isawaitable(result):
             result = await result
     except Exception as exc:
-        _failed(guard, tool_name, args, exc)
+        call.failed(exc)
         raise
-    return _finish(guard, tool_name, args, result)
+    return call.finish(result)
 
 
 def guarded_call_sync(
@@ -78,17 +130,19 @@ def guarded_call_sync(
     tool_name: str,
     fn: Callable[..., object],
     args: Mapping[str, object],
+    *,
+    on_decision: DecisionHook | None = None,
 ) -> object:
     """Run a synchronous `fn(**args)` under the guard; see the module docstring."""
-    blocked = _start(guard, tool_name, args)
-    if blocked is not None:
+    call = _GuardedCall(guard, tool_name, args, on_decision)
+    if (blocked := call.start()) is not None:
         return blocked
     try:
         result = fn(**args)
     except Exception as exc:
-        _failed(guard, tool_name, args, exc)
+        call.failed(exc)
         raise
     if inspect.iscoroutine(result):
         result.close()  # never awaited: close it so it does not warn later
         raise TypeError(f"{tool_name} is async: call it with guarded_call, not guarded_call_sync")
-    return _finish(guard, tool_name, args, result)
+    return call.finish(result)

@@ -75,7 +75,7 @@ from guards.loop_guard import (
     LoopGuardConfig,
     LoopGuardDecision,
 )
-from guards.tool_wrapper import guarded_call
+from guards.tool_wrapper import guarded_call, settling_decision
 
 if TYPE_CHECKING:
     from gateway.context import TurnContext
@@ -249,44 +249,6 @@ class _TurnEnded(Exception):
         self.halt = halt
 
 
-class _TurnLoopGuard(LoopGuard):
-    """A LoopGuard that remembers the decisions of the tool call in progress (for ToolCall)."""
-
-    def __init__(self, config: LoopGuardConfig, *, clock: Callable[[], float] | None) -> None:
-        super().__init__(config, clock=clock)
-        self._seen: list[LoopGuardDecision] = []
-
-    def check(
-        self, tool_name: str, args: object, *, pre: bool = True, now: float | None = None
-    ) -> LoopGuardDecision:
-        """LoopGuard.check, remembered."""
-        decision = super().check(tool_name, args, pre=pre, now=now)
-        self._seen.append(decision)
-        return decision
-
-    def record(
-        self,
-        tool_name: str,
-        args: object,
-        *,
-        success: bool,
-        result: object = None,
-        now: float | None = None,
-    ) -> LoopGuardDecision:
-        """LoopGuard.record, remembered."""
-        decision = super().record(tool_name, args, success=success, result=result, now=now)
-        self._seen.append(decision)
-        return decision
-
-    def take_verdict(self) -> LoopGuardDecision | None:
-        """The decision that settled the last call: a pre-check BLOCK/HALT, else the last one."""
-        seen, self._seen = self._seen, []
-        if not seen:
-            return None
-        first = seen[0]
-        return first if first.action in (GuardAction.BLOCK, GuardAction.HALT) else seen[-1]
-
-
 class OpenAIAgent:
     """Answers a turn with an OpenAI-compatible model and guarded Python tools."""
 
@@ -327,7 +289,7 @@ class OpenAIAgent:
         msg = turn.message
         session = msg.room if msg.thread_id is None else f"{msg.room}:{msg.thread_id}"
         circuit = circuit_key(self.name, session)
-        guard = _TurnLoopGuard(
+        guard = LoopGuard(
             LoopGuardConfig.from_dict(turn.policy.tool_loop.model_dump()), clock=self._clock
         )
         conversation: list[WireMessage] = []
@@ -363,7 +325,7 @@ class OpenAIAgent:
             await session.close()
 
     async def _run_tool(
-        self, guard: _TurnLoopGuard, call: _WireToolCall, calls: list[ToolCall]
+        self, guard: LoopGuard, call: _WireToolCall, calls: list[ToolCall]
     ) -> WireMessage:
         """Run one tool call under the turn's LoopGuard; the tool message for the model."""
         name = call.function.name
@@ -386,16 +348,17 @@ class OpenAIAgent:
                 return result
 
         guard_args: dict[str, object] = args if isinstance(args, dict) else {"_raw": raw_args}
+        decisions: list[LoopGuardDecision] = []  # the guard's, for the ToolCall record
         try:
-            result = await guarded_call(guard, name, run, guard_args)
+            result = await guarded_call(guard, name, run, guard_args, on_decision=decisions.append)
         except Exception as exc:
-            verdict = guard.take_verdict()
+            verdict = settling_decision(decisions)
             calls.append(_tool_call(name, raw_args, verdict))
             if verdict is not None and verdict.action is GuardAction.HALT:
                 raise self._halt(verdict, name) from exc
             result = {"error": _failure_text(exc)}
         else:
-            calls.append(_tool_call(name, raw_args, guard.take_verdict()))
+            calls.append(_tool_call(name, raw_args, settling_decision(decisions)))
         return {"role": "tool", "tool_call_id": call.id, "content": _tool_content(result)}
 
     def _halt(self, verdict: LoopGuardDecision, tool: str) -> _TurnEnded:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import random
+import re
 import threading
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from guards import call_loop
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
@@ -285,6 +289,152 @@ def test_fingerprint_is_stable_under_dict_key_order(
     )
 
 
+# Dates and times in the shapes the normaliser knows (and near misses), "d" a digit.
+TOKEN_TEMPLATES = (
+    "dddd-dd-dd",
+    "dddd-dd-ddTdd:dd",
+    "dddd-dd-ddTdd:dd:ddZ",
+    "dddd-dd-dd dd:dd:dd.ddd+dd:dd",
+    "dddd-dd-ddTdd:dd:dd-dddd",
+    "dddd/dd/dd",
+    "dd/dd/dddd",
+    "d/d/dd",
+    "dd-dd-dddd",
+    "dd.dd.dddd",
+    "dd:dd",
+    "d:dd",
+    "dd:dd:dd",
+    "dd:dd:dd,d",
+    "dd:dd pm",
+    "d:dd A.M.",
+    "dpm",
+    "dd a.m.",
+    "Nov dd dddd",
+    "nov. ddth, dddd",
+    "dd Nov dddd",
+    "dst December, dddd",
+    "Mon, dd Nov dddd",
+    "Wednesday, September ddrd, dddd",
+    "Sept d dddd",
+    "ddddd",
+    "ORDdddddd",
+    "dddddddd-dddd-dddd-dddd-dddddddddddd",
+    "ddd",
+    "d",
+)
+WORDS = (
+    "page",
+    "order",
+    "at",
+    "on",
+    "ref",
+    "id",
+    "deadbeef",
+    "cafe",
+    "facade",
+    "run_tests",
+    "call_weather",
+    "file-name",
+    "v",
+    "h",
+    "Z",
+    "T",
+    "x",
+    "é",
+    "\x00",
+)
+PROVIDER_PREFIXES = ("call_", "toolu_", "msg_", "run_", "fc_", "batch_", "chatcmpl-", "file-")
+SEPARATORS = ("", " ", "  ", ", ", ".", "-", "_", ":", "/", "\n", '"', "\x00", "T", "a")
+
+
+@st.composite
+def volatile_texts(draw: st.DrawFn) -> str:
+    """Text mixing dates, times, UUIDs, hex and provider ids, long and short numbers."""
+    pieces: list[str] = []
+    for _ in range(draw(st.integers(min_value=0, max_value=10))):
+        kind = draw(st.integers(min_value=0, max_value=5))
+        if kind == 0:
+            template = draw(st.sampled_from(TOKEN_TEMPLATES))
+            digits = iter(draw(st.lists(st.sampled_from("0123456789"), min_size=40)))
+            piece = "".join(next(digits) if c == "d" else c for c in template)
+        elif kind == 1:
+            piece = str(draw(st.uuids()))
+        elif kind == 2:
+            piece = draw(st.from_regex(r"[0-9a-fA-F]{1,20}", fullmatch=True))
+        elif kind == 3:
+            suffix = draw(st.from_regex(r"[A-Za-z0-9]{0,14}", fullmatch=True))
+            piece = draw(st.sampled_from(PROVIDER_PREFIXES)) + suffix
+        elif kind == 4:
+            piece = str(draw(st.integers(min_value=0, max_value=10**14)))
+        else:
+            piece = draw(st.sampled_from(WORDS))
+        pieces.append(piece + draw(st.sampled_from(SEPARATORS)))
+    return "".join(pieces)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    volatile_texts() | st.lists(VOLATILE_ALPHABET, max_size=40).map("".join) | st.text(max_size=60)
+)
+def test_issue6_normaliser_agrees_with_the_reference(text: str) -> None:
+    assert normalise_text(text) == reference_normalise_text(text)
+
+
+MESSAGE_PARTS = st.sampled_from(
+    [
+        {"type": "text", "text": "Check order 12345 at 10:05"},
+        {"type": "image", "source": {"type": "base64", "data": "aGVsbG8=", "media_type": "x"}},
+        {"type": "tool_use", "id": "toolu_01AbC", "name": "get_user", "input": {"id": 7}},
+        {"type": "tool_result", "tool_use_id": "toolu_01AbC", "content": "done"},
+        {"inline_data": {"mime_type": "image/png", "data": "aGVsbG8="}},
+        {"image_url": {"url": "data:image/png;base64,aGVsbG8="}},
+    ]
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool"])},
+    optional={
+        "content": volatile_texts() | st.lists(MESSAGE_PARTS, max_size=3) | st.none(),
+        "tool_calls": st.lists(
+            st.fixed_dictionaries(
+                {
+                    "id": st.just("call_Nn8aFV3BP0qHkfOMx7"),
+                    "type": st.just("function"),
+                    "function": st.fixed_dictionaries(
+                        {"name": st.sampled_from(WORDS), "arguments": volatile_texts()}
+                    ),
+                }
+            ),
+            max_size=2,
+        ),
+        "name": st.sampled_from(WORDS),
+        "extra": JSON,
+        "tool_call_id": st.text(max_size=8),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(MESSAGE | st.dictionaries(st.text(max_size=8), JSON, max_size=5), max_size=3))
+def test_issue6_fingerprint_agrees_with_the_reference(messages: list[dict[str, object]]) -> None:
+    assert fingerprint_call(MODEL, messages) == reference_fingerprint(MODEL, messages)
+
+
+def test_issue6_odd_values_fingerprint_as_before() -> None:
+    class Named:
+        def __repr__(self) -> str:
+            return "Named(20261130)"
+
+    messages: list[Mapping[str, object]] = [
+        {
+            "role": "user",
+            "content": ("a", 1, 2.5, True, None, b"raw", bytearray(b"x"), Named()),
+            "extra": {1: {2: "two", "3": [3.0]}, "id": 12345},
+        },
+        {"role": "tool", "content": MappingProxyType({"data": "aGVsbG8=", "id": "x"})},
+    ]
+    assert fingerprint_call(MODEL, messages) == reference_fingerprint(MODEL, messages)
+
+
 # ---------------------------------------------------------------------------------------
 # Circuits
 # ---------------------------------------------------------------------------------------
@@ -485,6 +635,41 @@ def test_the_cap_forgets_the_least_recently_used_call_window() -> None:
     assert send(guard, A, 3.0, circuit="c1").count == 3
     assert send(guard, A, 3.0, circuit="c2").count == 1
     assert len(guard) == 3
+
+
+def test_a_shrunken_table_is_replaced_a_few_entries_per_call() -> None:
+    # 4,000 windows go idle, 300 stay live: once the idle ones are swept, the table (down
+    # to a quarter of its peak) is replaced while calls go on. No call moves more than a
+    # few entries (copying 25,000 at once stalled one call for ~20 ms), no count is lost
+    # and the least recently used order survives.
+    guard = CallLoopGuard(CallLoopPolicy(max_repeats=1_000_000, window_seconds=60.0))
+    for i in range(4_000):
+        send(guard, A, 0.0, circuit=f"idle/session={i}")
+    live = [f"live/session={i}" for i in range(300)]
+    counts = dict.fromkeys(live, 0)
+    for circuit in live:
+        counts[circuit] = send(guard, A, 30.0, circuit=circuit).count
+    recency = list(live)  # least recently used first
+    windows = guard._calls
+    rng = random.Random(3)
+    replaced = False
+    at = 60.0
+    for _ in range(3_000):
+        at += 0.001
+        circuit = rng.choice(live)
+        before = len(windows._table)
+        decision = send(guard, A, at, circuit=circuit)
+        counts[circuit] += 1
+        recency.remove(circuit)
+        recency.append(circuit)
+        assert decision.count == counts[circuit]
+        if windows._draining is not None:
+            replaced = True
+            assert len(windows._table) <= before + call_loop._MOVE_PER_CALL + 1
+    assert replaced
+    assert windows._draining is None
+    assert len(guard) == len(live)
+    assert [key[0] for key in windows._table] == recency
 
 
 def test_a_pause_after_a_reopen_ends_on_time() -> None:
@@ -771,3 +956,130 @@ def test_preview_rule_is_pure() -> None:
     calls: Sequence[LoggedCall] = [LoggedCall(at=0.0, fingerprint=A, fields={"session": "s"})] * 3
     once = rule(fields=["session"])
     assert preview_rule(once, calls) == preview_rule(once, calls) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# The normaliser and encoder as they were before the speed work (issue 6), kept here only
+# as the reference the faster ones must agree with, byte for byte. The patterns are the
+# old ones' text; `_widen` and the payload helpers did not change and are shared.
+# ---------------------------------------------------------------------------------------
+
+_REF_TOKEN_RX = re.compile(
+    rb"0(?<![0-9]0)(?:(?<![0-9A-Za-z\x00]0)(?:[0-9a-fA-F]{7}(?:-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}"
+    rb"-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![0-9A-Za-z\x00])|[0-9a-fA-F]*(?![0-9A-Za-z\x00]))"
+    rb"|(?=[0-9]{0,3}+(?:[-/.:]|[sS][tT]|[nN][dD]|[rR][dD]|[tT][hH]| ?[aApP]\.?[mM]"
+    rb"| +(?:[jJ][aAuU]|[fF][eE]|[mM][aA]|[aA][pPuU]|[sS][eE]|[oO][cC]|[nN][oO]|[dD][eE])))"
+    rb"(?:[0-9]?:[0-9]{2}(?::[0-9]{2}(?:[.,][0-9]+)?)?(?: ?(?i:[ap]\.?m\.?))?"
+    rb"(?![0-9A-Za-z\x00])|[0-9]{3}-[0-9]{2}-[0-9]{2}(?:[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}"
+    rb"(?:[.,][0-9]+)?)?(?:Z|[+-][0-9]{2}(?::?[0-9]{2})?)?)?(?![0-9A-Za-z\x00])"
+    rb"|[0-9]{3}/[0-9]{1,2}/[0-9]{1,2}(?![0-9A-Za-z\x00])|[0-9]?(?:/[0-9]{1,2}/(?:[0-9]{4}"
+    rb"|[0-9]{2})|-[0-9]{1,2}-[0-9]{4}|\.[0-9]{1,2}\.[0-9]{4})(?![0-9A-Za-z\x00])"
+    rb"|(?P<ddate>[0-9]?(?:st|nd|rd|th)? +(?i:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?"
+    rb"|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?"
+    rb"|nov(?:ember)?|dec(?:ember)?)\.?,? +[0-9]{4}(?![0-9A-Za-z\x00]))"
+    rb"|[0-9]? ?(?i:[ap]\.?m\.?)(?![0-9A-Za-z\x00])))"
+    rb"|(?<=[a-fA-F]0)(?:(?P<uuidl>[0-9a-fA-F]{0,7}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}"
+    rb"-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(?![0-9A-Za-z\x00]))"
+    rb"|(?P<hexl>[0-9a-fA-F]*(?![0-9A-Za-z\x00])))"
+    rb"|(?P<mdate>(?<=[A-Za-z.] 0)[0-9]?(?:st|nd|rd|th)?,? +[0-9]{4}(?![0-9A-Za-z\x00]))"
+    rb"|[0-9]{4,}(?![0-9]))"
+)
+_REF_NUMBER_RX = re.compile(rb"0(?<![0-9]0)[0-9]{4,}(?![0-9])")
+_REF_PROVIDERS = (
+    (
+        b"_",
+        re.compile(
+            rb"_(?:(?<=(?<![0-9A-Za-z\x00])(?:call|resp|file|asst|step)_)"
+            rb"|(?<=(?<![0-9A-Za-z\x00])(?:toolu|batch)_)|(?<=(?<![0-9A-Za-z\x00])(?:srvtoolu)_)"
+            rb"|(?<=(?<![0-9A-Za-z\x00])(?:msg|run|req)_)|(?<=(?<![0-9A-Za-z\x00])(?:fc|rs)_)"
+            rb"|(?<=(?<![0-9A-Za-z\x00])(?:thread)_))(?=[a-z]*[0-9A-Z])[A-Za-z0-9]{6,}"
+        ),
+    ),
+    (
+        b"-",
+        re.compile(
+            rb"\-(?:(?<=(?<![0-9A-Za-z\x00])(?:chatcmpl)\-)"
+            rb"|(?<=(?<![0-9A-Za-z\x00])(?:cmpl|file)\-))(?=[a-z]*[0-9A-Z])[A-Za-z0-9]{6,}"
+        ),
+    ),
+)
+
+
+def _ref_normalise(data: bytes) -> bytes:
+    for separator, pattern in _REF_PROVIDERS:
+        if separator in data:
+            data = pattern.sub(separator + b"\x00", data)
+    shape = data.translate(bytes.maketrans(b"123456789", b"000000000"))
+    out: list[bytes] = []
+    emitted = search_from = 0
+    while b"0" in shape:
+        for match in _REF_TOKEN_RX.finditer(shape, search_from):
+            start, end = match.span()
+            if match.lastgroup is not None:
+                kind, floor = match.lastgroup, emitted
+                begin = call_loop._widen(kind, data, shape, start=start, end=end, floor=floor)
+                if begin < 0:
+                    number = _REF_NUMBER_RX.match(shape, start)
+                    search_from = start + 1 if number is None else number.end()
+                    if number is not None:
+                        out += (data[emitted:start], b"\x00")
+                        emitted = search_from
+                    break
+                start = begin
+            out += (data[emitted:start], b"\x00")
+            emitted = end
+        else:
+            break
+    return b"".join([*out, data[emitted:]]) if out else data
+
+
+def reference_normalise_text(text: str) -> str:
+    """`normalise_text` as it was: the reference for the faster one."""
+    raw = text.encode("utf-8", "surrogatepass")
+    return _ref_normalise(raw).decode("utf-8", "surrogatepass")
+
+
+def _ref_encode(value: object, out: list[bytes], *, structural: bool, payload: bool) -> None:
+    if isinstance(value, str):
+        content = call_loop._data_url_bytes(value) if value.startswith("data:") else None
+        if content is None and payload:
+            content = call_loop._decode_base64(value)
+        if content is None:
+            text = _ref_normalise(value.encode("utf-8", "surrogatepass"))
+            out += (b"S%d:" % len(text), text)
+        else:
+            out.append(b"B" + call_loop._blob(content))
+    elif isinstance(value, dict | Mapping):
+        out.append(b"{")
+        for key in sorted(value, key=str):
+            name = key if isinstance(key, str) else str(key)
+            if structural and name in call_loop._VOLATILE_KEYS:
+                continue
+            raw = name.encode("utf-8", "surrogatepass")
+            out += (b"K%d:" % len(raw), raw)
+            inner = structural and name in call_loop._STRUCTURAL_KEYS
+            inner_payload = inner and name in call_loop._PAYLOAD_KEYS
+            _ref_encode(value[key], out, structural=inner, payload=inner_payload)
+        out.append(b"}")
+    elif isinstance(value, bytes | bytearray | memoryview):
+        out.append(b"B" + call_loop._blob(bytes(value)))
+    elif isinstance(value, list | tuple):
+        out.append(b"[")
+        for item in value:
+            _ref_encode(item, out, structural=structural, payload=False)
+        out.append(b"]")
+    elif value is None or isinstance(value, bool):
+        out.append(b"n" if value is None else b"t" if value else b"f")
+    else:
+        text = _ref_normalise(repr(value).encode("utf-8", "surrogatepass"))
+        out += (b"V%d:" % len(text), text)
+
+
+def reference_fingerprint(model: str, messages: Sequence[Mapping[str, object]]) -> str:
+    """`fingerprint_call` (no attachments, no step) as it was: the reference."""
+    raw = model.encode("utf-8", "surrogatepass")
+    out: list[bytes] = [b"M%d:" % len(raw), raw]
+    for message in messages[-2:]:
+        _ref_encode(message, out, structural=True, payload=False)
+    out.append(b"A")
+    return hashlib.blake2b(b"".join(out), digest_size=16, person=b"lw-call").hexdigest()

@@ -6,8 +6,14 @@ import asyncio
 
 import pytest
 
-from guards.loop_guard import LoopGuard, LoopGuardConfig, ToolExecutionError
-from guards.tool_wrapper import guarded_call, guarded_call_sync
+from guards.loop_guard import (
+    GuardAction,
+    LoopGuard,
+    LoopGuardConfig,
+    LoopGuardDecision,
+    ToolExecutionError,
+)
+from guards.tool_wrapper import guarded_call, guarded_call_sync, settling_decision
 
 
 class Tool:
@@ -129,15 +135,13 @@ def test_failures_are_recorded_re_raised_and_escalate_to_halt() -> None:
 
 
 # Count thresholds out of the way: the no-progress streak warns at 2 and halts at 3.
-STREAK_ONLY = LoopGuardConfig(
-    idempotent_warn_threshold=100,
-    idempotent_block_threshold=100,
-    idempotent_halt_threshold=100,
-    mutating_warn_threshold=100,
-    mutating_block_threshold=100,
-    mutating_halt_threshold=100,
-    no_progress_warn=2,
-    no_progress_halt=3,
+COUNT_THRESHOLDS = [
+    f"{bucket}_{level}_threshold"
+    for bucket in ("idempotent", "mutating")
+    for level in ("warn", "block", "halt")
+]
+STREAK_ONLY = LoopGuardConfig.from_dict(
+    {**dict.fromkeys(COUNT_THRESHOLDS, 100), "no_progress_warn": 2, "no_progress_halt": 3}
 )
 
 
@@ -191,3 +195,73 @@ def test_sync_wrapper_refuses_an_async_tool_without_recording_it() -> None:
         guarded_call_sync(guard, "read_file", Tool().acall, {"path": "a"})
 
     assert guard.get_stats().tool_counts == {}
+
+
+# --- on_decision: which decisions the guard made for a call, and which one settled it ---
+
+
+def actions(decisions: list[LoopGuardDecision]) -> list[str]:
+    return [decision.action.value for decision in decisions]
+
+
+def test_on_decision_sees_the_pre_check_then_the_post_check() -> None:
+    guard = LoopGuard()
+    tool = Tool("done")
+    seen: list[list[LoopGuardDecision]] = []
+    for _ in range(3):
+        decisions: list[LoopGuardDecision] = []
+        guarded_call_sync(guard, "write_file", tool, ARGS, on_decision=decisions.append)
+        seen.append(decisions)
+
+    assert [actions(decisions) for decisions in seen] == [
+        ["allow", "allow"],
+        ["allow", "allow"],
+        ["warn", "warn"],  # the 3rd call of a mutating tool
+    ]
+    assert [d.code for d in seen[2]] == ["count_warn", "count_warn"]
+    assert settling_decision(seen[2]) is seen[2][1]
+
+
+async def test_on_decision_sees_only_the_pre_check_of_a_blocked_or_halted_call() -> None:
+    guard = LoopGuard()
+    tool = Tool("same")
+    for _ in range(4):
+        await guarded_call(guard, "write_file", tool.acall, ARGS)
+
+    blocked: list[LoopGuardDecision] = []
+    result = await guarded_call(guard, "write_file", tool.acall, ARGS, on_decision=blocked.append)
+    assert isinstance(result, dict)
+    assert actions(blocked) == ["block"]
+    assert settling_decision(blocked) is blocked[0]
+
+    await guarded_call(guard, "write_file", tool.acall, ARGS)
+    halted: list[LoopGuardDecision] = []
+    with pytest.raises(ToolExecutionError):
+        await guarded_call(guard, "write_file", tool.acall, ARGS, on_decision=halted.append)
+    assert actions(halted) == ["halt"]
+    assert tool.runs == 4
+
+
+def test_on_decision_sees_the_post_check_of_a_failed_call() -> None:
+    guard = LoopGuard(STREAK_ONLY)
+    tool = Tool(error=ValueError("bad input"))
+    seen: list[list[LoopGuardDecision]] = []
+    for _ in range(3):
+        decisions: list[LoopGuardDecision] = []
+        with pytest.raises((ValueError, ToolExecutionError)):
+            guarded_call_sync(guard, "parse_doc", tool, {"doc": 1}, on_decision=decisions.append)
+        seen.append(decisions)
+
+    assert [actions(decisions) for decisions in seen] == [
+        ["allow", "allow"],
+        ["allow", "warn"],
+        ["warn", "halt"],  # the post-check HALT raised ToolExecutionError
+    ]
+    assert [settling_decision(d) for d in seen] == [d[-1] for d in seen]
+
+
+def test_settling_decision_is_a_pre_check_block_or_halt_else_the_last() -> None:
+    assert settling_decision([]) is None
+    warn = LoopGuardDecision(GuardAction.WARN, "count_warn", "careful", {})
+    allow = LoopGuardDecision(GuardAction.ALLOW, "ok", "", {})
+    assert settling_decision([warn, allow]) is allow
