@@ -24,7 +24,7 @@ from guards.loop_guard import (
     apply_decision,
 )
 from guards.silence import NO_REPLY, SilencePolicy, SilenceStreamFilter, apply_silence, is_silent
-from guards.tool_wrapper import guarded_call, guarded_call_sync
+from guards.tool_wrapper import guarded_call, guarded_call_sync, settling_decision
 
 __all__ = [
     "NO_REPLY",
@@ -51,4 +51,5 @@ __all__ = [
     "guarded_call_sync",
     "is_silent",
     "pair_key",
+    "settling_decision",
 ]
