@@ -36,6 +36,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, TypeVar
 
 from aiohttp import web
@@ -119,6 +120,13 @@ class SetBody(RoomBody):
     value: str | int | float | bool
 
 
+class AuditBody(_Body):
+    """Read the newest audit entries, of one room or of all."""
+
+    room: RoomKey | None = None
+    limit: int = Field(default=20, ge=1, le=1000)
+
+
 class NoBody(_Body):
     """A request that takes no fields (`GET /admin/circuits`)."""
 
@@ -156,6 +164,7 @@ class _AdminApi:
             ),
             self._route("POST", "/admin/resume", RoomBody, lambda b: _ack(admin.resume(b.room))),
             self._route("POST", "/admin/set", SetBody, self._set),
+            self._route("GET", "/admin/audit", AuditBody, self._read_audit),
             *self.circuit_routes(),
         ]
 
@@ -229,6 +238,11 @@ class _AdminApi:
         value = body.value if isinstance(body.value, str) else json.dumps(body.value)
         return await self._admin.run(body.room, ["set", body.field, value])
 
+    async def _read_audit(self, body: AuditBody) -> AdminAck:
+        """The newest audit entries, one line each, newest first."""
+        entries = await self._state.recent_audit(body.limit, body.room)
+        return AdminAck("\n".join(_audit_line(e) for e in entries) or "no audit entries")
+
     async def _audit(self, request: web.Request, room: str, body: _Body, ack: AdminAck) -> None:
         """The same audit trail as chat commands, in the state store (shared by replicas)."""
         command = f"{request.method} {request.path} {body.model_dump_json(exclude_defaults=True)}"
@@ -244,6 +258,14 @@ class _AdminApi:
                 outcome="done" if ack.ok else "rejected",
             )
         )
+
+
+def _audit_line(entry: AuditEntry) -> str:
+    """`2026-11-30T10:00:00Z discord:1100 1234 (alice) allowed done: /loop reset`."""
+    at = datetime.fromtimestamp(entry.at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    verdict = "allowed" if entry.allowed else "refused"
+    who = f"{entry.user_id} ({entry.user_name})" if entry.user_name else entry.user_id
+    return f"{at} {entry.room} {who} {verdict} {entry.outcome}: {entry.command}"
 
 
 async def _ack(text: Awaitable[str]) -> AdminAck:

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway.runtime import Gateway
+from gateway.state.base import AuditEntry
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human, make_config
 
 TOKEN = "adm-9f8e7d6c5b4a"
@@ -243,3 +244,30 @@ async def test_authorised_calls_join_the_state_audit_log(
         ("http", "*", "admin-api", True, "done")
     ]
     assert entries[0].command.startswith("POST /admin/reset")
+
+
+async def test_issue5_the_audit_log_is_readable_through_the_admin_api(
+    client: aiohttp.ClientSession, admin_gateway: Gateway
+) -> None:
+    await admin_gateway.state.audit(
+        AuditEntry(
+            at=0.0,
+            platform="room",
+            room="room:lobby",
+            user_id="mallory",
+            user_name="mallory",
+            command="/loop reset",
+            allowed=False,
+            outcome="refused",
+        )
+    )
+    async with client.get(
+        url(admin_gateway, "/admin/audit?room=room:lobby&limit=5"), headers=bearer(TOKEN)
+    ) as response:
+        assert response.status == 200
+        lines = (await response.json())["result"].splitlines()
+    assert lines == [
+        "1970-01-01T00:00:00Z room:lobby mallory (mallory) refused refused: /loop reset"
+    ]
+    async with client.get(url(admin_gateway, "/admin/audit")) as response:
+        assert response.status == 401
