@@ -123,7 +123,6 @@ class _WireMessage(_WireModel):
 
 class _WireChoice(_WireModel):
     message: _WireMessage
-    finish_reason: str | None = None
 
 
 class _Completion(_WireModel):
