@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
-from collections.abc import AsyncIterator, Awaitable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -30,7 +30,7 @@ from guards.call_loop import (
     circuit_key,
     fingerprint_call,
 )
-from tests.fakes.redis_server import RedisServer, RedisServerMissing
+from tests.fakes.redis_server import RedisServer
 
 BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 MODEL = "gpt-4o-mini"
@@ -68,17 +68,6 @@ class MakeStore(Protocol):
         *,
         log_keep: int = 100_000,
     ) -> Awaitable[CallStore]: ...
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server for this module (each store gets its own key prefix)."""
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis-calls"))
-    except RedisServerMissing as exc:
-        pytest.fail(str(exc))
-    with server:
-        yield server.url
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -17,20 +17,9 @@ from gateway.config import parse_config
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM
-from tests.fakes.redis_server import RedisServer, RedisServerMissing
 from tests.gateway.proxy.proxy_helpers import MODEL, PROXY_KEY, RecordingChannel, proxy_yaml
 
 pytestmark = pytest.mark.redis
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis-proxy"))
-    except RedisServerMissing as exc:
-        pytest.fail(str(exc))
-    with server:
-        yield server.url
 
 
 async def ask(port: int, text: str = "Is the export done?") -> None:

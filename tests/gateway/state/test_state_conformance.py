@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import math
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -24,7 +24,6 @@ from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
 from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
-from tests.fakes.redis_server import RedisServer, RedisServerMissing
 
 BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 ROOM = "discord:1100"
@@ -45,17 +44,6 @@ class Clock:
     def advance(self, seconds: float) -> None:
         """Move time forward."""
         self.now += seconds
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server for this module (each store gets its own key prefix)."""
-    try:
-        server = RedisServer(tmp_path_factory.mktemp("redis"))
-    except RedisServerMissing as exc:
-        pytest.fail(str(exc))
-    with server:
-        yield server.url
 
 
 def build_store(

@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -30,17 +30,6 @@ POLICY = BotLoopPolicy(max_events_per_window=3, window_seconds=60.0, cooldown_se
 WAIT_SECONDS = 10.0
 """How soon the store must use Redis again after it is back (DESIGN.md §2 State)."""
 LOGGER = "gateway.state.redis"
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A redis-server of this test's own, which the test may stop and start again."""
-    try:
-        server = RedisServer(tmp_path / "redis")
-    except RedisServerMissing as exc:
-        pytest.fail(str(exc))
-    with server:
-        yield server
 
 
 @asynccontextmanager

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -28,7 +28,7 @@ import pytest
 
 from gateway.state.redis import RedisStateStore
 from tests.fakes.discord_server import DiscordFake, FakeUser
-from tests.fakes.redis_server import RedisServer, RedisServerMissing
+from tests.fakes.redis_server import RedisServer
 from tests.gateway.state.hammer import ROOT
 
 TOKEN_A = "MTAwMDAwMDAwMDAwOTEwMDAx.GrepA1.replica-one-secret-token-value"
@@ -62,17 +62,6 @@ admins: {{discord: ["{admin}"]}}
 policy:
   bot_loop: {{max_events_per_window: {budget}, window_seconds: 600, cooldown_seconds: 600}}
 """
-
-
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """The Redis both gateways share."""
-    try:
-        server = RedisServer(tmp_path / "redis")
-    except RedisServerMissing as exc:
-        pytest.fail(str(exc))
-    with server:
-        yield server
 
 
 @pytest.fixture
