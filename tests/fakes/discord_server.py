@@ -55,6 +55,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.loopback import serve_loopback
+
 Json = dict[str, Any]
 
 API_PREFIX = "/api/v10"
@@ -361,10 +363,7 @@ class DiscordFake:
         app.router.add_post("/_fake/fail_sends", self._control_fail_sends)
         app.router.add_post("/_fake/drop", self._control_drop)
         self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", port)
-        await site.start()
-        self.port = int(self._runner.addresses[0][1])
+        self.port = await serve_loopback(self._runner, port)
 
     async def close(self) -> None:
         """Cut every connection and stop serving."""

@@ -29,6 +29,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.loopback import LOOPBACK_HOST, serve_loopback
+
 Json = dict[str, Any]
 
 INPUT_TOKENS = 11
@@ -77,10 +79,8 @@ class FakeLLM:
         app.router.add_post("/v1beta/models/{call}", self._gemini)
         app.router.add_get("/v1beta/models", self._gemini_models)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        port = await serve_loopback(self._runner)
+        self.url = f"http://{LOOPBACK_HOST}:{port}"
         return self
 
     async def __aexit__(

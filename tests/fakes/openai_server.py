@@ -20,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.loopback import serve_loopback
+
 _ids = itertools.count(1)
 
 
@@ -134,10 +136,7 @@ class FakeChatServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._handle)
         self._runner = web.AppRunner(app, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self._port = int(self._runner.addresses[0][1])
+        self._port = await serve_loopback(self._runner)
 
     async def aclose(self) -> None:
         """Release hung requests and stop serving."""

@@ -43,6 +43,8 @@ from urllib.parse import parse_qsl, urlencode
 import aiohttp
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from tests.fakes.loopback import serve_loopback
+
 Json = dict[str, Any]
 TEAM_ID = "T0FAKE"
 
@@ -146,9 +148,7 @@ class SlackFake:
         self.port = 0
 
     async def __aenter__(self) -> SlackFake:
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        self.port = int(self._runner.addresses[0][1])
+        self.port = await serve_loopback(self._runner)
         self._client = aiohttp.ClientSession()
         return self
 

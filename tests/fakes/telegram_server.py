@@ -34,6 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.loopback import LOOPBACK_HOST, serve_loopback
+
 Json = dict[str, Any]
 
 _MENTION = re.compile(r"(?<![\w@])@[A-Za-z0-9_]{3,32}")
@@ -171,10 +173,8 @@ class TelegramFake:
 
     async def __aenter__(self) -> TelegramFake:
         self._runner = web.AppRunner(self._app, handle_signals=False, handler_cancellation=True)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
-        host, port = self._runner.addresses[0][:2]
-        self.base_url = f"http://{host}:{port}"
+        port = await serve_loopback(self._runner)
+        self.base_url = f"http://{LOOPBACK_HOST}:{port}"
         return self
 
     async def __aexit__(
