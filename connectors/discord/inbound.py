@@ -98,8 +98,10 @@ def translate_message(
     if not isinstance(kind, int) or isinstance(kind, bool) or kind not in CONVERSATION_TYPES:
         return Skip.SERVICE
     author = raw.get("author")
-    sender = _snowflake(author.get("id")) if isinstance(author, Mapping) else None
-    if sender is None or not isinstance(author, Mapping):
+    if not isinstance(author, Mapping):
+        return Skip.NO_SENDER
+    sender = _snowflake(author.get("id"))
+    if sender is None:
         return Skip.NO_SENDER
     if author.get("system") is True:
         return Skip.SERVICE
@@ -109,11 +111,11 @@ def translate_message(
     text = _without_leading_mention(content, bot.user_id).strip() or content.strip()
     if not text:
         return Skip.NO_TEXT
-    reply_to_bot, reply_ping = _reply(raw, bot, explicit=explicit)
     mentioned = any(
         isinstance(user, Mapping) and _snowflake(user.get("id")) == bot.user_id
         for user in _list(raw.get("mentions"))
     )
+    reply_to_bot, reply_ping = _reply(raw, bot, explicit=explicit, mentioned=mentioned)
     guild = _snowflake(raw.get("guild_id"))
     is_direct = guild is None
     if thread_parent is not None and not is_direct:
@@ -152,7 +154,9 @@ def thread_name(text: str, limit: int = 80) -> str:
     return line or "reply"
 
 
-def _reply(raw: Mapping[str, object], bot: BotIdentity, *, explicit: bool) -> tuple[bool, bool]:
+def _reply(
+    raw: Mapping[str, object], bot: BotIdentity, *, explicit: bool, mentioned: bool
+) -> tuple[bool, bool]:
     """(reply_to_bot, the bot's presence in `mentions` is the reply ping)."""
     reference = raw.get("message_reference")
     if not isinstance(reference, Mapping) or reference.get("type", 0) == FORWARD:
@@ -164,11 +168,7 @@ def _reply(raw: Mapping[str, object], bot: BotIdentity, *, explicit: bool) -> tu
         return by_bot, by_bot and not explicit
     # Discord leaves the referenced message out when it was deleted: a ping of this bot
     # that the text does not explain can only be the reply ping.
-    pinged = any(
-        isinstance(user, Mapping) and _snowflake(user.get("id")) == bot.user_id
-        for user in _list(raw.get("mentions"))
-    )
-    guess = pinged and not explicit
+    guess = mentioned and not explicit
     return guess, guess
 
 

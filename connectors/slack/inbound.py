@@ -192,10 +192,11 @@ def _sender_name(event: Mapping[str, object], sender_id: str) -> str:
 
 def _without_leading_mention(text: str, mention: re.Pattern[str]) -> str:
     """The text after a leading mention of the bot (and the spaces or `:` after it)."""
-    found = mention.match(text.lstrip())
+    stripped = text.lstrip()
+    found = mention.match(stripped)
     if found is None:
         return text
-    rest = text.lstrip()[found.end() :].lstrip(" \t\n,:")
+    rest = stripped[found.end() :].lstrip(" \t\n,:")
     return rest or text
 
 

@@ -128,9 +128,9 @@ def translate_message(
     if sender is None:
         return Skip.NO_SENDER
     sender_id, sender_name, sender_is_bot = sender
-    entities = message.parse_entities() if message.text is not None else None
-    if entities is None:
-        entities = message.parse_caption_entities()
+    entities = (
+        message.parse_entities() if message.text is not None else message.parse_caption_entities()
+    )
     text, command_mentions, for_other = _address_command(text, entities, bot)
     if for_other:
         return Skip.OTHER_BOT

@@ -25,7 +25,8 @@ class KeyMasker:
     """Masks secrets in a byte stream, also across chunk boundaries."""
 
     def __init__(self, secrets: Sequence[str]) -> None:
-        self._secrets = [(s.encode(), b"*" * len(s.encode())) for s in secrets if s]
+        encoded = [s.encode() for s in secrets if s]
+        self._secrets = [(secret, b"*" * len(secret)) for secret in encoded]
         self._held = b""
 
     def feed(self, chunk: bytes) -> bytes:
