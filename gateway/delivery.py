@@ -101,7 +101,8 @@ class Delivery:
             first = exc
         else:
             return
-        await self._wait_before_retry(connector.name, first, retry=1)
+        self.metrics.delivery_retry(connector.name)
+        await self._sleep(self._delay(first, retry=1))
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts - 1),
             wait=self._tenacity_wait,
@@ -113,10 +114,6 @@ class Delivery:
         async for attempt in retrying:
             with attempt:
                 await connector.send(channel_id, part)
-
-    async def _wait_before_retry(self, platform: str, exc: DeliveryError, *, retry: int) -> None:
-        self.metrics.delivery_retry(platform)
-        await self._sleep(self._delay(exc, retry))
 
     def _tenacity_wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None

@@ -6,8 +6,7 @@ results are cached twice: per room (a bounded LRU keyed by platform, channel, th
 the overrides, so the common case is one dict lookup) and per policy source (which
 channel rule matched, and the overrides), so a million rooms under one rule share one
 `Policy`. Each cache entry also holds the guard policies derived from it (BotLoopPolicy,
-SilencePolicy, LoopGuardConfig), computed once; later stages find them with
-`PolicyCache.derived(ctx.policy)`.
+SilencePolicy), computed once; later stages find them with `PolicyCache.derived(ctx.policy)`.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from gateway.pipeline import Handler
 from gateway.state.base import GLOBAL_SCOPE
 from gateway.types import Reply
 from guards.bot_loop import BotLoopPolicy
-from guards.loop_guard import LoopGuardConfig
 from guards.silence import SilencePolicy
 
 OverridesKey = tuple[tuple[str, object], ...]
@@ -36,7 +34,6 @@ class ResolvedPolicy:
     policy: Policy
     bot_loop: BotLoopPolicy
     silence: SilencePolicy
-    tool_loop: LoopGuardConfig
 
 
 def derive(policy: Policy) -> ResolvedPolicy:
@@ -56,7 +53,6 @@ def derive(policy: Policy) -> ResolvedPolicy:
             strip_trailing=silence.strip_trailing,
             drop_narration=silence.drop_narration,
         ),
-        tool_loop=LoopGuardConfig.from_dict(policy.tool_loop.model_dump()),
     )
 
 

@@ -26,9 +26,13 @@ class FailingAgent:
 
 
 class StuckAgent:
-    """Never answers."""
+    """Never answers; `started` is set once a turn is inside the agent."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
 
     async def respond(self, turn: TurnContext) -> AgentResult:
+        self.started.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
@@ -245,7 +249,7 @@ async def test_messages_counted_in() -> None:
         await connector.push(connector.message("hello"))
     assert rig.metrics.value("messages_in_total", platform="room") == 3
     assert rig.metrics.value("replies_out_total", platform="room") == 3
-    assert b"messages_in_total" in rig.metrics.render()
+    assert b'messages_in_total{platform="room"} 3.0' in rig.metrics.render()
 
 
 def test_policy_cache_shares_one_policy_per_source() -> None:
@@ -344,13 +348,15 @@ class SwallowingAgent:
 
 
 async def test_cancelling_a_turn_from_outside_is_not_a_timeout() -> None:
-    rig, _ = await rig_with(agent=StuckAgent())
+    agent = StuckAgent()
+    rig, _ = await rig_with(agent=agent)
     connector = rig.connector()
     turn = asyncio.create_task(connector.push(connector.message("hello")))
-    await asyncio.sleep(0.01)
+    await agent.started.wait()  # cancel inside the agent, where the deadline is kept
     turn.cancel()
     with pytest.raises(asyncio.CancelledError):
         await turn
+    assert connector.texts() == []
     assert rig.metrics.value("errors_total", stage="agent_dispatch") == 0
 
 
