@@ -222,3 +222,18 @@ async def test_issue3_a_human_message_nobody_answers_still_resets_the_bot_turn_c
     # People talking among themselves, addressing no bot: still a human in the room.
     await room.post("lunch?")
     assert await rig.state.bot_turn("room:C1", is_bot=True) == 1
+
+
+async def test_issue3_the_refused_turn_carries_its_decision_reason_count_and_retry_after() -> None:
+    rig, room = await ping_pong()
+    await room.post("hi bots")
+    await room.run()
+    refused = [
+        decision
+        for turn in rig.turns
+        for decision in turn.decisions
+        if decision.code == "budget_exceeded"
+    ]
+    [decision] = refused
+    assert (decision.stage, decision.count, decision.retry_after) == ("bot_loop", 20, 60.0)
+    assert "cooldown 1 min" in decision.reason
