@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -93,7 +94,7 @@ class SqliteDb:
             Path(self._path).parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
         try:
-            db.execute("PRAGMA journal_mode=WAL")
+            self._enter_wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
             with transaction(db):
@@ -102,6 +103,23 @@ class SqliteDb:
             db.close()
             raise
         self._db = db
+
+    def _enter_wal(self, db: sqlite3.Connection) -> None:
+        """Switch to WAL, waiting out another process doing the same on a new file.
+
+        Changing the journal mode can answer "database is locked" at once, without the busy
+        handler, while another connection holds the file: retry until `busy_timeout`.
+        """
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+            else:
+                return
 
     def _close(self) -> None:
         db, self._db = self._db, None

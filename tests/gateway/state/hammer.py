@@ -88,7 +88,8 @@ def admitted_across_processes(
         for child in children:
             if child.poll() is None:
                 child.kill()
-                child.wait()
+            with child:  # waits and closes its pipes, also when an assertion failed
+                pass
 
 
 if __name__ == "__main__":
