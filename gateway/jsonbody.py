@@ -1,0 +1,78 @@
+"""Parse a JSON body from outside (webhooks, admin API, proxy, websockets) safely.
+
+Every route that reads JSON a client sent goes through `parse_json`, so every route gives
+the same answer to hostile input: bytes that are not UTF-8, nesting deeper than
+`MAX_DEPTH`, an integer longer than Python's digit limit, `NaN`/`Infinity` or a float
+that overflows to infinity, and bodies over the route's byte limit are all refused with
+`JsonBodyError`, whose message says why (never the body itself). The C parser's own recursion
+limit stops the deepest documents; an iterative walk then holds the rest to `MAX_DEPTH`,
+so code that walks a parsed value recursively is safe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from gateway.errors import LoopwardenError
+
+MAX_DEPTH = 64
+
+
+class JsonBodyError(LoopwardenError, ValueError):
+    """A request body is not acceptable JSON; the message says why, for a 400 answer."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise JsonBodyError(f"number {text[:20]!r} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise JsonBodyError(f"{name} is not a JSON number")
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether a parsed value nests containers more than `limit` deep (iterative walk)."""
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children: list[object] | object = list(item.values()) if isinstance(item, dict) else item
+        if isinstance(children, list):
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
+
+
+def parse_json(
+    body: bytes | str, *, max_bytes: int | None = None, max_depth: int = MAX_DEPTH
+) -> object:
+    """The value of a JSON document, or `JsonBodyError` saying why it is refused."""
+    if max_bytes is not None and len(body) > max_bytes:
+        raise JsonBodyError(f"body is larger than {max_bytes} bytes")
+    if isinstance(body, bytes):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise JsonBodyError(f"body is not UTF-8 (byte {exc.start})") from None
+    else:
+        text = body
+    try:
+        value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+    except RecursionError:
+        raise JsonBodyError(f"JSON is nested deeper than {max_depth} levels") from None
+    except JsonBodyError:
+        raise
+    except json.JSONDecodeError as exc:
+        raise JsonBodyError(
+            f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except ValueError as exc:
+        raise JsonBodyError(f"not acceptable JSON: {str(exc).split(':')[0]}") from None
+    brackets = text.count("[") + text.count("{")
+    if brackets > max_depth and isinstance(value, dict | list) and _deeper_than(value, max_depth):
+        raise JsonBodyError(f"JSON is nested deeper than {max_depth} levels")
+    return value
