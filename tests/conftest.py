@@ -1,13 +1,27 @@
-"""Fixtures shared across the tree: a real redis-server of the test's (or module's) own."""
+"""Fixtures shared across the tree: loopback-only networking, and a real redis-server.
+
+Every test runs with outbound connections limited to loopback (127.0.0.0/8, ::1,
+`localhost`) and Unix sockets: a test that would reach the network by accident fails at
+once with `NetworkForbidden`, naming the address, instead of waiting on a timeout.
+"""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.fakes.redis_server import RedisServer, RedisServerMissing
+from tests.network_guard import guarded_connect, guarded_connect_ex
+
+
+@pytest.fixture(autouse=True)
+def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refuse every connection beyond loopback for the whole test."""
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded_connect_ex)
 
 
 def _start(directory: Path) -> RedisServer:
