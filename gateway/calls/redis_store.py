@@ -21,8 +21,11 @@ Keys carry a TTL (PEXPIRE) of what they serve plus a minute: the scripts check t
 themselves, the TTL only frees memory.
 
 Decisions where DESIGN.md is silent:
-- Redis down: `on_error: allow` lets calls through uncounted (code "ok", count 0, no
-  receipt); `deny` refuses them with `loop_paused` and a retry after the probe interval.
+- Redis down: `on_error: allow` decides with a `MemoryCallStore` of this process, so
+  circuits and uniqueness rules still hold, per process, instead of not at all; when
+  Redis is back its shared state decides again, as it was before the outage, and the
+  local counts are dropped (a later outage starts fresh). `deny` refuses calls with
+  `loop_paused` and a retry after the probe interval.
   A lost log entry is dropped; `reopen`, `paused` and `calls_since` raise `StateError`,
   so an admin is never told a change was made or that nothing is paused when Redis did
   not answer. The first failure logs one warning and the recovery one line; while down,
@@ -41,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import cast
 
-from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome
+from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome, MemoryCallStore
 from gateway.calls.verdicts import (
     RuleKey,
     allowed_verdict,
@@ -246,14 +249,17 @@ class RedisCallStore(RedisLinked):
             name="redis call store",
             log=log,
             on_error=on_error,
-            if_allowed="letting LLM calls through uncounted",
+            if_allowed="deciding on circuits local to this process",
             if_denied="refusing LLM calls",
             clock=clock,
             timeout=timeout,
             probe_interval=probe_interval,
+            on_recovered=self._forget_local,
         )
         self._policy = policy or CallLoopPolicy()
         self._rules = rules_by_name(rules)
+        self._clock = clock
+        self._local: MemoryCallStore | None = None
         self._base = f"{key_prefix}{{calls}}:"
         self._wall_clock = wall_clock
         self._log_keep = log_keep
@@ -310,7 +316,7 @@ class RedisCallStore(RedisLinked):
                 lambda: self._decide(keys=keys, args=args)
             )
         except StateError:
-            return self._unavailable(circuit)
+            return await self._unavailable(circuit, fingerprint, fields)
         number, count = float(value), int(count)
         rule = applied[int(index) - 1][0] if index else None
         if kind == 0:
@@ -324,10 +330,24 @@ class RedisCallStore(RedisLinked):
             raise StateError(f"the decide script answered {kind} without a rule")
         return duplicate_verdict(circuit, rule, count, number)
 
-    def _unavailable(self, circuit: str) -> CallDecision:
-        """The decision while Redis is down: `on_error` lets the call through or refuses it."""
+    def _fallback(self) -> MemoryCallStore:
+        """The per-process store that decides while Redis is down with `on_error: allow`."""
+        if self._local is None:
+            self._local = MemoryCallStore(
+                self._policy, self._rules.values(), clock=self._clock, wall_clock=self._wall_clock
+            )
+        return self._local
+
+    def _forget_local(self) -> None:
+        # Redis is back: its shared circuits decide again; the local counts are dropped.
+        self._local = None
+
+    async def _unavailable(
+        self, circuit: str, fingerprint: str, fields: Mapping[str, str]
+    ) -> CallDecision:
+        """The decision while Redis is down: local with `allow`, a refusal with `deny`."""
         if self._link.on_error == "allow":
-            return CallDecision(True, "ok", 0.0, 0, circuit, "")
+            return await self._fallback().decide(circuit, fingerprint, fields)
         wait = self._link.probe_interval
         message = MSG_STATE_DOWN.format(seconds=max(1, round(wait)))
         return CallDecision(False, "loop_paused", wait, 0, circuit, message)
@@ -345,7 +365,8 @@ class RedisCallStore(RedisLinked):
         try:
             removed = await self._link.guarded(lambda: self._uncount(keys=keys, args=args))
         except StateError:
-            return False
+            local = self._local
+            return local is not None and await local.record_outcome(decision, status, error)
         return bool(removed)
 
     async def reopen(self, circuit: str) -> bool:

@@ -1,8 +1,13 @@
-"""Dedupe: a platform's redelivery or retry of a message is handled once.
+"""Dedupe: a platform's redelivery or retry of a message is handled once, and none is lost.
 
-The receipt is claimed atomically in the state store (`dedupe:` + the delivery key: the
-platform event id, else the message id, per hosted bot), so concurrent duplicates and
-duplicates arriving at different replicas are answered once.
+The receipt (`dedupe:` + the delivery key: the platform event id, else the message id,
+per hosted bot) is taken in flight atomically in the state store before the turn runs,
+so concurrent duplicates and duplicates arriving at different replicas are answered
+once. It is confirmed when the inner stages return: the reply was delivered (or given up
+after the delivery's retries), or the turn decided not to answer. A turn that raised or
+was cancelled leaves it in flight: this process refuses duplicates meanwhile, and after a
+crash or restart the platform's redelivery of the message is let through and answered
+(gateway/state/receipts.py).
 """
 
 from __future__ import annotations
@@ -14,14 +19,17 @@ from gateway.types import Reply
 
 
 class DedupeMiddleware:
-    """Drops a delivery whose receipt was already claimed (code `duplicate`)."""
+    """Drops a delivery whose receipt is held (code `duplicate`); confirms the others."""
 
     def __init__(self, ttl: float, decisions: DecisionLog) -> None:
         self._ttl = ttl
         self._decisions = decisions
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
-        if await ctx.state.claim("dedupe:" + ctx.message.delivery_key, self._ttl):
-            return await call_next(ctx)
-        self._decisions.refuse(ctx, "dedupe", "duplicate", "delivered before")
-        return None
+        key = "dedupe:" + ctx.message.delivery_key
+        if not await ctx.state.receive(key, self._ttl):
+            self._decisions.refuse(ctx, "dedupe", "duplicate", "delivered before")
+            return None
+        reply = await call_next(ctx)
+        await ctx.state.confirm(key, self._ttl)
+        return reply

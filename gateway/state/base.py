@@ -32,7 +32,7 @@ class AuditEntry:
 
 
 class StateStore(Protocol):
-    """Budgets, cooldowns, counters, receipts, overrides, pauses and the audit log."""
+    """Budgets, cooldowns, counters, claims, receipts, overrides, pauses and the audit log."""
 
     async def start(self) -> None:
         """Open connections and create schemas; called once before the first message."""
@@ -60,6 +60,16 @@ class StateStore(Protocol):
 
     async def claim(self, key: str, ttl: float) -> bool:
         """Claim a once-only key for `ttl` seconds: True for the first claimant only."""
+
+    async def receive(self, key: str, ttl: float) -> bool:
+        """Take a delivery's receipt in flight for `ttl` seconds; False for a duplicate.
+
+        True when no live receipt exists, or when it is still in flight under a previous
+        run (a process killed mid-turn); see gateway/state/receipts.py.
+        """
+
+    async def confirm(self, key: str, ttl: float) -> None:
+        """Mark a received delivery answered: every delivery of it is refused for `ttl` s."""
 
     async def get_overrides(self, scope: str) -> Mapping[str, object]:
         """Runtime policy overrides (`bot_loop.max_events_per_window` → value) for a scope."""

@@ -7,7 +7,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 
+from gateway.state import receipts
 from gateway.state.base import AuditEntry
+from gateway.state.receipts import Receipt
 from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
 
 _AUDIT_KEEP = 1000
@@ -22,11 +24,13 @@ class MemoryStateStore:
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or time.monotonic
+        self._owner = receipts.new_owner()
         self._guards: dict[BotLoopPolicy, BotLoopGuard] = {}
         self._bot_turns: dict[str, int] = {}
         self._turns_seen: dict[str, int] = {}
         self._turns_order: deque[str] = deque()
-        self._claims: dict[str, float] = {}
+        # Claims and dedupe receipts, by key (a claim is a receipt confirmed at once).
+        self._claims: dict[str, Receipt] = {}
         self._claim_order: deque[tuple[float, str]] = deque()
         self._overrides: dict[str, dict[str, object]] = {}
         self._pauses: dict[str, float] = {}
@@ -84,25 +88,46 @@ class MemoryStateStore:
         return count
 
     async def claim(self, key: str, ttl: float) -> bool:
-        """First claimant wins until the TTL runs out; expired receipts are swept lazily.
-
-        Receipts are swept from the front of a queue in claim order, O(1) amortised per
-        claim; a receipt with a short TTL behind one with a longer TTL is dropped late
-        (it has expired already, so it is never honoured, only kept a while longer).
-        """
+        """First claimant wins until the TTL runs out."""
         now = self._clock()
-        claims = self._claims
-        expires = claims.get(key)
-        if expires is not None and expires > now:
+        held = self._claims.get(key)
+        if held is not None and held.expires_at > now:
             return False
+        self._hold(key, Receipt(self._owner, confirmed=True, expires_at=now + ttl), now)
+        return True
+
+    async def receive(self, key: str, ttl: float) -> bool:
+        """Take the receipt in flight unless it is held (this store is its only owner)."""
+        now = self._clock()
+        taken = receipts.receive(
+            self._claims.get(key), owner=self._owner, owner_alive=False, now=now, ttl=ttl
+        )
+        if taken is None:
+            return False
+        self._hold(key, taken, now)
+        return True
+
+    async def confirm(self, key: str, ttl: float) -> None:
+        """Mark the receipt answered for `ttl` seconds from now."""
+        now = self._clock()
+        self._hold(key, Receipt(self._owner, confirmed=True, expires_at=now + ttl), now)
+
+    def _hold(self, key: str, receipt: Receipt, now: float) -> None:
+        """Store a claim or receipt; expired ones are swept lazily.
+
+        They are swept from the front of a queue in the order stored, O(1) amortised per
+        call; one with a short TTL behind one with a longer TTL is dropped late (it has
+        expired already, so it is never honoured, only kept a while longer).
+        """
+        claims = self._claims
         order = self._claim_order
         while order and order[0][0] <= now:
             due, old = order.popleft()
-            if claims.get(old) == due:
+            swept = claims.get(old)
+            if swept is not None and swept.expires_at == due:
                 del claims[old]
-        claims[key] = now + ttl
-        order.append((now + ttl, key))
-        return True
+        claims[key] = receipt
+        order.append((receipt.expires_at, key))
 
     async def get_overrides(self, scope: str) -> Mapping[str, object]:
         """A copy of the scope's overrides."""

@@ -15,16 +15,23 @@ Keys, under `key_prefix` (default `lw:`):
   are a hash tag, so both keys of a pair live in one cluster slot).
 - `turns:{room}`: consecutive bot turns; `turns:{room}:seen:<message key>`: the count a
   message produced, so every hosted bot (and replica) that sees it gets the same one.
-- `claim:<key>`: once-only claims (dedupe receipts, admin commands, cooldown notices).
+- `claim:<key>`: once-only claims (admin commands, cooldown notices).
+- `receipt:<key>`: a dedupe receipt, a hash of owner, confirmed (0 while in flight) and
+  until; `owner:<id>`: a replica's liveness key, refreshed every few seconds while its
+  store runs and deleted by `aclose` (gateway/state/receipts.py says how they decide).
 - `ovr:<room>`: a hash of runtime overrides (JSON values); `pause:<room>`; `audit`: a list
   of JSON entries, newest first, capped.
 
 Decisions where DESIGN.md is silent:
 - Outage (connection refused, timeout, read-only replica, out of memory): decisions follow
-  `on_error`. `allow`: `pair_decide` admits (reason `ok`, count 0), `claim` is granted,
-  `bot_turn` counts 0. `deny`: `pair_decide` refuses with reason `cooldown` (the guards'
-  reasons are fixed; `cooldown` is the one refusal that posts no notice) and
-  `retry_after` the probe interval, `claim` is refused, so nothing is answered. In both,
+  `on_error`. `allow`: `pair_decide`, `bot_turn`, `claim`, `receive` and `confirm` are
+  decided by a `MemoryStateStore` of this process, so pair budgets, cooldowns, the
+  bot-turn cap and dedupe still hold, per process, instead of not at all; when Redis is
+  back its shared state decides again, as it was before the outage, and the local counts
+  are dropped (a later outage starts fresh). `deny`: `pair_decide` refuses with reason
+  `cooldown` (the guards' reasons are fixed; `cooldown` is the one refusal that posts no
+  notice) and `retry_after` the probe interval, `claim` and `receive` are refused, so
+  nothing is answered. `pair_snapshot` shows the local pairs with `allow`; other
   reads answer empty, a lost audit entry is dropped, and changes (`pause`, `set`, `reset`)
   raise `StateError`, so an admin is never told a change was made when it was not.
   The first failure logs one warning and the first success after it one info line;
@@ -35,6 +42,11 @@ Decisions where DESIGN.md is silent:
 - A pair is kept without its policy (events are stored as the instants they stop
   counting): after `/loop set` the events already in the window count against the new
   budget, and a running cooldown is kept.
+- A dedupe receipt in flight under another replica is honoured while that replica's
+  liveness key lives (`OWNER_SECONDS`, 10 s, after its last refresh): concurrent
+  duplicates at two replicas are answered once, and after a replica was killed mid-turn
+  a redelivery of its message is answered once its key has lapsed. A redelivery that
+  arrives sooner (a long-polling bot restarted within 10 s) is refused, as before.
 - A room's consecutive-bot-turn count expires after a day without bot messages.
 - The URL is never logged (it may hold a password); error texts are logged with the
   password masked.
@@ -42,6 +54,8 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -50,7 +64,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Literal, cast
 
 from gateway.errors import StateError
+from gateway.state import receipts
 from gateway.state.base import AuditEntry
+from gateway.state.memory import MemoryStateStore
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
 from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
 
@@ -62,7 +78,9 @@ _TURNS_SEEN_MS = 600_000
 _TURNS_IDLE_MS = 86_400_000
 _AUDIT_CHUNK = 200
 _DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
-_FAIL_OPEN = PairDecision(allowed=True, reason="ok", retry_after=0.0, count=0)
+# Seconds a replica's liveness key lasts without a refresh (refreshed every third of it):
+# a receipt in flight under a replica whose key is gone is taken over by a redelivery.
+OWNER_SECONDS = 10.0
 
 _PRELUDE = (
     LUA_CLOCK
@@ -144,6 +162,47 @@ return 1
 """
 )
 
+# KEYS: receipt. ARGV: now, ttl seconds, owner, owner key prefix. Returns 1 when the
+# delivery is taken (gateway/state/receipts.py `receive`), 0 for a duplicate. The owner's
+# liveness key is named from the receipt, so it is not in KEYS (no Redis Cluster).
+_RECEIVE = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[1])
+local held = redis.call('HMGET', KEYS[1], 'owner', 'confirmed', 'until')
+if held[3] and tonumber(held[3]) > now then
+  if held[2] == '1' or held[1] == ARGV[3] then return 0 end
+  local alive = redis.call('GET', ARGV[4] .. held[1])
+  if alive and tonumber(alive) > now then return 0 end
+end
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'confirmed', '0', 'until', num(now + ttl))
+redis.call('PEXPIRE', KEYS[1], ms(ttl))
+return 1
+"""
+)
+
+# KEYS: receipt. ARGV: now, ttl seconds, owner.
+_CONFIRM = (
+    _PRELUDE
+    + """
+local ttl = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'confirmed', '1', 'until', num(clock(ARGV[1]) + ttl))
+redis.call('PEXPIRE', KEYS[1], ms(ttl))
+return 1
+"""
+)
+
+# KEYS: liveness. ARGV: now, seconds. The owner is alive until now + seconds.
+_ALIVE = (
+    _PRELUDE
+    + """
+local seconds = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], num(clock(ARGV[1]) + seconds), 'PX', ms(seconds))
+return 1
+"""
+)
+
 # KEYS: counter[, seen]. ARGV: is_bot (1/0), seen ms, idle ms. Returns the count.
 _BOT_TURN = """
 if KEYS[2] then
@@ -210,13 +269,19 @@ class RedisStateStore(RedisLinked):
             name="redis state store",
             log=log,
             on_error=on_error,
-            if_allowed="admitting messages without shared budgets",
+            if_allowed="deciding on budgets local to this process",
             if_denied="refusing messages",
             clock=clock,
             timeout=timeout,
             probe_interval=probe_interval,
+            on_recovered=self._forget_local,
         )
         self._prefix = key_prefix
+        self._clock = clock
+        self._owner = receipts.new_owner()
+        self._owner_prefix = f"{key_prefix}owner:"
+        self._local: MemoryStateStore | None = None
+        self._keep_alive: asyncio.Task[None] | None = None
         script = self._link.script
         self._pair_decide = script(_PAIR_DECIDE)
         self._pair_view = script(_PAIR_VIEW)
@@ -224,10 +289,59 @@ class RedisStateStore(RedisLinked):
         self._bot_turn = script(_BOT_TURN)
         self._pause = script(_PAUSE)
         self._pause_remaining = script(_PAUSE_REMAINING)
+        self._receive = script(_RECEIVE)
+        self._confirm = script(_CONFIRM)
+        self._alive = script(_ALIVE)
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
         return f"RedisStateStore(key_prefix={self._prefix!r}, on_error={self._link.on_error!r})"
+
+    async def start(self) -> None:
+        """Load the scripts and keep this owner's liveness key fresh while the store runs."""
+        await self._link.start()
+        await self._beat()
+        self._keep_alive = asyncio.create_task(self._keep_beating(), name="lw-redis-owner")
+
+    async def aclose(self) -> None:
+        """Stop the liveness beat, drop the liveness key (best effort) and disconnect."""
+        task, self._keep_alive = self._keep_alive, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(StateError):
+                await self._link.guarded(
+                    lambda: self._link.client.delete(self._owner_prefix + self._owner)
+                )
+        await self._link.aclose()
+
+    async def _keep_beating(self) -> None:
+        while True:
+            await asyncio.sleep(OWNER_SECONDS / 3)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        """Refresh the liveness key; skipped during an outage (the probe finds the return)."""
+        if self._link.degraded:
+            return
+        keys = [self._owner_prefix + self._owner]
+        args = (self._link.now(), repr(OWNER_SECONDS))
+        with contextlib.suppress(StateError):
+            await self._link.guarded(lambda: self._alive(keys=keys, args=args))
+
+    # The local fallback
+
+    def _fallback(self) -> MemoryStateStore:
+        """The per-process store that decides while Redis is down with `on_error: allow`."""
+        if self._local is None:
+            self._local = MemoryStateStore(clock=self._clock)
+        return self._local
+
+    def _forget_local(self) -> None:
+        # Redis is back: its shared state decides again, from where it was before the
+        # outage; what was counted locally is dropped, so a later outage starts fresh.
+        self._local = None
 
     # Keys
 
@@ -271,7 +385,9 @@ class RedisStateStore(RedisLinked):
             )
         except StateError:
             if self._link.on_error == "allow":
-                return _FAIL_OPEN
+                return await self._fallback().pair_decide(
+                    scope=scope, self_bot_id=self_bot_id, sender_bot_id=sender_bot_id, policy=policy
+                )
             return PairDecision(False, "cooldown", self._link.probe_interval, 0)
         if code == 0:
             return PairDecision(True, "ok", 0.0, int(count))
@@ -316,6 +432,8 @@ class RedisStateStore(RedisLinked):
         try:
             return await self._link.guarded(snapshot)
         except StateError:
+            if self._link.on_error == "allow":
+                return await self._fallback().pair_snapshot(scope)
             return []
 
     # Counters and claims
@@ -328,6 +446,10 @@ class RedisStateStore(RedisLinked):
         try:
             count = await self._link.guarded(lambda: self._bot_turn(keys=keys, args=args))
         except StateError:
+            if self._link.on_error == "allow":
+                return await self._fallback().bot_turn(
+                    scope, is_bot=is_bot, message_key=message_key
+                )
             return 0
         return int(count)
 
@@ -339,8 +461,30 @@ class RedisStateStore(RedisLinked):
                 lambda: self._claim(keys=[f"{self._prefix}claim:{key}"], args=args)
             )
         except StateError:
-            return self._link.on_error == "allow"
+            return self._link.on_error == "allow" and await self._fallback().claim(key, ttl)
         return bool(won)
+
+    async def receive(self, key: str, ttl: float) -> bool:
+        """Take the receipt in flight unless it is held by this or another live owner."""
+        args = (self._link.now(), repr(float(ttl)), self._owner, self._owner_prefix)
+        try:
+            taken = await self._link.guarded(
+                lambda: self._receive(keys=[f"{self._prefix}receipt:{key}"], args=args)
+            )
+        except StateError:
+            return self._link.on_error == "allow" and await self._fallback().receive(key, ttl)
+        return bool(taken)
+
+    async def confirm(self, key: str, ttl: float) -> None:
+        """Mark the receipt answered for `ttl` seconds from now."""
+        args = (self._link.now(), repr(float(ttl)), self._owner)
+        try:
+            await self._link.guarded(
+                lambda: self._confirm(keys=[f"{self._prefix}receipt:{key}"], args=args)
+            )
+        except StateError:
+            if self._link.on_error == "allow":
+                await self._fallback().confirm(key, ttl)
 
     # Overrides and pauses
 

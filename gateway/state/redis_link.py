@@ -73,6 +73,7 @@ class RedisLink:
         clock: Callable[[], float] | None,
         timeout: float,
         probe_interval: float,
+        on_recovered: Callable[[], None] | None = None,
     ) -> None:
         """Make the client; nothing connects before the first call.
 
@@ -86,6 +87,7 @@ class RedisLink:
             clock: a clock whose time the scripts get (`now`), None for the server's TIME.
             timeout: connect and read timeout in seconds.
             probe_interval: seconds between the calls let through to Redis in an outage.
+            on_recovered: called when the first call after an outage succeeds.
         """
         # One immediate retry on a fresh connection: after a Redis restart the pooled
         # connections are dead, and the first command on each must not count as an outage.
@@ -103,6 +105,7 @@ class RedisLink:
         self._consequence = if_allowed if on_error == "allow" else if_denied
         self._clock = clock
         self._probe_interval = probe_interval
+        self._on_recovered = on_recovered
         self._scripts: list[AsyncScript] = []
         self._down = False
         self._down_since = 0.0
@@ -212,6 +215,8 @@ class RedisLink:
             time.monotonic() - self._down_since,
             self._unavailable_in_outage,
         )
+        if self._on_recovered is not None:
+            self._on_recovered()
 
     def _describe(self, exc: BaseException) -> str:
         """The error's type and text, with the URL's password masked."""

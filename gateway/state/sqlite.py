@@ -17,6 +17,9 @@ Decisions where DESIGN.md is silent:
   so a pair is kept without its policy: when `/loop set` changes the budget, the events
   already in the window count against the new budget, and a running cooldown is kept.
   (The memory backend keeps one guard per policy, so there a policy change starts over.)
+- A dedupe receipt in flight under another owner (store instance) is taken over at once:
+  the file belongs to one gateway process, so another owner is a previous run that died
+  mid-turn, and the redelivery of its message is answered (gateway/state/receipts.py).
 - Expired rows (idle pairs, claims, message receipts) are swept a few per call, never
   by a scan; a pause that ran out is deleted when it is read.
 - The audit log keeps the newest `audit_keep` (10,000) entries.
@@ -32,11 +35,13 @@ import time
 from collections.abc import Callable, Mapping
 
 from gateway.errors import StateError
+from gateway.state import receipts
 from gateway.state.base import AuditEntry
+from gateway.state.receipts import Receipt
 from gateway.state.sqlite_db import SqliteDb, transaction
 from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = (
     # times: JSON list of the instants the pair's admitted events stop counting, oldest
     # first; cooldown_until: NULL without a cooldown marker; expires_at: when the row is
@@ -52,6 +57,12 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS turns_seen_expiry ON turns_seen (expires_at)",
     "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
     "CREATE INDEX IF NOT EXISTS claims_expiry ON claims (expires_at)",
+    # Dedupe receipts (gateway/state/receipts.py): owner is the store instance that took
+    # the delivery, confirmed 0 while its turn is in flight.
+    """CREATE TABLE IF NOT EXISTS receipts (
+        key TEXT PRIMARY KEY, owner TEXT NOT NULL, confirmed INTEGER NOT NULL,
+        expires_at REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS receipts_expiry ON receipts (expires_at)",
     """CREATE TABLE IF NOT EXISTS overrides (
         scope TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
         PRIMARY KEY (scope, field))""",
@@ -87,6 +98,7 @@ class SqliteStateStore:
         if audit_keep < 1:
             raise ValueError(f"audit_keep must be 1 or more, got {audit_keep!r}")
         self._audit_keep = audit_keep
+        self._owner = receipts.new_owner()
         self._sqlite = SqliteDb(
             path,
             name="sqlite state store",
@@ -198,6 +210,34 @@ class SqliteStateStore:
             return True
 
         return await self._sqlite.write(claim)
+
+    async def receive(self, key: str, ttl: float) -> bool:
+        """Take the receipt in flight unless it is held; another owner is a previous run."""
+        owner = self._owner
+
+        def take(db: sqlite3.Connection, now: float) -> bool:
+            row = db.execute(
+                "SELECT owner, confirmed, expires_at FROM receipts WHERE key = ?", (key,)
+            ).fetchone()
+            held = None if row is None else Receipt(row[0], bool(row[1]), row[2])
+            taken = receipts.receive(held, owner=owner, owner_alive=False, now=now, ttl=ttl)
+            if taken is None:
+                return False
+            if row is None:
+                _sweep(db, "receipts", now)
+            _store_receipt(db, key, taken)
+            return True
+
+        return await self._sqlite.write(take)
+
+    async def confirm(self, key: str, ttl: float) -> None:
+        """Mark the receipt answered for `ttl` seconds from now."""
+        owner = self._owner
+        await self._sqlite.write(
+            lambda db, now: _store_receipt(
+                db, key, Receipt(owner, confirmed=True, expires_at=now + ttl)
+            )
+        )
 
     async def get_overrides(self, scope: str) -> Mapping[str, object]:
         """The scope's overrides, decoded from JSON."""
@@ -315,6 +355,14 @@ def _create_schema(db: sqlite3.Connection, path: str) -> None:
     for statement in _SCHEMA:
         db.execute(statement)
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+
+def _store_receipt(db: sqlite3.Connection, key: str, receipt: Receipt) -> None:
+    """Insert or replace one receipt row."""
+    db.execute(
+        "INSERT OR REPLACE INTO receipts (key, owner, confirmed, expires_at) VALUES (?, ?, ?, ?)",
+        (key, receipt.owner, int(receipt.confirmed), receipt.expires_at),
+    )
 
 
 def _sweep(db: sqlite3.Connection, table: str, now: float) -> None:

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import math
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gateway.state.base import AuditEntry, StateStore
 from gateway.state.memory import MemoryStateStore
-from gateway.state.redis import RedisStateStore
+from gateway.state.redis import OWNER_SECONDS, RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
 from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
 
@@ -47,15 +47,21 @@ class Clock:
 
 
 def build_store(
-    backend: str, clock: Callable[[], float], *, workdir: Path, redis_url: str | None
+    backend: str,
+    clock: Callable[[], float],
+    *,
+    workdir: Path,
+    redis_url: str | None,
+    name: int | None = None,
 ) -> StateStore:
-    """A fresh, empty store of one backend driven by `clock`."""
+    """A store of one backend driven by `clock`: fresh, or on the data named `name`."""
+    name = next(_prefixes) if name is None else name
     if backend == "memory":
         return MemoryStateStore(clock=clock)
     if backend == "sqlite":
-        return SqliteStateStore(workdir / f"state-{next(_prefixes)}.sqlite3", clock=clock)
+        return SqliteStateStore(workdir / f"state-{name}.sqlite3", clock=clock)
     assert redis_url is not None
-    return RedisStateStore(redis_url, key_prefix=f"conf{next(_prefixes)}:", clock=clock)
+    return RedisStateStore(redis_url, key_prefix=f"conf{name}:", clock=clock)
 
 
 @pytest.fixture
@@ -64,19 +70,44 @@ def clock() -> Clock:
     return Clock()
 
 
+Restart = Callable[[], Awaitable[StateStore]]
+"""Start another store instance on the data of `store`, as a restarted gateway would."""
+
+
 @pytest.fixture(params=BACKENDS)
-async def store(
+async def stores(
     request: pytest.FixtureRequest, clock: Clock, tmp_path: Path
-) -> AsyncIterator[StateStore]:
-    """A started store of each backend."""
+) -> AsyncIterator[tuple[StateStore, Restart]]:
+    """A started store of each backend, and a way to start another one on its data."""
     backend: str = request.param
     url = request.getfixturevalue("redis_url") if backend == "redis" else None
-    built = build_store(backend, clock, workdir=tmp_path, redis_url=url)
-    await built.start()
+    name = next(_prefixes)
+    started: list[StateStore] = []
+
+    async def start() -> StateStore:
+        built = build_store(backend, clock, workdir=tmp_path, redis_url=url, name=name)
+        await built.start()
+        started.append(built)
+        return built
+
     try:
-        yield built
+        await start()
+        yield started[0], start
     finally:
-        await built.aclose()
+        for built in started:
+            await built.aclose()
+
+
+@pytest.fixture
+def store(stores: tuple[StateStore, Restart]) -> StateStore:
+    """A started store of each backend."""
+    return stores[0]
+
+
+@pytest.fixture
+def restart(stores: tuple[StateStore, Restart]) -> Restart:
+    """Start another store instance on the data of `store`."""
+    return stores[1]
 
 
 async def decide(
@@ -359,6 +390,59 @@ async def test_expired_claims_do_not_hold_others(store: StateStore, clock: Clock
         assert await store.claim(f"notice:{n}", 1.0)
     clock.advance(2.0)
     assert all([await store.claim(f"notice:{n}", 1.0) for n in range(20)])
+
+
+# Dedupe receipts
+
+RECEIPT = "dedupe:telegram:parrot-tg:update:7001"
+
+
+async def test_issue9_a_receipt_refuses_duplicates_in_flight_and_after_the_answer(
+    store: StateStore, clock: Clock
+) -> None:
+    assert await store.receive(RECEIPT, 60.0)
+    assert not await store.receive(RECEIPT, 60.0)
+    assert await store.receive(RECEIPT + "1", 60.0)
+    clock.advance(50.0)
+    await store.confirm(RECEIPT, 60.0)
+    clock.advance(59.999)
+    assert not await store.receive(RECEIPT, 60.0)
+    clock.advance(0.001)
+    assert await store.receive(RECEIPT, 60.0)
+
+
+async def test_issue9_concurrent_deliveries_of_one_message_have_one_receiver(
+    store: StateStore,
+) -> None:
+    taken = await asyncio.gather(*(store.receive(RECEIPT, 600.0) for _ in range(20)))
+    assert sorted(taken) == [False] * 19 + [True]
+
+
+async def test_issue9_a_restarted_store_answers_what_a_killed_run_left_in_flight(
+    store: StateStore, restart: Restart, clock: Clock
+) -> None:
+    assert await store.receive(RECEIPT, 600.0)
+    await store.receive(RECEIPT + ":answered", 600.0)
+    await store.confirm(RECEIPT + ":answered", 600.0)
+    # The first run is killed mid-turn: no confirm, no close. A killed redis replica's
+    # liveness key lapses on its own; the other backends need no time to pass.
+    clock.advance(OWNER_SECONDS)
+    restarted = await restart()
+    assert await restarted.receive(RECEIPT, 600.0)
+    assert not await restarted.receive(RECEIPT, 600.0)
+    await restarted.confirm(RECEIPT, 600.0)
+    assert not await restarted.receive(RECEIPT, 600.0)
+
+
+async def test_issue9_a_restarted_store_refuses_what_was_answered_before(
+    store: StateStore, restart: Restart
+) -> None:
+    if isinstance(store, MemoryStateStore):
+        pytest.skip("a memory store keeps nothing across a restart")
+    assert await store.receive(RECEIPT, 600.0)
+    await store.confirm(RECEIPT, 600.0)
+    restarted = await restart()
+    assert not await restarted.receive(RECEIPT, 600.0)
 
 
 # Overrides

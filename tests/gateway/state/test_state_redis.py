@@ -184,21 +184,31 @@ async def test_the_audit_log_is_capped(redis: RedisServer, monkeypatch: pytest.M
 # Outages
 
 
-async def test_allow_admits_while_redis_is_down_and_logs_once(
+async def test_issue9_allow_decides_on_local_budgets_while_redis_is_down_and_logs_once(
     redis: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
     async with opened(redis.url, probe_interval=0.0) as store:
         assert (await decide(store)).count == 1
         redis.stop()
-        for _ in range(5):
-            decision = await decide(store)
-            assert (decision.allowed, decision.reason, decision.count) == (True, "ok", 0)
+        decisions = [await decide(store) for _ in range(5)]
+        assert [(d.allowed, d.reason, d.count) for d in decisions] == [
+            (True, "ok", 1),
+            (True, "ok", 2),
+            (True, "ok", 3),
+            (False, "budget_exceeded", 3),
+            (False, "cooldown", 3),
+        ]
         assert store.degraded
-        assert await store.claim("dedupe:discord:1", 60.0)
-        assert await store.claim("dedupe:discord:1", 60.0)
-        assert await store.bot_turn(ROOM, is_bot=True) == 0
-        assert await store.pair_snapshot() == []
+        assert await store.claim("notice:discord:1", 60.0)
+        assert not await store.claim("notice:discord:1", 60.0)
+        assert await store.receive("dedupe:discord:1", 60.0)
+        assert not await store.receive("dedupe:discord:1", 60.0)
+        await store.confirm("dedupe:discord:1", 60.0)
+        assert not await store.receive("dedupe:discord:1", 60.0)
+        assert [await store.bot_turn(ROOM, is_bot=True) for _ in range(2)] == [1, 2]
+        [pair] = await store.pair_snapshot()
+        assert (pair.scope, pair.count) == (ROOM, 3)
         assert await store.get_overrides(ROOM) == {}
         assert await store.pause_remaining(ROOM) is None
         assert await store.recent_audit() == []
@@ -220,6 +230,10 @@ async def test_allow_admits_while_redis_is_down_and_logs_once(
         assert [(await decide(store)).count for _ in range(3)] == [1, 2, 3]
         assert (await decide(store)).reason == "budget_exceeded"
         assert len(outage_lines(caplog, "unreachable")) == 1
+        # The local counts were dropped when Redis came back: a new outage starts fresh.
+        redis.stop()
+        assert (await decide(store)).count == 1
+        assert store.degraded
 
 
 async def test_a_second_outage_is_logged_again(
@@ -257,8 +271,8 @@ async def test_while_down_most_calls_fail_fast_and_one_probe_goes_through(
         redis.stop()
         await decide(store)
         failed = store.unavailable_calls
-        for _ in range(20):
-            assert (await decide(store)).allowed
+        for n in range(20):
+            assert (await decide(store, sender=f"bot-{n}")).allowed
         assert store.unavailable_calls == failed + 20
         assert store.degraded
 
@@ -362,5 +376,71 @@ async def test_issue5_humans_are_answered_through_an_outage_and_budgets_resume_a
             [pair] = await store.pair_snapshot("room:lobby")
             assert (pair.bot_a, pair.bot_b, pair.count) == ("ping", "pong", 2)
             assert pair.cooldown_remaining > 3500
+    finally:
+        await gateway.stop(5.0)
+
+
+PING_PONG_CONFIG = """
+state: {backend: redis, url: '%s'}
+http: {host: 127.0.0.1, port: 0}
+agents:
+  ping: {kind: scripted, rules: [{match: '(?i)@ping\\b', reply: '@pong ping'}]}
+  pong: {kind: scripted, rules: [{match: '(?i)@pong\\b', reply: '@ping pong'}]}
+bots:
+  - {id: ping, platform: room, name: ping, agent: ping}
+  - {id: pong, platform: room, name: pong, agent: pong}
+admins: {room: [carol]}
+policy:
+  respond_to: {humans: all, bots: mentions}
+  bot_loop: {max_events_per_window: 3, window_seconds: 3600, cooldown_seconds: 3600}
+"""
+
+
+async def until_said(ws: aiohttp.ClientWebSocketResponse, needle: str) -> list[tuple[str, str]]:
+    """Every (sender, text) said in the room up to and including the first with `needle`."""
+    seen: list[tuple[str, str]] = []
+    async with asyncio.timeout(WAIT_SECONDS):
+        while True:
+            frame = await ws.receive()
+            assert frame.type is aiohttp.WSMsgType.TEXT, frame
+            event = json.loads(frame.data)
+            if "text" not in event:
+                continue
+            seen.append((str(event.get("sender_name")), str(event["text"])))
+            if needle in seen[-1][1]:
+                return seen
+
+
+async def test_issue9_a_bot_ping_pong_is_cut_at_the_budget_while_redis_is_down(
+    redis: RedisServer,
+) -> None:
+    gateway = Gateway(parse_config(PING_PONG_CONFIG % redis.url))
+    store = gateway.state
+    assert isinstance(store, RedisStateStore)
+    await gateway.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as client,
+            client.ws_connect(f"http://127.0.0.1:{gateway.port}/room/ws") as ws,
+        ):
+            await ws.send_json({"type": "join", "name": "carol", "room": "lobby"})
+            redis.stop()
+            await ws.send_json({"type": "say", "text": "@ping go"})
+            seen = await until_said(ws, "Loop guard: pausing")
+            bot_lines = [text for sender, text in seen if sender in ("ping", "pong")]
+            # ping answers carol, then three bot-to-bot exchanges fit the local budget.
+            assert len(bot_lines) == 1 + 3 + 1, bot_lines
+            assert gateway.metrics.value("state_degraded") == 1
+            await ws.send_json({"type": "say", "text": "/loop status"})
+            status = (await until_said(ws, "Loop status for room:lobby"))[-1][1]
+            assert "budgets and cooldowns are local to this process" in status
+            assert "cooling down" in status
+
+            redis.start()
+            await until_back(store)
+            await ws.send_json({"type": "say", "text": "/loop status"})
+            status = (await until_said(ws, "Loop status for room:lobby"))[-1][1]
+            assert "local to this process" not in status
+            assert gateway.metrics.value("state_degraded") == 0
     finally:
         await gateway.stop(5.0)
