@@ -64,7 +64,10 @@ class ConnectorServices:
     webhooks (Slack Events API, Telegram webhook) adds its routes in its factory.
     `peers` lets connectors of one platform in one process see each other (Telegram does not
     deliver one bot's messages to another bot, so hosted bots feed each other).
+    `http_host` is the address that server binds (`http.host`): the web room accepts it as
+    a Host besides loopback.
     """
 
     http: web.Application
     peers: dict[str, list[Connector]]
+    http_host: str = "127.0.0.1"

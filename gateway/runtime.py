@@ -129,7 +129,7 @@ class Gateway:
             for name, agent in config.agents.items()
         }
         self._peers: dict[str, list[Connector]] = {}
-        services = ConnectorServices(http=self.app, peers=self._peers)
+        services = ConnectorServices(http=self.app, peers=self._peers, http_host=config.http.host)
         self._hosted: dict[str, HostedBot] = {}
         for index, bot in enumerate(config.bots):
             create = connector_factory or load_connector_factory(

@@ -12,4 +12,4 @@ __all__ = ["RoomConnector", "RoomHub", "create"]
 
 def create(bot: RoomBotConfig, services: ConnectorServices) -> RoomConnector:
     """Seat one hosted bot in the app's room hub (created, with its routes, on first use)."""
-    return RoomConnector(bot, RoomHub.for_app(services.http))
+    return RoomConnector(bot, RoomHub.for_app(services.http, http_host=services.http_host))

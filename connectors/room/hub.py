@@ -12,19 +12,29 @@ transcript), then a `message` for every message posted in the room (human or bot
 
 Decisions where DESIGN.md is silent:
 - The room has no authentication: a sender's id is the name it joined with, which is what
-  `admins.room` lists. It is a local demo platform; keep it on loopback.
-- A human may not join under a hosted bot's id or display name (no impersonating bots).
-- Cross-site websocket hijacking is refused: a browser connection whose `Origin` is not
-  this server's host gets 403 (clients without an Origin header, curl and tests, are let in).
+  `admins.room` lists. It is a local demo platform; keep it on loopback. Who may reach it
+  (Host, Origin) is decided in `access.py`: anything else gets 403.
+- A human may not join under a name that reads as a hosted bot's id or display name, or
+  as the name of another connected client (look-alike letters, zero-width characters,
+  case and whitespace folded). The very same name is the same identity (a second tab, a
+  reload racing the old socket's close) and is let in.
 - Every post is synchronous: it takes the next id, joins the bounded transcript and is
   queued to every client and every other bot in that order, so everyone sees one order.
-  A client that falls `CLIENT_QUEUE` messages behind is disconnected rather than buffered.
+  A client whose unsent frames pass `client.QUEUE_BYTES` is dropped (see `client.py`).
+- Bounds per client: `MAX_CONNECTIONS_PER_ADDRESS` open websockets per remote address
+  (429 beyond), `MAX_JOINS` join frames per connection, frames up to `MAX_FRAME_BYTES`
+  (aiohttp closes with 1009 beyond; a text frame that is not UTF-8 gets 1007). A frame
+  that is not acceptable JSON (gateway.jsonbody: too deep, 5,000-digit numbers, NaN) or is
+  binary gets an error notice and the socket stays open.
+- At most `MAX_ROOMS` rooms besides the lobby. When a join needs a new room and none is
+  left, the rooms without clients are reclaimed (transcript and all). The lobby is never
+  reclaimed, nor counted; bots sit in every room, so no other room is theirs to keep.
+  A room opened again numbers its messages past every id the hub has issued: the
+  gateway's receipts remember `room` + id, and must not take new messages for old ones.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -34,9 +44,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Protocol
-from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, web
+
+from connectors.room.access import RoomAccess, name_key
+from connectors.room.client import RoomClient
+from gateway.jsonbody import JsonBodyError, parse_json
 
 log = logging.getLogger("loopwarden.room")
 
@@ -44,12 +57,18 @@ DEFAULT_ROOM = "lobby"
 MAX_TEXT = 4000
 HISTORY_LIMIT = 500
 JOIN_HISTORY = 100
+JOIN_HISTORY_BYTES = 256 * 1024
 MAX_ROOMS = 64
-CLIENT_QUEUE = 1000
-FINISH_SECONDS = 5.0
+MAX_CONNECTIONS_PER_ADDRESS = 16
+MAX_JOINS = 50
+MAX_FRAME_BYTES = 64 * 1024
 
-_NAME = re.compile(r"^[\w.-]{1,32}$")
-_ROOM = re.compile(r"^[\w.-]{1,40}$")
+_NAME = re.compile(r"[\w.-]{1,32}")
+_ROOM = re.compile(r"[\w.-]{1,40}")
+_LIMIT = re.compile(r"[0-9]{1,4}")
+# JSON's \ud800 escapes decode to lone surrogates, which no terminal or UTF-8 writer takes.
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_ROOM_RULE = "1-40 letters, digits, '.', '-' or '_'"
 _ASSETS = {
     "index.html": "text/html",
     "app.js": "text/javascript",
@@ -117,54 +136,9 @@ class RoomMember(Protocol):
 class _Room:
     """One room's transcript, id counter and connected clients."""
 
+    next_id: int
     transcript: deque[RoomMessage] = field(default_factory=lambda: deque(maxlen=HISTORY_LIMIT))
-    next_id: int = 1
-    clients: set[_Client] = field(default_factory=set)
-
-
-class _Client:
-    """One websocket connection with its own ordered outbound queue and writer task."""
-
-    def __init__(self, ws: web.WebSocketResponse) -> None:
-        self.ws = ws
-        self.name: str | None = None
-        self.room: str | None = None
-        self._queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=CLIENT_QUEUE)
-        self._writer = asyncio.create_task(self._write())
-        self._closer: asyncio.Task[bool] | None = None
-
-    def push(self, frame: str) -> None:
-        """Queue one frame; a client too far behind is closed instead of buffered."""
-        if self._closer is not None:
-            return
-        try:
-            self._queue.put_nowait(frame)
-        except asyncio.QueueFull:
-            log.warning("room client %s fell behind; disconnecting it", self.name or "?")
-            self._writer.cancel()
-            self._closer = asyncio.create_task(
-                self.ws.close(code=WSCloseCode.TRY_AGAIN_LATER, message=b"too slow")
-            )
-
-    def push_event(self, event: dict[str, object]) -> None:
-        """Queue one JSON event."""
-        self.push(json.dumps(event))
-
-    async def _write(self) -> None:
-        while (frame := await self._queue.get()) is not None:
-            try:
-                await self.ws.send_str(frame)
-            except ConnectionError:
-                return
-
-    async def finish(self) -> None:
-        """Stop the writer once what is queued has been sent (bounded: the peer may be gone)."""
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)
-        await asyncio.wait({self._writer}, timeout=FINISH_SECONDS)
-        self._writer.cancel()
-        if self._closer is not None:
-            await asyncio.wait({self._closer}, timeout=FINISH_SECONDS)
+    clients: set[RoomClient] = field(default_factory=set)
 
 
 ROOM_HUB: web.AppKey[RoomHub] = web.AppKey("loopwarden_room_hub")
@@ -173,9 +147,14 @@ ROOM_HUB: web.AppKey[RoomHub] = web.AppKey("loopwarden_room_hub")
 class RoomHub:
     """Rooms, their transcripts, the websocket clients and the hosted bots, for one app."""
 
-    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.time, http_host: str = "127.0.0.1"
+    ) -> None:
         self._clock = clock
+        self._access = RoomAccess(http_host)
         self._rooms: dict[str, _Room] = {}
+        self._clients: set[RoomClient] = set()
+        self._issued = 0
         self._members: dict[str, RoomMember] = {}
         self._listeners: list[Listener] = []
         self._assets = {
@@ -184,11 +163,14 @@ class RoomHub:
         }
 
     @classmethod
-    def for_app(cls, app: web.Application) -> RoomHub:
-        """The app's hub, created (with its routes) on first use; call before the app starts."""
+    def for_app(cls, app: web.Application, *, http_host: str = "127.0.0.1") -> RoomHub:
+        """The app's hub, created (with its routes) on first use; call before the app starts.
+
+        `http_host` is the address the server binds (`http.host`), accepted as a Host.
+        """
         hub = app.get(ROOM_HUB)
         if hub is None:
-            hub = cls()
+            hub = cls(http_host=http_host)
             app[ROOM_HUB] = hub
             hub.add_routes(app)
         return hub
@@ -201,6 +183,15 @@ class RoomHub:
         app.router.add_get("/room/ws", self._websocket)
         app.router.add_get("/room/history", self._history)
         app.on_shutdown.append(self._on_shutdown)
+
+    @property
+    def clients(self) -> frozenset[RoomClient]:
+        """Every open websocket connection, joined to a room or not."""
+        return frozenset(self._clients)
+
+    def rooms(self) -> list[str]:
+        """The names of the rooms the hub holds now (reclaimed rooms are gone)."""
+        return list(self._rooms)
 
     # Bots and listeners
 
@@ -243,6 +234,7 @@ class RoomHub:
             ts=self._clock(),
         )
         state.next_id += 1
+        self._issued = max(self._issued, message.id)
         state.transcript.append(message)
         self._broadcast(state, message.to_wire())
         self._tell_listeners(message)
@@ -278,8 +270,21 @@ class RoomHub:
     def _room(self, name: str) -> _Room:
         state = self._rooms.get(name)
         if state is None:
-            state = self._rooms[name] = _Room()
+            state = self._rooms[name] = _Room(next_id=self._issued + 1)
         return state
+
+    def _room_for_one_more(self, mover: RoomClient) -> bool:
+        """Whether a new room fits under `MAX_ROOMS`, reclaiming empty rooms if need be.
+
+        The room the joining client is about to leave counts as empty when it is alone there.
+        """
+        if len(self._rooms.keys() - {DEFAULT_ROOM}) < MAX_ROOMS:
+            return True
+        empty = [name for name, state in self._rooms.items() if not state.clients - {mover}]
+        for name in empty:
+            if name != DEFAULT_ROOM:
+                del self._rooms[name]
+        return len(self._rooms.keys() - {DEFAULT_ROOM}) < MAX_ROOMS
 
     def _broadcast(self, state: _Room, event: dict[str, object]) -> None:
         frame = json.dumps(event)
@@ -295,10 +300,17 @@ class RoomHub:
 
     # HTTP
 
+    def _admit(self, request: web.Request) -> None:
+        refusal = self._access.refusal(request)
+        if refusal is not None:
+            raise web.HTTPForbidden(text=refusal)
+
     async def _page(self, request: web.Request) -> web.Response:
+        self._admit(request)
         return self._asset_response("index.html")
 
     async def _asset(self, request: web.Request) -> web.Response:
+        self._admit(request)
         return self._asset_response(request.path.rsplit("/", 1)[-1])
 
     def _asset_response(self, name: str) -> web.Response:
@@ -310,36 +322,47 @@ class RoomHub:
         )
 
     async def _history(self, request: web.Request) -> web.Response:
+        self._admit(request)
         room = request.query.get("room", DEFAULT_ROOM)
-        try:
-            limit = int(request.query.get("limit", str(HISTORY_LIMIT)))
-        except ValueError:
-            raise web.HTTPBadRequest(text="limit must be a whole number") from None
-        messages = [m.to_wire() for m in self.history(room, limit)]
+        if not _ROOM.fullmatch(room):
+            raise web.HTTPBadRequest(text=f"room must be {_ROOM_RULE}")
+        limit = request.query.get("limit", str(HISTORY_LIMIT))
+        if not _LIMIT.fullmatch(limit) or not 1 <= int(limit) <= HISTORY_LIMIT:
+            raise web.HTTPBadRequest(text=f"limit must be a whole number from 1 to {HISTORY_LIMIT}")
+        messages = [m.to_wire() for m in self.history(room, int(limit))]
         return web.json_response({"room": room, "messages": messages})
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        if not _same_origin(request):
-            raise web.HTTPForbidden(text="cross-origin websocket refused")
-        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=64 * 1024)
-        await ws.prepare(request)
-        client = _Client(ws)
+        self._admit(request)
+        address = request.remote or "?"
+        if sum(c.address == address for c in self._clients) >= MAX_CONNECTIONS_PER_ADDRESS:
+            raise web.HTTPTooManyRequests(
+                text=f"at most {MAX_CONNECTIONS_PER_ADDRESS} room connections per address"
+            )
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=MAX_FRAME_BYTES)
+        client = RoomClient(ws, request.transport, address)
+        self._clients.add(client)
         try:
+            await ws.prepare(request)
             async for frame in ws:
                 if frame.type is WSMsgType.TEXT:
                     self._on_frame(client, frame.data)
+                elif frame.type is WSMsgType.BINARY:
+                    client.push_event(_error("send JSON objects as text frames, not binary"))
                 elif frame.type is WSMsgType.ERROR:
                     break
         finally:
+            self._clients.discard(client)
             self._leave(client)
             await client.finish()
         return ws
 
-    def _on_frame(self, client: _Client, data: str) -> None:
+    def _on_frame(self, client: RoomClient, data: str) -> None:
         try:
-            payload = json.loads(data)
-        except ValueError:
-            payload = None
+            payload = parse_json(data)
+        except JsonBodyError as exc:
+            client.push_event(_error(f"frame refused ({exc}); send JSON objects: join or say"))
+            return
         if not isinstance(payload, dict):
             client.push_event(_error("send JSON objects with a type: join or say"))
             return
@@ -351,19 +374,20 @@ class RoomHub:
         else:
             client.push_event(_error("unknown message type (use join or say)"))
 
-    def _join(self, client: _Client, name: object, room: object) -> None:
-        if not isinstance(name, str) or not _NAME.match(name):
+    def _join(self, client: RoomClient, name: object, room: object) -> None:
+        client.joins += 1
+        if client.joins > MAX_JOINS:
+            client.push_event(_error(f"at most {MAX_JOINS} joins per connection; reconnect"))
+            return
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             client.push_event(_error("a name is 1-32 letters, digits, '.', '-' or '_'"))
             return
-        if not isinstance(room, str) or not _ROOM.match(room):
-            client.push_event(_error("a room name is 1-40 letters, digits, '.', '-' or '_'"))
+        if not isinstance(room, str) or not _ROOM.fullmatch(room):
+            client.push_event(_error(f"a room name is {_ROOM_RULE}"))
             return
-        taken = {part.casefold() for pair in self.bot_names() for part in pair}
-        if name.casefold() in taken:
-            client.push_event(_error(f"{name} is a bot's name here; pick another"))
-            return
-        if room not in self._rooms and len(self._rooms) >= MAX_ROOMS:
-            client.push_event(_error("this server has too many rooms; join an existing one"))
+        refusal = self._unavailable(client, name, room)
+        if refusal is not None:
+            client.push_event(_error(refusal))
             return
         previous = client.name
         self._leave(client, quiet=True)
@@ -371,13 +395,39 @@ class RoomHub:
         state = self._room(room)
         bots = [{"id": bot_id, "name": bot_name} for bot_id, bot_name in self.bot_names()]
         client.push_event({"type": "joined", "room": room, "name": name, "bots": bots})
-        history = [m.to_wire() for m in self.history(room, JOIN_HISTORY)]
-        client.push_event({"type": "history", "room": room, "messages": history})
+        client.push_event({"type": "history", "room": room, "messages": self._recent(room)})
         state.clients.add(client)
         joined = f"{previous} is now {name}" if previous and previous != name else f"{name} joined"
         self.notice(room, joined)
 
-    def _say(self, client: _Client, text: object) -> None:
+    def _unavailable(self, client: RoomClient, name: str, room: str) -> str | None:
+        """Why a well-formed join is refused (the name passes for another, no room left)."""
+        key = name_key(name)
+        if key in {name_key(part) for pair in self.bot_names() for part in pair}:
+            return f"{name} is, or looks like, a bot's name here; pick another"
+        for other in self._clients:
+            if other is client or other.name is None or other.name == name:
+                continue
+            if name_key(other.name) == key:
+                return f"{name} looks like {other.name}, who is here; pick another"
+        if room == DEFAULT_ROOM or room in self._rooms or self._room_for_one_more(client):
+            return None
+        return "this server has too many rooms; join an existing one"
+
+    def _recent(self, room: str) -> list[dict[str, object]]:
+        """A joiner's history: the newest `JOIN_HISTORY` messages that fit `JOIN_HISTORY_BYTES`."""
+        picked: list[dict[str, object]] = []
+        size = 0
+        for message in reversed(self.history(room, JOIN_HISTORY)):
+            wire = message.to_wire()
+            size += len(json.dumps(wire))
+            if size > JOIN_HISTORY_BYTES:
+                break
+            picked.append(wire)
+        picked.reverse()
+        return picked
+
+    def _say(self, client: RoomClient, text: object) -> None:
         if client.name is None or client.room is None:
             client.push_event(_error('join first: {"type": "join", "name": …}'))
             return
@@ -386,9 +436,12 @@ class RoomHub:
         if len(text) > MAX_TEXT:
             client.push_event(_error(f"messages are limited to {MAX_TEXT} characters"))
             return
+        if _SURROGATE.search(text):
+            client.push_event(_error("a message must be Unicode text (no lone surrogates)"))
+            return
         self.say(client.room, client.name, text.strip())
 
-    def _leave(self, client: _Client, *, quiet: bool = False) -> None:
+    def _leave(self, client: RoomClient, *, quiet: bool = False) -> None:
         if client.room is None:
             return
         state = self._rooms.get(client.room)
@@ -399,18 +452,10 @@ class RoomHub:
 
     async def _on_shutdown(self, app: web.Application) -> None:
         """Close every websocket so the server can stop without waiting for browsers."""
-        clients = [client for state in self._rooms.values() for client in state.clients]
-        for client in clients:
-            await client.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
+        for client in list(self._clients):
+            if client.ws.prepared and not client.dropped:  # mid-handshake, or reset already
+                await client.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
 
 
 def _error(text: str) -> dict[str, object]:
     return {"type": "notice", "level": "error", "text": text}
-
-
-def _same_origin(request: web.Request) -> bool:
-    """True unless a browser sent an Origin naming another host than the one it asked."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return True
-    return urlsplit(origin).netloc.casefold() == request.host.casefold()

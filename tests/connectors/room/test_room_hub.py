@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -12,8 +13,18 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from connectors.room import RoomConnector, create
+from connectors.room import hub as hub_module
 from connectors.room.connector import RUN, RoomIdentity, to_inbound
-from connectors.room.hub import HISTORY_LIMIT, ROOM_HUB, RoomHub, RoomMessage
+from connectors.room.hub import (
+    HISTORY_LIMIT,
+    MAX_CONNECTIONS_PER_ADDRESS,
+    MAX_FRAME_BYTES,
+    MAX_JOINS,
+    MAX_ROOMS,
+    ROOM_HUB,
+    RoomHub,
+    RoomMessage,
+)
 from gateway.config import RoomBotConfig
 from gateway.connector import ConnectorServices
 from gateway.errors import DeliveryError
@@ -343,3 +354,200 @@ def test_to_inbound_skips_the_bots_own_messages() -> None:
     assert inbound is not None
     assert inbound.sender_is_bot
     assert (inbound.received_at, inbound.raw) == (1.5, _message("hi", "pong", is_bot=True))
+
+
+async def test_issue9_empty_rooms_are_reclaimed_so_the_lobby_stays_open(room: Room) -> None:
+    async with (
+        room.client.ws_connect("/room/ws") as first,
+        room.client.ws_connect("/room/ws") as second,
+    ):
+        for n in range(MAX_ROOMS):  # throwaway rooms, each left for the next
+            await join(first if n % 2 else second, "mallory", room=f"junk{n}")
+        await join(first, "mallory", room="junk-extra")
+    async with room.client.ws_connect("/room/ws") as alice:
+        await join(alice, "alice")
+        await join(alice, "alice", room="side")
+        # Only the rooms still in use at the last reclaim are left, and the new ones.
+        assert set(room.hub.rooms()) == {"junk62", "junk-extra", "lobby", "side"}
+
+
+async def test_issue9_rooms_with_clients_and_the_lobby_are_never_reclaimed(
+    room: Room, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub_module, "MAX_ROOMS", 2)
+    room.hub.say("lobby", "carol", "kept")
+    async with (
+        room.client.ws_connect("/room/ws") as alice,
+        room.client.ws_connect("/room/ws") as bob,
+        room.client.ws_connect("/room/ws") as carol,
+    ):
+        await join(alice, "alice", room="one")
+        await join(bob, "bob", room="two")
+        await carol.send_json({"type": "join", "name": "carol", "room": "three"})
+        refused = await next_event(carol, "notice", lambda e: e.get("level") == "error")
+        assert "too many rooms" in str(refused["text"])
+        await join(bob, "bob")  # the lobby is never counted; "two" is left empty
+        await join(carol, "carol", room="three")  # "two" is reclaimed to make room
+    assert room.hub.rooms() == ["lobby", "one", "three"]
+    assert [m.text for m in room.hub.history("lobby")] == ["kept"]
+
+
+async def test_issue9_a_reclaimed_room_opened_again_does_not_reuse_message_ids(
+    room: Room, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hub_module, "MAX_ROOMS", 1)
+    async with room.client.ws_connect("/room/ws") as alice:
+        await join(alice, "alice", room="side")
+        await say(alice, "first")
+        before = await next_event(alice, "message")
+        await join(alice, "alice", room="other")  # "side" is reclaimed
+        await join(alice, "alice", room="side")  # "other" is reclaimed; "side" is new again
+        await say(alice, "second")
+        after = await next_event(alice, "message")
+    assert isinstance(before["id"], int)
+    assert isinstance(after["id"], int)
+    assert after["id"] > before["id"]
+    seen = [await _received(room.inbox["ping"]) for _ in range(2)]
+    assert len({m.message_key for m in seen}) == 2
+
+
+async def test_issue9_connections_per_address_are_bounded(room: Room) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        for _ in range(MAX_CONNECTIONS_PER_ADDRESS):
+            await stack.enter_async_context(room.client.ws_connect("/room/ws"))
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await room.client.ws_connect("/room/ws")
+        assert refused.value.status == 429
+    assert (await room.client.get("/room/history")).status == 200
+
+
+async def test_issue9_joins_per_connection_are_bounded(room: Room) -> None:
+    async with room.client.ws_connect("/room/ws") as ws:
+        for n in range(MAX_JOINS):
+            await join(ws, f"name{n}")
+        await ws.send_json({"type": "join", "name": "again"})
+        refused = await next_event(ws, "notice", lambda e: e.get("level") == "error")
+        assert f"at most {MAX_JOINS} joins" in str(refused["text"])
+        await say(ws, "still talking")
+        assert (await next_event(ws, "message"))["text"] == "still talking"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ping\n",
+        "ping ",
+        "p\u0456ng",  # Cyrillic i
+        "PING",
+        "pi\u200bng",  # zero-width space
+        "\uff50\uff49\uff4e\uff47",  # full-width
+        "P\u043eng",  # Pong's display name, with a Cyrillic o
+    ],
+)
+async def test_issue9_a_name_that_passes_for_a_bot_is_refused(room: Room, name: str) -> None:
+    async with room.client.ws_connect("/room/ws") as ws:
+        await ws.send_json({"type": "join", "name": name})
+        notice = await next_event(ws, "notice")
+        assert notice["level"] == "error"
+        await join(ws, "alice")
+    assert {client.name for client in room.hub.clients} <= {"alice"}
+
+
+async def test_issue9_a_name_that_passes_for_a_connected_member_is_refused(room: Room) -> None:
+    async with (
+        room.client.ws_connect("/room/ws") as alice,
+        room.client.ws_connect("/room/ws") as mallory,
+        room.client.ws_connect("/room/ws") as second_tab,
+    ):
+        await join(alice, "alice")
+        for fake in ("\u0430lice", "ALICE", "alic\u0435"):
+            await mallory.send_json({"type": "join", "name": fake})
+            notice = await next_event(mallory, "notice", lambda e: e.get("level") == "error")
+            assert "looks like alice" in str(notice["text"])
+        await join(second_tab, "alice")  # the very same name is the same identity
+        await alice.close()
+        await next_event(second_tab, "notice", lambda e: e["text"] == "alice left")
+        await second_tab.close()
+        await join(mallory, "ALICE")  # once alice has gone, the name is free again
+
+
+DEEP = "[" * 20_000 + "]" * 20_000
+
+
+@pytest.mark.parametrize(
+    ("frame", "error"),
+    [
+        (DEEP, "nested deeper than"),
+        ("[" * 50_000, "nested deeper than"),
+        ('{"type": "join", "name": ' + "[" * 30_000, "nested deeper than"),
+        ('{"type": "say", "text": "hi", "n": ' + "9" * 5000 + "}", "frame refused"),
+        ('{"type": "say", "text": NaN}', "frame refused"),
+        ('{"type": "say", "text": 1e999}', "out of range"),
+        ('{"type": "say", "text": "\\ud800"}', "lone surrogates"),
+        ("not json", "frame refused"),
+    ],
+)
+async def test_issue9_hostile_frames_get_an_error_and_the_socket_serves_on(
+    room: Room, caplog: pytest.LogCaptureFixture, frame: str, error: str
+) -> None:
+    async with room.client.ws_connect("/room/ws") as ws:
+        await join(ws, "alice")
+        await ws.send_str(frame)
+        notice = await next_event(ws, "notice", lambda e: e.get("level") == "error")
+        assert error in str(notice["text"])
+        await say(ws, "next")
+        assert (await next_event(ws, "message"))["text"] == "next"
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+async def test_issue9_binary_frames_get_an_error_and_the_socket_serves_on(room: Room) -> None:
+    async with room.client.ws_connect("/room/ws") as ws:
+        await ws.send_bytes(b'\xff\xfe{"type": "join"}')
+        notice = await next_event(ws, "notice")
+        assert "not binary" in str(notice["text"])
+        await join(ws, "alice")
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        (b"\xff\xfe", aiohttp.WSCloseCode.INVALID_TEXT),
+        (b"x" * (MAX_FRAME_BYTES + 1), aiohttp.WSCloseCode.MESSAGE_TOO_BIG),
+    ],
+)
+async def test_issue9_broken_or_huge_text_frames_close_with_a_code_and_no_traceback(
+    room: Room, caplog: pytest.LogCaptureFixture, payload: bytes, code: aiohttp.WSCloseCode
+) -> None:
+    async with room.client.ws_connect("/room/ws") as ws:
+        await join(ws, "alice")
+        await ws.send_frame(payload, aiohttp.WSMsgType.TEXT)
+        async with asyncio.timeout(10):
+            async for _ in ws:
+                pass
+    assert ws.close_code == code
+    async with room.client.ws_connect("/room/ws") as again:
+        await join(again, "alice")
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ({"limit": "1e308"}, "limit"),
+        ({"limit": "9" * 5000}, "limit"),
+        ({"limit": "-1"}, "limit"),
+        ({"limit": "inf"}, "limit"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": str(HISTORY_LIMIT + 1)}, "limit"),
+        ({"limit": "\u0663"}, "limit"),  # an Arabic-Indic digit three
+        ({"room": "../x"}, "room"),
+        ({"room": "x" * 5000}, "room"),
+    ],
+)
+async def test_issue9_absurd_history_parameters_get_400_naming_them(
+    room: Room, query: dict[str, str], parameter: str
+) -> None:
+    response = await room.client.get("/room/history", params=query)
+    assert response.status == 400
+    assert (await response.text()).startswith(f"{parameter} must be")
+    assert (await room.client.get("/room/history", params={"limit": "1"})).status == 200
