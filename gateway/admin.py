@@ -10,11 +10,17 @@ Decisions where DESIGN.md is silent:
   clears every pair (turn counts of other rooms are left to the next human message);
   `reset <bot>` takes a hosted bot's config id, a platform user id or a Discord mention
   (`<@123>`) and clears that bot's pairs in every room.
-- `pause` takes `30s`, `10m`, `2h`, `1d` or a bare number of seconds; no duration pauses
-  until `resume`. `set` accepts a leaf field of the policy (`bot_loop.window_seconds`,
-  `tool_loop.<LoopGuardConfig field>`); its value is read as YAML and validated with the
-  room's effective policy before anything is stored. A refused `set` or `pause` answers
-  with the reason and changes nothing.
+- `pause` takes `30s`, `10m`, `2h`, `1d` or a bare number of seconds (ASCII digits), at
+  most 366 days (`gateway.limits`); no duration pauses until `resume`. `set` accepts a
+  leaf field of the policy (`bot_loop.window_seconds`, `tool_loop.<LoopGuardConfig
+  field>`); its value (at most 500 characters) is read as bounded YAML (`gateway.safeyaml`:
+  no alias bombs, deep nesting or 5,000-digit numbers) and validated with the room's
+  effective policy, guard policies included, before anything is stored. A number written
+  in look-alike digits (full-width `５`), inf, nan, a negative or over-long duration are
+  refused. A refused `set` or `pause` answers "Can't …" with the reason and changes
+  nothing.
+- A stored override the policy refuses today is ignored with a logged warning
+  (`gateway.config.resolve_policy`) and does not stop a `set` of another field.
 - `set` and `pause` apply to the room (`platform:channel`), across its threads.
 - `circuits` and `reopen <circuit>` act on the LLM-call circuits of the CallStore given
   (the gateway's own agents, and the proxy's when both share a sqlite or redis state);
@@ -34,15 +40,32 @@ from pydantic import BaseModel, ValidationError
 
 from gateway import messages
 from gateway.calls.store import CallStore
-from gateway.config import Config, Policy, ToolLoopSettings, resolve_policy
+from gateway.config import (
+    Config,
+    Policy,
+    ToolLoopSettings,
+    first_error,
+    resolve_policy,
+    with_override,
+)
+from gateway.errors import LoopwardenError
+from gateway.limits import MAX_DURATION_SECONDS
+from gateway.metrics import ReportsOutages
 from gateway.refusals import RecentRefusals
+from gateway.safeyaml import YamlLimitError, load_yaml
 from gateway.state.base import GLOBAL_SCOPE, StateStore
+from guards.lookalike import fold
 from guards.loop_guard import LoopGuardConfig
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)", re.IGNORECASE)
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)", re.IGNORECASE | re.ASCII)
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3_600, "d": 86_400}
 _MENTION = re.compile(r"<@!?(\w+)>")
 _JSON_SCALARS = (str, int, float, bool, type(None))
+MAX_VALUE_CHARS = 500
+
+
+class _RefusedValue(LoopwardenError):
+    """A `set` value that cannot be read; the message is the reason shown to the admin."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,13 +151,16 @@ class AdminService:
             messages.RefusalLine(age=now - r.at, stage=r.stage, code=r.code, detail=r.detail)
             for r in self._recent.recent(room)
         ]
-        return messages.status_text(
+        text = messages.status_text(
             room,
             policy,
             paused=await self._state.pause_remaining(room),
             pairs=pairs,
             refusals=refusals,
         )
+        if isinstance(self._state, ReportsOutages) and self._state.degraded:
+            text += "\n" + messages.STATUS_DEGRADED
+        return text
 
     async def policy(self, room: str, *, thread_id: str | None = None) -> str:
         """The room's effective policy as compact YAML."""
@@ -190,14 +216,15 @@ class AdminService:
         problem = _field_problem(field)
         if problem is not None:
             return AdminAck(messages.set_refused(field, problem), ok=False)
-        value = _parse_value(raw)
-        overrides = dict(await self._overrides(room))
-        overrides[field] = value
-        platform, channel = split_room(room)
         try:
-            resolve_policy(self._config, platform, channel, thread_id, overrides)
+            value = _parse_value(raw)
+        except _RefusedValue as exc:
+            return AdminAck(messages.set_refused(field, str(exc)), ok=False)
+        current = await self.effective_policy(room, thread_id=thread_id)
+        try:
+            with_override(current, field, value)
         except ValidationError as exc:
-            return AdminAck(messages.set_refused(field, _reason(exc)), ok=False)
+            return AdminAck(messages.set_refused(field, first_error(exc)[1]), ok=False)
         await self._state.set_override(room, field, value)
         return AdminAck(messages.set_ack(field, value))
 
@@ -221,12 +248,12 @@ def split_room(room: str) -> tuple[str, str]:
 
 
 def parse_duration(text: str) -> float | None:
-    """`30s`, `10m`, `2h`, `1d` or bare seconds; None when unreadable or not positive."""
+    """`30s`, `10m`, `2h`, `1d` or bare seconds; None when unreadable, not positive or too long."""
     match = _DURATION.fullmatch(text.strip())
     if match is None:
         return None
     seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
-    return seconds if 0 < seconds < math.inf else None
+    return seconds if 0 < seconds <= MAX_DURATION_SECONDS else None
 
 
 def _field_problem(dotted: str) -> str | None:
@@ -263,12 +290,33 @@ def _leaf_names(model: type[BaseModel]) -> list[str]:
 
 
 def _parse_value(raw: str) -> object:
-    """The value as YAML (`6`, `true`, `[a, b]`); the raw text when that is not JSON-able."""
+    """The value as YAML (`6`, `true`, `[a, b]`), the raw text when that is not YAML.
+
+    Raises `_RefusedValue` for what no field can take: an over-long text, YAML beyond the
+    parser's bounds, a non-finite number, a number written in look-alike digits.
+    """
+    if len(raw) > MAX_VALUE_CHARS:
+        raise _RefusedValue(messages.value_too_long(MAX_VALUE_CHARS))
     try:
-        value = yaml.safe_load(raw)
+        value = load_yaml(raw)
+    except YamlLimitError as exc:
+        raise _RefusedValue(str(exc)) from None
     except yaml.YAMLError:
         return raw
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _RefusedValue(messages.NOT_FINITE)
+    if isinstance(value, str) and not value.isascii() and _reads_as_number(fold(value)):
+        raise _RefusedValue(messages.LOOKALIKE_DIGITS)
     return value if _jsonable(value) else raw
+
+
+def _reads_as_number(text: str) -> bool:
+    """Whether `text`, once look-alikes are folded, is a YAML number (`5`, `1.5`)."""
+    try:
+        value = load_yaml(text)
+    except (yaml.YAMLError, YamlLimitError):
+        return False
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _jsonable(value: object) -> bool:
@@ -279,9 +327,3 @@ def _jsonable(value: object) -> bool:
     if isinstance(value, dict):
         return all(isinstance(k, str) and _jsonable(v) for k, v in value.items())
     return False
-
-
-def _reason(exc: ValidationError) -> str:
-    """The first validation message, without echoing the input."""
-    error = exc.errors(include_url=False, include_input=False)[0]
-    return str(error["msg"]).removeprefix("Value error, ")

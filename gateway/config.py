@@ -5,11 +5,26 @@ the field (`bots.0.token`) and whose reason says how to fix it. Secrets are `Sec
 and never printed. Channel rules are deep-merged over `policy` when a channel's
 effective policy is resolved (`resolve_policy`); the merge is validated at load time so
 a bad rule fails before anything connects.
+
+Decisions where DESIGN.md is silent:
+- A policy is valid only when the guards can run with it: validating `bot_loop`,
+  `silence` and `tool_loop` builds their BotLoopPolicy, SilencePolicy and LoopGuardConfig
+  (the stages use the same `guard_policy()` / `guard_config()`), so the config, a channel
+  rule, `/loop set` and the admin API all refuse the same values. `tool_loop` refuses
+  unknown keys like every other section.
+- No number is inf or nan; every duration is at most 366 days and chosen secrets
+  (`http.admin_token`, a Telegram `webhook_secret`) at least 16 characters
+  (`gateway.limits`). The file must be UTF-8 and stay within `gateway.safeyaml`'s
+  bounds (nesting, alias expansion, digits); such errors name the file.
+- A stored runtime override that today's policy refuses is ignored with a warning by
+  `resolve_policy`: the room keeps working on the config's value for that field.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -24,13 +39,21 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from gateway.errors import ConfigError
+from gateway.limits import Duration, long_enough
 from gateway.proxy.config import ProxyConfig
+from gateway.safeyaml import YamlLimitError, load_yaml
+from guards.bot_loop import BotLoopPolicy
+from guards.loop_guard import LoopGuardConfig
+from guards.silence import SilencePolicy
+
+log = logging.getLogger("loopwarden.config")
 
 Respond = Literal["all", "mentions", "none"]
 
@@ -51,9 +74,13 @@ Token = Annotated[SecretStr, AfterValidator(_required_secret)]
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_is_none)]
 """A secret that may be left out: an empty value (`${VAR:-}` unset) means not set."""
 
+ChosenSecret = Annotated[OptionalSecret, AfterValidator(long_enough)]
+"""An optional secret the operator makes up (not a platform's token): 16 characters or more."""
+
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No float field anywhere takes inf or nan: a guard cannot run with either.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class StateConfig(_Frozen):
@@ -71,7 +98,7 @@ class HttpConfig(_Frozen):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
-    admin_token: OptionalSecret = None
+    admin_token: ChosenSecret = None
 
 
 class ScriptedRule(_Frozen):
@@ -96,7 +123,7 @@ class ScriptedAgentConfig(_Frozen):
     kind: Literal["scripted"]
     rules: tuple[ScriptedRule, ...] = ()
     default: str | None = None
-    delay: float = Field(default=0.0, ge=0)
+    delay: Duration = Field(default=0.0, ge=0)
 
 
 class PythonAgentConfig(_Frozen):
@@ -116,7 +143,7 @@ class OpenAIAgentConfig(_Frozen):
     system_prompt: str | None = None
     tools: tuple[str, ...] = ()
     max_tool_rounds: int = Field(default=8, ge=1)
-    timeout: float = Field(default=60.0, gt=0)
+    timeout: Duration = Field(default=60.0, gt=0)
     temperature: float | None = None
 
     @field_validator("tools")
@@ -156,8 +183,8 @@ class TelegramBotConfig(_BotBase):
     api_base_url: str = "https://api.telegram.org"
     mode: Literal["polling", "webhook"] = "polling"
     webhook_url: str | None = None
-    webhook_secret: OptionalSecret = None
-    poll_timeout: float = Field(default=10.0, ge=0)
+    webhook_secret: ChosenSecret = None
+    poll_timeout: Duration = Field(default=10.0, ge=0)
 
     @model_validator(mode="after")
     def _webhook_needs_secret(self) -> TelegramBotConfig:
@@ -236,10 +263,24 @@ class BotLoopSettings(_Frozen):
 
     enabled: bool = True
     max_events_per_window: int = Field(default=20, ge=1)
-    window_seconds: float = Field(default=60.0, gt=0)
-    cooldown_seconds: float = Field(default=60.0, ge=0)
+    window_seconds: Duration = Field(default=60.0, gt=0)
+    cooldown_seconds: Duration = Field(default=60.0, ge=0)
     max_consecutive_bot_turns: int = Field(default=30, ge=0)
     announce_cooldown: bool = True
+
+    @model_validator(mode="after")
+    def _guard_runs(self) -> BotLoopSettings:
+        self.guard_policy()
+        return self
+
+    def guard_policy(self) -> BotLoopPolicy:
+        """The bot-loop guard's policy, as the bot-loop stage runs it."""
+        return BotLoopPolicy(
+            enabled=self.enabled,
+            max_events_per_window=self.max_events_per_window,
+            window_seconds=self.window_seconds,
+            cooldown_seconds=self.cooldown_seconds,
+        )
 
 
 class SilenceSettings(_Frozen):
@@ -251,11 +292,62 @@ class SilenceSettings(_Frozen):
     drop_narration: bool = True
     on_addressed_human_turn: Literal["notice", "silent"] = "notice"
 
+    @model_validator(mode="after")
+    def _guard_runs(self) -> SilenceSettings:
+        try:
+            self.guard_policy()
+        except ValueError as exc:
+            raise _FieldError("tokens", str(exc)) from None
+        return self
+
+    def guard_policy(self) -> SilencePolicy:
+        """The silence filter's policy, as the silence stage runs it."""
+        return SilencePolicy(
+            tokens=self.tokens,
+            strip_trailing=self.strip_trailing,
+            drop_narration=self.drop_narration,
+        )
+
+
+# Each LoopGuardConfig field is read as pydantic reads the type of its default (ASCII digits
+# only; its one float, max_time_per_turn, as a bounded duration), so the guard's lenient
+# parsing never sees a look-alike digit, inf or a year-long turn.
+_LOOP_GUARD_FIELDS: dict[str, TypeAdapter[object]] = {
+    spec.name: TypeAdapter(Duration if type(spec.default) is float else type(spec.default))
+    for spec in dataclasses.fields(LoopGuardConfig)
+}
+_UNKNOWN_FIELD = "unknown field (check the spelling; see the README's config reference)"
+
 
 class ToolLoopSettings(_Frozen):
-    """LoopGuardConfig fields (validated by the guard itself)."""
+    """LoopGuardConfig fields, each typed and bounded, checked by building the guard's config."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_typed_fields(cls, data: object) -> object:
+        if not isinstance(data, Mapping):
+            return data
+        typed: dict[str, object] = {}
+        for key, value in data.items():
+            adapter = _LOOP_GUARD_FIELDS.get(str(key))
+            if adapter is None:
+                raise _FieldError(str(key), _UNKNOWN_FIELD)
+            try:
+                typed[str(key)] = adapter.validate_python(value)
+            except ValidationError as exc:
+                raise _FieldError(str(key), first_error(exc)[1]) from None
+        return typed
+
+    @model_validator(mode="after")
+    def _guard_runs(self) -> ToolLoopSettings:
+        self.guard_config()
+        return self
+
+    def guard_config(self) -> LoopGuardConfig:
+        """The tool-call guard's config, as the agents run it."""
+        return LoopGuardConfig.from_dict(self.model_extra)
 
 
 class Policy(_Frozen):
@@ -265,14 +357,6 @@ class Policy(_Frozen):
     bot_loop: BotLoopSettings = BotLoopSettings()
     silence: SilenceSettings = SilenceSettings()
     tool_loop: ToolLoopSettings = ToolLoopSettings()
-
-    @field_validator("tool_loop")
-    @classmethod
-    def _tool_loop_fields(cls, value: ToolLoopSettings) -> ToolLoopSettings:
-        from guards.loop_guard import LoopGuardConfig
-
-        LoopGuardConfig.from_dict(value.model_dump())
-        return value
 
 
 class ChannelMatch(_Frozen):
@@ -304,11 +388,11 @@ class PipelineConfig(_Frozen):
     """Stages that can be switched off, and dedupe receipt lifetime."""
 
     dedupe: bool = True
-    dedupe_ttl_seconds: float = Field(default=600.0, gt=0)
+    dedupe_ttl_seconds: Duration = Field(default=600.0, gt=0)
     admin_commands: bool = True
     typing_indicator: bool = True
-    turn_timeout_seconds: float = Field(default=120.0, gt=0)
-    drain_seconds: float = Field(default=10.0, gt=0)
+    turn_timeout_seconds: Duration = Field(default=120.0, gt=0)
+    drain_seconds: Duration = Field(default=10.0, gt=0)
 
 
 class Config(_Frozen):
@@ -342,7 +426,7 @@ class Config(_Frozen):
             try:
                 Policy.model_validate(deep_merge(base, rule.policy))
             except ValidationError as exc:
-                path, reason = _first_error(exc)
+                path, reason = first_error(exc)
                 raise _FieldError(f"channels.{index}.policy.{path}", reason) from None
         return self
 
@@ -382,7 +466,12 @@ def resolve_policy(
     thread: str | None = None,
     overrides: Mapping[str, object] | None = None,
 ) -> Policy:
-    """Defaults, then the first matching channel rule, then dotted runtime overrides."""
+    """Defaults, then the first matching channel rule, then the dotted runtime overrides.
+
+    An override the policy refuses (stored before a bound existed, or valid only under an
+    older config) is left out with a warning, so the room runs on the config's policy for
+    that field instead of every message failing; `/loop set` of the field replaces it.
+    """
     layer: dict[str, object] = {}
     for rule in config.channels:
         if rule.match.matches(platform, channel, thread):
@@ -391,9 +480,34 @@ def resolve_policy(
     if not layer and not overrides:
         return config.policy
     merged = deep_merge(config.policy.model_dump(), layer)
-    for dotted, value in (overrides or {}).items():
-        merged = deep_merge(merged, _nest(dotted, value))
-    return Policy.model_validate(merged)
+    if not overrides:
+        return Policy.model_validate(merged)
+    everything = merged
+    for dotted, value in overrides.items():
+        everything = deep_merge(everything, _nest(dotted, value))
+    try:
+        return Policy.model_validate(everything)
+    except ValidationError:
+        pass
+    policy = Policy.model_validate(merged)
+    for dotted, value in overrides.items():
+        try:
+            policy = with_override(policy, dotted, value)
+        except ValidationError as exc:
+            log.warning(
+                "ignoring the stored override %s in %s:%s, the policy refuses it (%s); "
+                "set it again to replace it",
+                dotted,
+                platform,
+                channel,
+                first_error(exc)[1],
+            )
+    return policy
+
+
+def with_override(policy: Policy, dotted: str, value: object) -> Policy:
+    """`policy` with one dotted field set, validated (ValidationError when refused)."""
+    return Policy.model_validate(deep_merge(policy.model_dump(), _nest(dotted, value)))
 
 
 def _nest(dotted: str, value: object) -> dict[str, object]:
@@ -458,7 +572,7 @@ def interpolate(
     return value
 
 
-def _first_error(exc: ValidationError) -> tuple[str, str]:
+def first_error(exc: ValidationError) -> tuple[str, str]:
     """The dotted location and message of a pydantic error, without echoing input values."""
     error = exc.errors(include_url=False, include_input=False)[0]
     loc = [str(part) for part in error["loc"]]
@@ -475,7 +589,7 @@ def _first_error(exc: ValidationError) -> tuple[str, str]:
     if error["type"] == "missing":
         message = "required field is missing"
     elif error["type"] == "extra_forbidden":
-        message = "unknown field (check the spelling; see the README's config reference)"
+        message = _UNKNOWN_FIELD
     elif error["type"] in ("union_tag_invalid", "union_tag_not_found"):
         field = str(ctx["discriminator"]).strip("'")
         expected = ctx.get("expected_tags") or _UNIONS[loc[0]]
@@ -491,15 +605,21 @@ _UNIONS = {
 }
 
 
-def parse_config(text: str, env: Mapping[str, str] | None = None) -> Config:
-    """Parse, interpolate and validate the text of a YAML config."""
+def parse_config(
+    text: str, env: Mapping[str, str] | None = None, *, source: str = "the config"
+) -> Config:
+    """Parse, interpolate and validate the text of a YAML config (`source` names it in errors)."""
     shielded, refs = _shield(text)
     try:
-        data = yaml.safe_load(shielded)
+        data = load_yaml(shielded)
+    except YamlLimitError as exc:
+        raise ConfigError("", f"{source} is refused: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError("", f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(
+            "", f"{source} is not valid YAML{where}: {getattr(exc, 'problem', exc)}"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -508,7 +628,7 @@ def parse_config(text: str, env: Mapping[str, str] | None = None) -> Config:
     try:
         return Config.model_validate(resolved)
     except ValidationError as exc:
-        path, reason = _first_error(exc)
+        path, reason = first_error(exc)
         raise ConfigError(path, reason) from None
 
 
@@ -519,4 +639,8 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("", f"cannot read config file {file}: {exc.strerror}") from None
-    return parse_config(text, env)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            "", f"config file {file} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+        ) from None
+    return parse_config(text, env, source=f"config file {file}")

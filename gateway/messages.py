@@ -19,6 +19,10 @@ from guards.call_loop import PausedCircuit
 REFUSAL = "Sorry, you can't run loop commands here."
 NO_CALL_GUARD = "No LLM-call circuits are kept here."
 SILENCE_NOTICE = "(nothing to add)"
+STATUS_DEGRADED = (
+    "State: the shared store is unreachable; budgets and cooldowns are local to this "
+    "process until it is back"
+)
 TIMEOUT_NOTICE = "Sorry, that took too long to answer, so I gave up on it."
 
 # The openai agent's short messages when a guard or a limit ends its turn early.
@@ -107,8 +111,11 @@ def pause_ack(seconds: float | None, prefix: str) -> str:
 
 
 def bad_duration(text: str) -> str:
-    """Explains a `pause` duration that could not be read."""
-    return f"Can't pause for {text!r}: give a duration like 30s, 10m, 2h or 1d, or none."
+    """Explains a `pause` duration that could not be read or is too long."""
+    return (
+        f"Can't pause for {text[:40]!r}: give a duration like 30s, 10m, 2h or 1d (at most "
+        "366d), or none to pause until resumed."
+    )
 
 
 def resume_ack(was_paused: bool) -> str:
@@ -131,6 +138,15 @@ def set_usage(prefix: str) -> str:
 def set_refused(field: str, reason: str) -> str:
     """Explains why a `set` was not stored."""
     return f"Can't set {field}: {reason}. Nothing was changed."
+
+
+NOT_FINITE = "not a finite number"
+LOOKALIKE_DIGITS = "write the number in plain digits 0-9 (this one has look-alike characters)"
+
+
+def value_too_long(limit: int) -> str:
+    """The reason for a `set` value longer than any field takes."""
+    return f"the value is longer than {limit} characters"
 
 
 def unknown_field(known: Sequence[str]) -> str:

@@ -37,22 +37,11 @@ class ResolvedPolicy:
 
 
 def derive(policy: Policy) -> ResolvedPolicy:
-    """Build the guards' policies from a validated Policy."""
-    loop = policy.bot_loop
-    silence = policy.silence
+    """Build the guards' policies from a validated Policy (validation built them once too)."""
     return ResolvedPolicy(
         policy=policy,
-        bot_loop=BotLoopPolicy(
-            enabled=loop.enabled,
-            max_events_per_window=loop.max_events_per_window,
-            window_seconds=loop.window_seconds,
-            cooldown_seconds=loop.cooldown_seconds,
-        ),
-        silence=SilencePolicy(
-            tokens=silence.tokens,
-            strip_trailing=silence.strip_trailing,
-            drop_narration=silence.drop_narration,
-        ),
+        bot_loop=policy.bot_loop.guard_policy(),
+        silence=policy.silence.guard_policy(),
     )
 
 

@@ -43,9 +43,11 @@ def test_variables_inside_flow_mappings() -> None:
     config = parse_config("http: {admin_token: ${X:-}, port: ${P:-0}}\n", env={})
     assert config.http.admin_token is None
     assert config.http.port == 0
-    config = parse_config("http: {admin_token: ${X:-}, port: ${P:-0}}\n", env={"X": "adm"})
+    config = parse_config(
+        "http: {admin_token: ${X:-}, port: ${P:-0}}\n", env={"X": "adm-0123456789abcdef"}
+    )
     assert config.http.admin_token is not None
-    assert config.http.admin_token.get_secret_value() == "adm"
+    assert config.http.admin_token.get_secret_value() == "adm-0123456789abcdef"
 
 
 def test_default_may_contain_colons_and_sit_inside_text() -> None:
@@ -254,3 +256,181 @@ def test_check_config_as_a_process(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert done.stderr.startswith("config error: bots.0.token: ")
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "reason"),
+    [
+        ("policy: {bot_loop: {window_seconds: .inf}}", "policy.bot_loop.window_seconds", "finite"),
+        (
+            "policy: {bot_loop: {cooldown_seconds: .inf}}",
+            "policy.bot_loop.cooldown_seconds",
+            "finite",
+        ),
+        ("policy: {bot_loop: {window_seconds: .nan}}", "policy.bot_loop.window_seconds", "finite"),
+        ("policy: {silence: {tokens: ['']}}", "policy.silence.tokens", "silence tokens"),
+        ("policy: {silence: {tokens: ['***']}}", "policy.silence.tokens", "silence tokens"),
+        (
+            "channels: [{match: {channel: '*'}, policy: {bot_loop: {window_seconds: .inf}}}]",
+            "channels.0.policy.bot_loop.window_seconds",
+            "finite",
+        ),
+        (
+            "channels: [{policy: {silence: {tokens: ['***']}}}]",
+            "channels.0.policy.silence.tokens",
+            "silence tokens",
+        ),
+        (
+            "policy: {tool_loop: {idempotent_warn_threshold: '５'}}",
+            "policy.tool_loop.idempotent_warn_threshold",
+            "valid integer",
+        ),
+        (
+            "policy: {tool_loop: {max_time_per_turn: .inf}}",
+            "policy.tool_loop.max_time_per_turn",
+            "finite",
+        ),
+    ],
+)
+def test_issue9_config_refuses_what_the_guards_cannot_run_with(
+    text: str, path: str, reason: str
+) -> None:
+    error = error_of(text + "\n")
+    assert error.path == path
+    assert reason in error.reason
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("policy: {bot_loop: {window_seconds: 1e308}}", "policy.bot_loop.window_seconds"),
+        ("policy: {bot_loop: {cooldown_seconds: 1.0e+300}}", "policy.bot_loop.cooldown_seconds"),
+        ("policy: {tool_loop: {max_time_per_turn: 1e300}}", "policy.tool_loop.max_time_per_turn"),
+        ("pipeline: {dedupe_ttl_seconds: 99999999999}", "pipeline.dedupe_ttl_seconds"),
+        ("pipeline: {turn_timeout_seconds: 31622401}", "pipeline.turn_timeout_seconds"),
+        ("proxy: {call_loop: {pause_seconds: 1e308}}", "proxy.call_loop.pause_seconds"),
+        ("proxy: {call_loop: {window_seconds: .inf}}", "proxy.call_loop.window_seconds"),
+    ],
+)
+def test_issue9_durations_are_at_most_366_days(text: str, path: str) -> None:
+    error = error_of(text + "\n")
+    assert error.path == path
+    assert "366 days" in error.reason or "finite" in error.reason
+
+
+def test_issue9_a_duration_of_366_days_is_accepted() -> None:
+    config = parse_config(
+        "policy: {bot_loop: {cooldown_seconds: 31622400}}\n"
+        "proxy: {call_loop: {pause_seconds: 31622400}}\n",
+        env={},
+    )
+    assert config.policy.bot_loop.cooldown_seconds == 31_622_400
+    assert config.policy.bot_loop.guard_policy().cooldown_seconds == 31_622_400
+
+
+def test_issue9_tool_loop_refuses_unknown_keys_in_policy_and_channel_rules() -> None:
+    error = error_of("policy: {tool_loop: {idempotent_warn_treshold: 3}}\n")
+    assert error.path == "policy.tool_loop.idempotent_warn_treshold"
+    assert "unknown field" in error.reason
+    error = error_of("channels: [{policy: {tool_loop: {idempotent_warn_treshold: 3}}}]\n")
+    assert error.path == "channels.0.policy.tool_loop.idempotent_warn_treshold"
+    config = parse_config("policy: {tool_loop: {idempotent_warn_threshold: 2}}\n", env={})
+    assert config.policy.tool_loop.guard_config().idempotent_warn_threshold == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("http: {admin_token: x}", "http.admin_token"),
+        ("http: {admin_token: short-token-15c}", "http.admin_token"),
+        ("proxy: {admin_token: x}", "proxy.admin_token"),
+        (
+            AGENT + "bots: [{id: t, platform: telegram, token: '1:a', agent: parrot, "
+            "mode: webhook, webhook_secret: x}]",
+            "bots.0.webhook_secret",
+        ),
+    ],
+)
+def test_issue9_chosen_secrets_need_16_characters(text: str, path: str) -> None:
+    error = error_of(text + "\n")
+    assert error.path == path
+    assert "16 characters" in error.reason
+    assert "short-token-15c" not in str(error)
+
+
+def test_empty_chosen_secrets_and_short_platform_tokens_stay_allowed() -> None:
+    config = parse_config(
+        AGENT + "http: {admin_token: '${X:-}'}\nproxy: {admin_token: ''}\n"
+        "bots: [{id: d, platform: discord, token: t, agent: parrot}]\n",
+        env={},
+    )
+    assert config.http.admin_token is None
+    assert config.proxy is not None
+    assert config.proxy.admin_token is None
+    config = parse_config("http: {admin_token: 0123456789abcdef}\n", env={})
+    assert config.http.admin_token is not None
+
+
+BOMB = "".join(
+    f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"http: {host: \xff\xfe}\n", "is not UTF-8"),
+        (b"[" * 10_000, "nested deeper than 64"),
+        (b"a: " + b"[" * 10_000 + b"]" * 10_000 + b"\n", "nested deeper than 64"),
+        (("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + BOMB).encode(), "aliases"),
+        (b"a: &a [*a]\n", "alias refers to the node that contains it"),
+        (b"http: {port: " + b"9" * 5_000 + b"}\n", "too many digits"),
+    ],
+)
+def test_issue9_unreadable_config_file_exits_2_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, reason: str
+) -> None:
+    path = tmp_path / "hostile.yaml"
+    path.write_bytes(content)
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: config file {path}")
+    assert reason in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "policy: {bot_loop: {window_seconds: .inf}}\n",
+        "policy: {silence: {tokens: ['***']}}\n",
+        "policy: {tool_loop: {idempotent_warn_treshold: 3}}\n",
+        "http: {admin_token: x}\n",
+        "pipeline: {dedupe_ttl_seconds: 1e300}\n",
+    ],
+)
+def test_issue9_check_config_exits_2_for_a_value_the_guards_cannot_run_with(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    assert main(["check-config", str(write(tmp_path, text))]) == 2
+    assert capsys.readouterr().err.startswith("config error: ")
+
+
+def test_issue9_a_stored_override_the_policy_refuses_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = parse_config("", env={})
+    overrides = {
+        "bot_loop.window_seconds": "inf",
+        "bot_loop.max_events_per_window": 6,
+        "silence.tokens": ["***"],
+    }
+    with caplog.at_level("WARNING", logger="loopwarden.config"):
+        policy = resolve_policy(config, "room", "C1", None, overrides)
+    assert policy.bot_loop.window_seconds == 60
+    assert policy.bot_loop.max_events_per_window == 6
+    assert policy.silence.tokens == ("NO_REPLY",)
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "bot_loop.window_seconds" in warned
+    assert "silence.tokens" in warned
+    assert "room:C1" in warned

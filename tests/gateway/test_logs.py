@@ -14,7 +14,7 @@ from gateway.logs import RedactingFilter, configure_logging, resolve_level, secr
 TG_TOKEN = "123456:ABC-def_ghi"
 CONFIG = """
 state: {backend: redis, url: 'redis://:r3dis-pass@cache.internal:6379/0'}
-http: {admin_token: adm-token-1}
+http: {admin_token: adm-token-1-0123456789}
 agents:
   helper: {kind: openai, model: m, api_key: sk-openai-key}
   quiet: {kind: openai, model: m, api_key: '${UNSET:-}'}
@@ -50,7 +50,7 @@ def test_secret_values_cover_every_secret_in_the_config() -> None:
         "slack-signing",
         "xapp-app",
         "sk-openai-key",
-        "adm-token-1",
+        "adm-token-1-0123456789",
         "r3dis-pass",
     }
 

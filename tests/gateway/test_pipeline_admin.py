@@ -365,3 +365,82 @@ async def test_issue3_commands_are_logged_with_who_ran_them(
     [refused] = [line for line in caplog.messages if "not_authorised" in line]
     assert refused.startswith("room:C1 admin refused not_authorised (command refused)")
     assert rig.metrics.value("refusals_total", stage="admin", reason="not_authorised") == 1
+
+
+SMALL_BOMB = (
+    "[&a [x, x, x, x, x, x, x, x, x], "
+    + ", ".join(
+        f"&{c} [{', '.join([f'*{p}'] * 9)}]" for p, c in zip("abcdefg", "bcdefgh", strict=True)
+    )
+    + "]"
+)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("bot_loop.window_seconds", "inf", "finite"),
+        ("bot_loop.window_seconds", ".inf", "finite"),
+        ("bot_loop.window_seconds", "nan", "finite"),
+        ("bot_loop.cooldown_seconds", "inf", "finite"),
+        ("bot_loop.window_seconds", "1e308", "366 days"),
+        ("bot_loop.cooldown_seconds", "99999999999", "366 days"),
+        ("tool_loop.max_time_per_turn", "1e300", "366 days"),
+        ("bot_loop.window_seconds", "-5", "greater than 0"),
+        ("silence.tokens", "['']", "silence tokens"),
+        ("silence.tokens", "['***']", "silence tokens"),
+        ("bot_loop.max_events_per_window", "５", "look-alike"),
+        ("tool_loop.idempotent_warn_threshold", "５", "look-alike"),
+        ("bot_loop.max_events_per_window", "9" * 5_000, "longer than 500 characters"),
+        ("silence.tokens", "[" + "x" * 600 + "]", "longer than 500 characters"),
+        ("silence.tokens", SMALL_BOMB, "aliases expand"),
+        ("silence.tokens", "[" * 70 + "]" * 70, "nested deeper"),
+    ],
+)
+async def test_issue9_set_refuses_what_the_guards_cannot_run_with_and_the_room_still_answers(
+    field: str, value: str, reason: str
+) -> None:
+    rig = await make_rig()
+    answer = await command(rig, f"/loop set {field} {value}")
+    assert answer.startswith(f"Can't set {field}: ")
+    assert reason in answer
+    assert answer.endswith("Nothing was changed.")
+    assert await rig.state.get_overrides(ROOM) == {}
+    assert await command(rig, "hello") == "pong"
+
+
+@pytest.mark.parametrize("duration", ["99999999999d", "367d", "31622401", "1e308", "５m"])
+async def test_issue9_pause_refuses_durations_beyond_366_days(duration: str) -> None:
+    rig = await make_rig()
+    answer = await command(rig, f"/loop pause {duration}")
+    assert answer.startswith("Can't pause for ")
+    assert "at most 366d" in answer
+    assert await rig.state.pause_remaining(ROOM) is None
+    assert await command(rig, "hello") == "pong"
+
+
+async def test_issue9_pause_for_366_days_and_until_resumed_still_work() -> None:
+    rig = await make_rig()
+    assert (await command(rig, "/loop pause 366d")).startswith("Paused:")
+    assert await rig.state.pause_remaining(ROOM) == 366 * 86_400
+    assert (await command(rig, "/loop pause")).startswith("Paused:")
+    assert parse_duration("366d") == 366 * 86_400
+    assert parse_duration("367d") is None
+
+
+async def test_issue9_a_stored_override_that_is_now_refused_does_not_break_the_room(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rig = await make_rig()
+    # As a version without the bounds stored them: every message used to fail.
+    await rig.state.set_override(ROOM, "bot_loop.window_seconds", "inf")
+    await rig.state.set_override(ROOM, "silence.tokens", ["***"])
+    with caplog.at_level(logging.WARNING, logger="loopwarden.config"):
+        assert await command(rig, "hello") == "pong"
+    assert "bot_loop.window_seconds" in caplog.text
+    assert "window_seconds: 60" in await command(rig, "/loop policy")
+    answer = await command(rig, "/loop set bot_loop.max_events_per_window 6")
+    assert answer == "Set bot_loop.max_events_per_window = 6 for this room."
+    assert (await command(rig, "/loop set bot_loop.window_seconds 30")).startswith("Set ")
+    assert "window_seconds: 30" in await command(rig, "/loop policy")
+    assert await command(rig, "hello again") == "pong"
