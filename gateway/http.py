@@ -1,7 +1,9 @@
 """The gateway's own HTTP server: health, readiness, metrics and the admin API.
 
 Connectors add their webhook routes (Slack Events API, Telegram webhook) and the demo room
-its page to the same application before it starts; this module owns the rest.
+its page to the same application before it starts; this module owns the rest. A route
+that takes a body reads it with `read_body`, under the route's own byte limit, and parses
+it with `gateway.jsonbody.parse_json`.
 
 Decisions where DESIGN.md is silent:
 - `/readyz` answers JSON either way: `{"ready": true}` or, with 503,
@@ -13,10 +15,14 @@ Decisions where DESIGN.md is silent:
   `{"error": "admin API disabled"}` (an open admin API would let anyone reset budgets).
   A missing or wrong token gets 401 with `WWW-Authenticate: Bearer`. Tokens are compared
   with `hmac.compare_digest`, and never logged.
-- GET calls take `?room=`; POST bodies are JSON objects. Both are validated like the
-  config (unknown fields refused; 400 naming the field). Answers are JSON
+- GET calls take `?room=`; POST bodies are JSON objects of at most `MAX_ADMIN_BODY_BYTES`
+  (64 KiB; larger is 413), read by `gateway.jsonbody.parse_json` (anything it refuses, such
+  as deep nesting or a 5,000-digit number, is 400 with its reason). Both are validated like
+  the config (unknown fields refused; 400 naming the field). Answers are JSON
   `{"ok": true, "result": <the text the chat command acknowledges with>}`; a `set` the
-  policy refuses is 422 `{"ok": false, "error": <why>}` and changes nothing. Rooms are room
+  policy refuses (validated exactly as the chat command, guard policies included) is 422
+  `{"ok": false, "error": <why>}` and changes nothing. `pause` takes `seconds` up to 366
+  days (`gateway.limits`); more, inf or a negative is 400 naming `seconds`. Rooms are room
   keys, `platform:channel` (e.g. `discord:1100123`).
 - Every admin call, allowed or not, is logged on the `loopwarden.audit` logger with its
   method, path, room, peer address and status. Authorised calls also go into the state
@@ -51,11 +57,15 @@ from pydantic import (
 )
 
 from gateway.admin import AdminAck, AdminService
+from gateway.errors import LoopwardenError
+from gateway.jsonbody import JsonBodyError, parse_json
+from gateway.limits import Duration
 from gateway.metrics import Metrics
 from gateway.state.base import GLOBAL_SCOPE, AuditEntry, StateStore
 
 audit_log = logging.getLogger("loopwarden.audit")
 
+MAX_ADMIN_BODY_BYTES = 64 * 1024
 _AUDITED_COMMAND_CHARS = 200
 
 
@@ -108,9 +118,9 @@ class ResetBody(_Body):
 
 
 class PauseBody(RoomBody):
-    """Pause a room, for `seconds` or until resumed."""
+    """Pause a room, for `seconds` (at most 366 days) or, without it, until resumed."""
 
-    seconds: float | None = Field(default=None, gt=0)
+    seconds: Duration | None = Field(default=None, gt=0)
 
 
 class SetBody(RoomBody):
@@ -140,8 +150,12 @@ class CircuitBody(_Body):
 _B = TypeVar("_B", bound=_Body)
 
 
-class _BadRequest(Exception):
-    """The request is malformed; the reason is safe to return to the caller."""
+class _BadRequest(LoopwardenError):
+    """The request is malformed; the reason is safe to return to the caller with `status`."""
+
+    def __init__(self, reason: str, status: int = 400) -> None:
+        super().__init__(reason)
+        self.status = status
 
 
 class _AdminApi:
@@ -208,7 +222,9 @@ class _AdminApi:
                 try:
                     body = await _parse(request, model)
                 except _BadRequest as exc:
-                    response = web.json_response({"ok": False, "error": str(exc)}, status=400)
+                    response = web.json_response(
+                        {"ok": False, "error": str(exc)}, status=exc.status
+                    )
                 else:
                     room = getattr(body, "room", None) or GLOBAL_SCOPE
                     ack = await action(body)
@@ -283,10 +299,13 @@ async def _parse(request: web.Request, model: type[_B]) -> _B:
     if request.method == "GET":
         data: object = dict(request.query)
     else:
+        body = await read_body(request, MAX_ADMIN_BODY_BYTES)
+        if body is None:
+            raise _BadRequest(f"the body is larger than {MAX_ADMIN_BODY_BYTES} bytes", 413)
         try:
-            data = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise _BadRequest("the body must be a JSON object") from None
+            data = parse_json(body)
+        except JsonBodyError as exc:
+            raise _BadRequest(f"the body must be a JSON object: {exc}") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -295,6 +314,16 @@ async def _parse(request: web.Request, model: type[_B]) -> _B:
         reason = "required" if error["type"] == "missing" else str(error["msg"])
         reason = reason.removeprefix("Value error, ")
         raise _BadRequest(f"{where}: {reason}" if where else reason) from None
+
+
+async def read_body(request: web.Request, max_bytes: int) -> bytes | None:
+    """The request body, or None as soon as it is longer than `max_bytes` (a 413 to answer)."""
+    try:
+        # A clone reads the same stream under its own limit: the application has one limit
+        # for all routes, and the admin API takes far less than a webhook.
+        return await request.clone(client_max_size=max_bytes).read()
+    except web.HTTPRequestEntityTooLarge:
+        return None
 
 
 def circuit_admin_routes(

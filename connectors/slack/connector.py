@@ -8,13 +8,17 @@ gateway's delivery, not bolt's `say()`.
 
 Decisions where DESIGN.md is silent:
 - Socket Mode when `app_token` is set, else the Events API at `/slack/{bot_id}/events`.
-  That route checks the signature first (slack-sdk's `SignatureVerifier`: v0 HMAC, at most
-  5 minutes old): a forged, unsigned or stale request gets 401, then a body that is neither
-  a JSON object nor a form-encoded slash command gets 400, and a request while the
-  connector is not running 503 (Slack redelivers it). `url_verification` and `ssl_check`
-  are answered by bolt. A payload nobody listens to, or one bolt cannot even read, gets
-  200 all the same (in Socket Mode: every envelope is acknowledged), so Slack does not
-  retry what will never be handled.
+  That route reads at most `MAX_BODY_BYTES` (1 MiB; more is 413), then checks the
+  signature before it parses anything (slack-sdk's `SignatureVerifier`, over the body's
+  bytes: v0 HMAC, at most 5 minutes old): a forged, unsigned or stale request gets 401,
+  a request while the connector is not running 503 (Slack redelivers it), then a signed
+  body that is neither a JSON object `gateway.jsonbody.parse_json` accepts nor a
+  form-encoded slash command gets 400 (not UTF-8, nested deeper than 64, a 5,000-digit
+  number…), so bolt only ever parses what was already found safe. `url_verification` and
+  `ssl_check` are answered by bolt. A payload nobody listens to, one bolt cannot even read
+  or route (an `event` that is not an object) gets 200 all the same and is counted as
+  dropped (in Socket Mode: every envelope is acknowledged), so Slack does not retry what
+  will never be handled.
 - Every listener only translates and queues: the message is handed to the pipeline on a
   task this connector tracks, and bolt acknowledges (HTTP 200 or the Socket Mode ack) at
   once, well within Slack's 3 seconds. Messages of one channel are handed over one at a
@@ -46,6 +50,8 @@ Decisions where DESIGN.md is silent:
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import re
@@ -80,17 +86,21 @@ from connectors.slack.inbound import (
     BotIdentity,
     Skip,
     translate_payload,
+    unroutable,
 )
 from connectors.tasks import BackgroundTasks
 from gateway.config import SlackBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
 from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
+from gateway.http import read_body
+from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.types import InboundMessage, Reply
 
 log = logging.getLogger(__name__)
 _bolt_log = logging.getLogger(f"{__name__}.bolt")
 
 MAX_MESSAGE_LENGTH = 4000
+MAX_BODY_BYTES = 1024 * 1024
 PING_INTERVAL = 5.0
 DEFAULT_RETRY_AFTER = 1.0
 _FORM = "application/x-www-form-urlencoded"
@@ -121,6 +131,20 @@ class _WallClock(Clock):
 
     def now(self) -> float:
         return self._now()
+
+
+class _RawBodyVerifier(SignatureVerifier):
+    """slack-sdk's verifier, signing the body's bytes as they came (they may not be UTF-8).
+
+    slack-sdk decodes the body first, so a signed body that is not UTF-8 would look forged
+    (401); signed, it is a bad request (400) like any other body this route cannot read.
+    """
+
+    def generate_signature(self, *, timestamp: str, body: str | bytes) -> str:
+        raw = body.encode() if isinstance(body, str) else body
+        base = b"v0:" + timestamp.encode() + b":" + raw
+        digest = hmac.new(self.signing_secret.encode(), base, hashlib.sha256).hexdigest()
+        return f"v0={digest}"
 
 
 class ChannelLanes:
@@ -177,7 +201,7 @@ class SlackConnector:
         self._base_url = config.api_base_url.rstrip("/") + "/"
         secret = config.signing_secret
         self._verifier = (
-            SignatureVerifier(secret.get_secret_value(), clock=_WallClock(clock))
+            _RawBodyVerifier(secret.get_secret_value(), clock=_WallClock(clock))
             if secret is not None and config.app_token is None
             else None
         )
@@ -342,7 +366,10 @@ class SlackConnector:
 
     async def handle_events(self, request: web.Request) -> web.Response:
         """`POST /slack/{bot_id}/events`: verify, parse, let bolt route; answer at once."""
-        body = await request.read()
+        body = await read_body(request, MAX_BODY_BYTES)
+        if body is None:
+            self.dropped["too_large"] += 1
+            return web.Response(status=413, text=f"the body is larger than {MAX_BODY_BYTES} bytes")
         if not self._signed(request, body):
             self.dropped["bad_signature"] += 1
             log.warning("slack bot %s: events request with a bad or stale signature", self.bot_id)
@@ -350,10 +377,12 @@ class SlackConnector:
         app = self._app
         if app is None or not self._running:
             return web.Response(status=503, text="not running")
-        text = _payload_text(body, request.content_type)
-        if text is None:
-            self._drop(Skip.MALFORMED, "events api body")
-            return web.Response(status=400, text="the body must be a JSON event or a command")
+        problem = _unreadable(body, request.content_type)
+        if problem is not None:
+            self._drop(Skip.MALFORMED, f"events api body ({problem})")
+            return web.Response(
+                status=400, text=f"the body must be a JSON event or a command: {problem}"
+            )
         retry = request.headers.get("X-Slack-Retry-Num")
         if retry is not None:
             log.debug(
@@ -362,6 +391,7 @@ class SlackConnector:
                 retry,
                 request.headers.get("X-Slack-Retry-Reason", "no reason"),
             )
+        text = body.decode("utf-8")
         response = await self._dispatch(app, text, dict(request.headers), mode="http")
         if response is None:
             return web.Response(text="")
@@ -413,10 +443,18 @@ class SlackConnector:
         except Exception:  # noqa: BLE001 - bolt cannot read it: odd values in untrusted JSON
             self._drop(Skip.MALFORMED, f"{mode} payload")
             return None
+        skip = unroutable(request.body)
+        if skip is not None:
+            self._drop(skip, f"{mode} payload")
+            return None
         response = await app.async_dispatch(request)
         if response.status == 404:
             # Unhandled by bolt (a payload type nobody listens to): a retry would not help.
             self._drop(Skip.UNSUPPORTED, f"{mode} payload")
+            return None
+        if response.status >= 500:
+            # The listeners never raise, so bolt itself failed on the payload's shape.
+            self._drop(Skip.MALFORMED, f"{mode} payload")
             return None
         return response
 
@@ -535,15 +573,19 @@ class SlackConnector:
         """Slack shows apps no typing indicator: nothing to do."""
 
 
-def _payload_text(body: bytes, content_type: str) -> str | None:
-    """The body as text if it is a JSON object or a form-encoded slash command, else None."""
+def _unreadable(body: bytes, content_type: str) -> str | None:
+    """Why bolt must not be given a body; None for a safe JSON object or a slash command."""
+    if content_type == _FORM:
+        try:
+            form = parse_qs(body.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            return f"body is not UTF-8 (byte {exc.start})"
+        return None if "command" in form else "a form body must be a slash command"
     try:
-        text = body.decode("utf-8")
-        if content_type == _FORM:
-            return text if "command" in parse_qs(text) else None
-        return text if isinstance(json.loads(text), dict) else None
-    except ValueError:  # not UTF-8, not JSON
-        return None
+        payload = parse_json(body)
+    except JsonBodyError as exc:
+        return str(exc)
+    return None if isinstance(payload, dict) else "a JSON payload must be an object"
 
 
 async def _close_socket(client: SocketModeClient) -> None:

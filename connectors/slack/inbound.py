@@ -3,9 +3,11 @@
 `translate_payload` turns one payload (an Events API `event_callback` body, as received
 over HTTP or inside a Socket Mode envelope, or a slash-command payload) into an
 `InboundMessage`, or a `Skip` saying why it was dropped; `to_inbound` is the same returning
-None for a drop.
+None for a drop. `unroutable` says which payloads bolt cannot even route.
 
 Decisions where DESIGN.md is silent:
+- An `event_callback` whose `event` is not an object with a string `type` is malformed:
+  bolt would fail on it (an HTTP 500 Slack retries), so it is dropped before bolt sees it.
 - `message` and `app_mention` events are translated; every other event type is dropped
   (`Skip.UNSUPPORTED`). Message subtypes other than `bot_message`, `file_share`,
   `thread_broadcast` and `me_message` (edits, deletions, joins, topic changes…) are service
@@ -86,6 +88,16 @@ def translate_payload(
     if not isinstance(event, Mapping):
         return Skip.MALFORMED
     return translate_event(event, bot=bot, received_at=received_at)
+
+
+def unroutable(payload: Mapping[str, object]) -> Skip | None:
+    """Why bolt could not route a payload (an event_callback's odd `event`), else None."""
+    if payload.get("type") != "event_callback":
+        return None
+    event = payload.get("event")
+    if isinstance(event, Mapping) and isinstance(event.get("type"), str):
+        return None
+    return Skip.MALFORMED
 
 
 def to_inbound(raw: object, *, bot: BotIdentity, received_at: float = 0.0) -> InboundMessage | None:

@@ -20,9 +20,13 @@ Decisions where DESIGN.md is silent:
   error) marks the bot disconnected (`/readyz` 503) and is retried with doubling delays;
   `RetryAfter` waits as told. Nothing ends the loop but `aclose` and a stopping gateway.
 - Webhook mode registers `/telegram/{bot_id}`; a request without the right
-  `X-Telegram-Bot-Api-Secret-Token` gets 401, a body that is not JSON 400, an update that
-  could not be handed to the pipeline 500 (Telegram redelivers it; dedupe answers once),
-  anything else 200. With `webhook_url` set, `start` registers it with `setWebhook`; without
+  `X-Telegram-Bot-Api-Secret-Token` gets 401, one while the bot is not running 503, a body
+  over `MAX_BODY_BYTES` (1 MiB) 413, a body `gateway.jsonbody.parse_json` refuses (not
+  JSON, not UTF-8, nested deeper than 64, a 5,000-digit number…) 400, an update that could
+  not be handed to the pipeline 500 (Telegram redelivers it; dedupe answers once), anything
+  else 200: also JSON that is not an update object, or one whose fields have the wrong
+  types, which is dropped and counted (`malformed`), since Telegram would redeliver it
+  forever. With `webhook_url` set, `start` registers it with `setWebhook`; without
   it the webhook is assumed to be registered by the operator. `aclose` leaves the webhook
   set, so Telegram queues updates while the gateway restarts.
 - A send that fails with `RetryAfter` (429) raises `DeliveryError(retryable=True,
@@ -35,8 +39,8 @@ Decisions where DESIGN.md is silent:
 - Hosted bots feed each other (Telegram never delivers a bot's message to another bot):
   each message a bot posts into a group is offered to every other hosted Telegram bot of
   the process that has seen that group (received an update from it), as a bot-authored
-  inbound message with event id `peer:<sender user id>:<message id>`, in order, on a
-  worker task of the receiving bot.
+  inbound message with event id `peer:<chat id>:<sender user id>:<message id>` (message
+  ids are only unique within a chat), in order, on a worker task of the receiving bot.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ from connectors.telegram.inbound import (
 from gateway.config import TelegramBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
 from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
+from gateway.http import read_body
+from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.types import InboundMessage, Reply
 
 log = logging.getLogger(__name__)
@@ -87,6 +93,7 @@ log = logging.getLogger(__name__)
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
 ALLOWED_UPDATES = ("message",)
 MAX_MESSAGE_LENGTH = 4096
+MAX_BODY_BYTES = 1024 * 1024
 BATCH_LIMIT = 100
 PEER_QUEUE_SIZE = 1000
 TYPING_DELAY = 1.0
@@ -364,11 +371,15 @@ class TelegramConnector:
             return web.Response(status=401, text="unauthorized")
         if self._sink is None or self._closing:
             return web.Response(status=503, text="not ready")
+        body = await read_body(request, MAX_BODY_BYTES)
+        if body is None:
+            self.dropped["too_large"] += 1
+            return web.Response(status=413, text=f"the body is larger than {MAX_BODY_BYTES} bytes")
         try:
-            raw = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            raw = parse_json(body)
+        except JsonBodyError as exc:
             self._drop(Skip.MALFORMED, None)
-            return web.Response(status=400, text="the body must be a JSON update")
+            return web.Response(status=400, text=f"the body must be a JSON update: {exc}")
         message = self._prepare(raw)
         if message is not None and not await self._hand_over(message):
             return web.Response(status=500, text="not handled")

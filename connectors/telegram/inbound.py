@@ -6,6 +6,11 @@ returning None for a drop. `translate_peer` does the same for a message another 
 of this process sent (Telegram never delivers bots' messages to bots).
 
 Decisions where DESIGN.md is silent:
+- An update that is not an object, has no integer `update_id`, or has a field this module
+  reads of the wrong JSON type (`chat.id` a string, `from.is_bot` a string, `text` a list,
+  an id beyond 64 bits…) is malformed (`Skip.MALFORMED`): PTB does not check types, and
+  a string `is_bot` would make a bot a human. Fields this module does not read are not
+  checked.
 - Only `message` updates are handled. Edits, channel posts and every other update type are
   dropped (`Skip.UNSUPPORTED`): the gateway answers conversation, not edits or broadcasts.
 - Text is `text`, else the `caption` of a media message; a message with neither (a photo
@@ -23,6 +28,8 @@ Decisions where DESIGN.md is silent:
   a forum topic a reply to.
 - A peer message is offered to a bot that cannot read all group messages (privacy mode)
   only when Telegram would have shown it: a mention of it, a reply to it, or a command.
+  Its event id is `peer:<chat id>:<sender id>:<message id>`: a message id is only unique
+  within its chat.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType, MessageEntityType
@@ -38,6 +46,37 @@ from gateway.types import InboundMessage
 
 PLATFORM = "telegram"
 _GROUPS = frozenset({ChatType.GROUP, ChatType.SUPERGROUP})
+_INT64 = 2**63
+
+_Shape: TypeAlias = "type | Mapping[str, _Shape] | tuple[_Shape]"
+"""A JSON type, an object's fields (each optional) with their shapes, or a list of one shape."""
+
+_USER: _Shape = {
+    "id": int,
+    "is_bot": bool,
+    "first_name": str,
+    "last_name": str,
+    "username": str,
+}
+_CHAT: _Shape = {"id": int, "type": str, "title": str, "username": str, "is_forum": bool}
+_ENTITY: _Shape = {"type": str, "offset": int, "length": int, "user": _USER}
+_QUOTED: _Shape = {"message_id": int, "from": _USER, "forum_topic_created": dict}
+_MESSAGE: _Shape = {
+    "message_id": int,
+    "date": int,
+    "chat": _CHAT,
+    "from": _USER,
+    "sender_chat": _CHAT,
+    "text": str,
+    "caption": str,
+    "entities": (_ENTITY,),
+    "caption_entities": (_ENTITY,),
+    "message_thread_id": int,
+    "is_topic_message": bool,
+    "reply_to_message": _QUOTED,
+    "left_chat_member": _USER,
+}
+_UPDATE: _Shape = {"update_id": int, "message": _MESSAGE}
 
 
 class Skip(enum.StrEnum):
@@ -70,12 +109,38 @@ class BotIdentity:
 
 def parse_update(raw: object) -> Update | Skip:
     """A raw update as PTB's typed Update, or `Skip.MALFORMED` if it is not one."""
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("update_id"), int):
+    if not isinstance(raw, Mapping) or "update_id" not in raw or misfit(raw) is not None:
         return Skip.MALFORMED
     try:
         return Update.de_json(dict(raw), None)
     except Exception:  # noqa: BLE001 - any shape error in untrusted JSON is a malformed update
         return Skip.MALFORMED
+
+
+def misfit(raw: object) -> str | None:
+    """The path of the first field of a raw update that has the wrong JSON type, or None."""
+    return _misfit(raw, _UPDATE, "update")
+
+
+def _misfit(value: object, shape: _Shape, where: str) -> str | None:
+    """`misfit` of one value at path `where`: a walk of the shape, never deeper than it."""
+    if isinstance(shape, Mapping):
+        if not isinstance(value, Mapping):
+            return where
+        found = (
+            _misfit(value[k], inner, f"{where}.{k}") for k, inner in shape.items() if k in value
+        )
+        return next((path for path in found if path), None)
+    if isinstance(shape, tuple):
+        if not isinstance(value, list):
+            return where
+        found = (_misfit(item, shape[0], f"{where}[{i}]") for i, item in enumerate(value))
+        return next((path for path in found if path), None)
+    if shape is int:
+        # bool is an int to Python, not to JSON; no Bot API integer needs more than 64 bits.
+        fits = type(value) is int and -_INT64 <= value < _INT64
+        return None if fits else where
+    return None if isinstance(value, shape) else where
 
 
 def translate_update(
@@ -112,7 +177,7 @@ def translate_peer(
     return translate_message(
         message,
         bot=bot,
-        event_id=f"peer:{sender.id}:{message.message_id}",
+        event_id=f"peer:{message.chat.id}:{sender.id}:{message.message_id}",
         received_at=received_at,
     )
 

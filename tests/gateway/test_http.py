@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gateway.http import MAX_ADMIN_BODY_BYTES
 from gateway.runtime import Gateway
 from gateway.state.base import AuditEntry
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human, make_config
@@ -271,3 +272,109 @@ async def test_issue5_the_audit_log_is_readable_through_the_admin_api(
     ]
     async with client.get(url(admin_gateway, "/admin/audit")) as response:
         assert response.status == 401
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("bot_loop.window_seconds", "inf"),
+        ("bot_loop.window_seconds", 1e300),
+        ("bot_loop.cooldown_seconds", 1e308),
+        ("silence.tokens", "['***']"),
+        ("tool_loop.max_time_per_turn", 1e300),
+        ("tool_loop.idempotent_warn_threshold", "５"),
+    ],
+)
+async def test_issue9_admin_set_of_a_value_the_guards_cannot_run_with_is_422(
+    client: aiohttp.ClientSession, field: str, value: object
+) -> None:
+    platform = FakePlatform()
+    gateway = gateway_for(make_config(TOKEN), platform)
+    await gateway.start()
+    try:
+        async with client.post(
+            url(gateway, "/admin/set"),
+            json={"room": "room:lobby", "field": field, "value": value},
+            headers=bearer(TOKEN),
+        ) as response:
+            assert response.status == 422
+            answer = await response.json()
+        assert answer["ok"] is False
+        assert answer["error"].startswith(f"Can't set {field}: ")
+        assert await gateway.state.get_overrides("room:lobby") == {}
+        connector = platform.made["bot-a"]
+        await connector.push(human("hello"))
+        assert [reply.text for _, reply in connector.sent] == ["echo: hello"]
+    finally:
+        await gateway.stop(1.0)
+
+
+@pytest.mark.parametrize("seconds", [1e300, 1e308, 31_622_401])
+async def test_issue9_admin_pause_beyond_366_days_is_refused_naming_seconds(
+    client: aiohttp.ClientSession, admin_gateway: Gateway, seconds: float
+) -> None:
+    async with client.post(
+        url(admin_gateway, "/admin/pause"),
+        json={"room": "room:lobby", "seconds": seconds},
+        headers=bearer(TOKEN),
+    ) as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+    assert error.startswith("seconds: ")
+    assert "366 days" in error
+    assert await admin_gateway.state.pause_remaining("room:lobby") is None
+    async with client.post(
+        url(admin_gateway, "/admin/pause"),
+        json={"room": "room:lobby", "seconds": 31_622_400},
+        headers=bearer(TOKEN),
+    ) as response:
+        assert response.status == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(b"[" * 20_000 + b"]" * 20_000, (400, "nested deeper"), id="nested-20k"),
+        pytest.param(
+            b'{"room": ' + b"[" * 30_000 + b"]" * 30_000 + b"}",
+            (400, "nested deeper"),
+            id="nested-30k",
+        ),
+        # 50,000 levels are 100 KB, more than any admin call needs: refused before parsing.
+        pytest.param(b"[" * 50_000 + b"]" * 50_000, (413, "larger than"), id="nested-50k"),
+        pytest.param(
+            b'{"room": "room:lobby", "seconds": ' + b"9" * 5_000 + b"}",
+            (400, "not acceptable"),
+            id="5000-digits",
+        ),
+        pytest.param(b'{"room": "room:lobby", "seconds": NaN}', (400, "NaN"), id="nan"),
+        pytest.param(
+            b'{"room": "room:lobby", "seconds": 1e999}', (400, "out of range"), id="overflow"
+        ),
+        pytest.param(b'{"room": "room:caf\xe9"}', (400, "not UTF-8"), id="latin-1"),
+        pytest.param(b"x" * (MAX_ADMIN_BODY_BYTES + 1), (413, "larger than"), id="over-the-limit"),
+    ],
+)
+async def test_issue9_admin_api_refuses_hostile_bodies(
+    client: aiohttp.ClientSession,
+    admin_gateway: Gateway,
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+    expected: tuple[int, str],
+) -> None:
+    status, why = expected
+    with caplog.at_level(logging.INFO):
+        async with client.post(
+            url(admin_gateway, "/admin/pause"), data=body, headers=bearer(TOKEN)
+        ) as response:
+            assert response.status == status
+            answer = await response.json()
+    assert answer["ok"] is False
+    assert why in answer["error"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert any(f"status={status}" in r.getMessage() for r in caplog.records)
+    assert await admin_gateway.state.pause_remaining("room:lobby") is None
+    async with client.post(
+        url(admin_gateway, "/admin/resume"), json={"room": "room:lobby"}, headers=bearer(TOKEN)
+    ) as response:
+        assert response.status == 200

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
 from connectors.slack import SlackConnector, create
-from connectors.slack.connector import ChannelLanes
+from connectors.slack.connector import MAX_BODY_BYTES, ChannelLanes
 from gateway.config import SlackBotConfig
 from gateway.errors import ConnectorError, DeliveryError
 from gateway.types import Reply
@@ -528,3 +528,89 @@ async def test_events_api_before_start_answers_503(fake: SlackFake) -> None:
         assert not connector.connected
     finally:
         await server.close()
+
+
+DEEP = "[" * 50_000 + "]" * 50_000
+HUGE_NUMBER = '{"type": "event_callback", "n": ' + "9" * 5_000 + "}"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        pytest.param(DEEP, "nested deeper", id="nested-50k"),
+        pytest.param(
+            '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}", "nested deeper", id="nested-20k"
+        ),
+        pytest.param(HUGE_NUMBER, "not acceptable JSON", id="5000-digits"),
+        pytest.param('{"n": NaN}', "NaN", id="nan"),
+        pytest.param('{"n": 1e999}', "out of range", id="overflow"),
+        pytest.param(b'{"text": "caf\xe9"}', "not UTF-8", id="latin-1"),
+        pytest.param(b"command=/loop&text=caf\xe9", "not UTF-8", id="latin-1-form"),
+    ],
+)
+async def test_issue9_events_api_refuses_hostile_signed_bodies_with_400(
+    fake: SlackFake,
+    hook: tuple[SlackConnector, Inbox],
+    caplog: pytest.LogCaptureFixture,
+    body: str | bytes,
+    why: str,
+) -> None:
+    connector, inbox = hook
+    form = isinstance(body, bytes) and body.startswith(b"command=")
+    content_type = "application/x-www-form-urlencoded" if form else "application/json"
+    with caplog.at_level(logging.WARNING):
+        status, answer = await fake.post_event("hook", body, content_type=content_type)
+        assert (status, why in answer) == (400, True)
+        assert (await fake.post_event("hook", body, signed=False))[0] == 401
+    assert connector.dropped["malformed"] == 1
+    assert connector.dropped["bad_signature"] == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    fake.message("C0LOBBY", ALICE, "after the hostile body")
+    await wait_for(lambda: inbox.texts() == ["after the hostile body"])
+
+
+async def test_issue9_events_api_answers_413_to_a_body_over_the_limit(
+    fake: SlackFake, hook: tuple[SlackConnector, Inbox]
+) -> None:
+    connector, inbox = hook
+    event = fake.event_callback("hook", {"type": "message", "text": "x" * MAX_BODY_BYTES})
+    assert (await fake.post_event("hook", event))[0] == 413
+    assert connector.dropped["too_large"] == 1
+    fake.message("C0LOBBY", ALICE, "after the flood")
+    await wait_for(lambda: inbox.texts() == ["after the flood"])
+
+
+@pytest.mark.parametrize(
+    "event",
+    ["a string", ["a", "list"], 5, None, {"type": 5}, {"text": "no type"}],
+    ids=["string", "list", "number", "null", "type-number", "no-type"],
+)
+async def test_issue9_events_api_drops_an_event_that_is_not_an_object_with_200(
+    fake: SlackFake,
+    hook: tuple[SlackConnector, Inbox],
+    caplog: pytest.LogCaptureFixture,
+    event: object,
+) -> None:
+    connector, inbox = hook
+    payload = fake.event_callback("hook", {})
+    payload["event"] = event
+    with caplog.at_level(logging.WARNING):
+        assert (await fake.post_event("hook", payload)) == (200, "")
+    assert connector.dropped["malformed"] == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    fake.message("C0LOBBY", ALICE, "after the odd event")
+    await wait_for(lambda: inbox.texts() == ["after the odd event"])
+
+
+async def test_issue9_socket_mode_drops_an_event_that_is_not_an_object(
+    fake: SlackFake, started: Started
+) -> None:
+    connector, inbox = await started()
+    payload = fake.event_callback("parrot", {})
+    payload["event"] = "a string"
+    fake.deliver("parrot", payload)
+    await wait_for(lambda: connector.dropped["malformed"] == 1)
+    fake.message("C0LOBBY", ALICE, "still here")
+    await wait_for(lambda: inbox.texts() == ["still here"])
+    await wait_for(lambda: not fake.pending("parrot"))
+    assert fake.apps["parrot"].acks == [e["envelope_id"] for e in fake.apps["parrot"].envelopes]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
 from connectors.telegram import TelegramConnector, create
+from connectors.telegram.connector import MAX_BODY_BYTES
 from gateway.config import TelegramBotConfig
 from gateway.connector import Connector, ConnectorServices
 from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
@@ -407,7 +410,7 @@ async def test_hosted_bots_see_each_others_group_messages(
     assert peer.sender_id == "7001"
     assert peer.bot_user_id == "7002"
     assert peer.message_id == sent_id
-    assert peer.event_id == f"peer:7001:{sent_id}"
+    assert peer.event_id == f"peer:{GROUP.id}:7001:{sent_id}"
     assert peer.channel_id == str(GROUP.id)
     assert len(parrot_inbox.messages) == 1
     assert all(m.text != "echo: hi all" for m in quiet_inbox.messages)
@@ -489,6 +492,90 @@ async def test_webhook_without_url_leaves_registration_alone(fake: TelegramFake)
     try:
         assert connector.connected
         assert (TOKEN, "setwebhook") not in fake.calls
+    finally:
+        await connector.aclose()
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        pytest.param(b"[" * 50_000 + b"]" * 50_000, "nested deeper", id="nested-50k"),
+        pytest.param(
+            b'{"update_id": 1, "message": ' + b"[" * 20_000 + b"]" * 20_000 + b"}",
+            "nested deeper",
+            id="nested-20k",
+        ),
+        pytest.param(b'{"update_id": ' + b"9" * 5_000 + b"}", "not acceptable", id="5000-digits"),
+        pytest.param(b'{"update_id": NaN}', "NaN", id="nan"),
+        pytest.param(b'{"update_id": 1e999}', "out of range", id="overflow"),
+        pytest.param(b'{"update_id": 1, "text": "caf\xe9"}', "not UTF-8", id="latin-1"),
+        pytest.param(b"{not json", "not JSON", id="not-json"),
+    ],
+)
+async def test_issue9_webhook_refuses_a_body_that_is_not_safe_json_with_400(
+    fake: TelegramFake, caplog: pytest.LogCaptureFixture, body: bytes, why: str
+) -> None:
+    connector, inbox, client = await webhook_client(fake)
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    try:
+        with caplog.at_level(logging.WARNING):
+            refused = await client.post("/telegram/parrot-tg", data=body, headers=headers)
+            assert refused.status == 400
+            assert why in await refused.text()
+        assert connector.dropped["malformed"] == 1
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        update = {"update_id": 2, "message": fake.build_message(GROUP, ALICE, "next one")}
+        served = await client.post("/telegram/parrot-tg", json=update, headers=headers)
+        assert served.status == 200
+        assert inbox.texts() == ["next one"]
+    finally:
+        await connector.aclose()
+        await client.close()
+
+
+async def test_issue9_webhook_answers_413_to_a_body_over_the_limit(fake: TelegramFake) -> None:
+    connector, inbox, client = await webhook_client(fake)
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    try:
+        flood = io.BytesIO(b'{"update_id": 1, "x": "' + b"x" * MAX_BODY_BYTES + b'"}')
+        refused = await client.post("/telegram/parrot-tg", data=flood, headers=headers)
+        assert refused.status == 413
+        assert connector.dropped["too_large"] == 1
+        assert inbox.messages == []
+    finally:
+        await connector.aclose()
+        await client.close()
+
+
+async def test_issue9_webhook_drops_odd_json_with_200_and_counts_it(
+    fake: TelegramFake, caplog: pytest.LogCaptureFixture
+) -> None:
+    connector, inbox, client = await webhook_client(fake)
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    message = fake.build_message(GROUP, ALICE, "typed wrong")
+    odd: list[object] = [
+        [1, 2],
+        "an update",
+        42,
+        None,
+        {"update_id": "3", "message": message},
+        {"update_id": 4, "message": {**message, "chat": {**message["chat"], "id": str(GROUP.id)}}},
+        {"update_id": 5, "message": {**message, "from": {**message["from"], "is_bot": "no"}}},
+        {"update_id": 6, "message": {**message, "text": ["typed", "wrong"]}},
+    ]
+    try:
+        with caplog.at_level(logging.WARNING):
+            for body in odd:
+                raw = json.dumps(body)
+                answer = await client.post("/telegram/parrot-tg", data=raw, headers=headers)
+                assert answer.status == 200, raw
+        assert connector.dropped == {"malformed": len(odd)}
+        assert inbox.messages == []
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        good = {"update_id": 7, "message": message}
+        assert (await client.post("/telegram/parrot-tg", json=good, headers=headers)).status == 200
+        assert inbox.texts() == ["typed wrong"]
     finally:
         await connector.aclose()
         await client.close()

@@ -30,7 +30,7 @@ from tests.fakes.telegram_server import FakeChat, FakeUser, SentMessage, Telegra
 
 TOKEN = "123456:AAHparrotTokenE2E_abcdefghijklmnopq"
 TOKEN_B = "654321:BBHechoTokenE2E_abcdefghijklmnopqr"
-SECRET = "hook-secret-e2e"
+SECRET = "hook-secret-e2e-0123456789"
 ALICE = FakeUser(5678, "Alice", "alice")  # an admin
 MALLORY = FakeUser(9999, "Mallory", "mallory")  # not an admin
 OUTSIDER = FakeUser(8001, "Echo", "OutsideEchoBot", is_bot=True)  # a bot the gateway doesn't host
@@ -313,3 +313,25 @@ async def test_subprocess_sigterm_exits_zero_and_never_prints_the_token(
     assert "/bot***" in logged  # PTB's DEBUG line with the API URL, redacted
     assert "webhook request with a bad secret token" in logged
     assert_no_secret(logged, TOKEN, TOKEN_B, SECRET)
+
+
+async def test_issue9_two_hosted_bots_start_a_ping_pong_in_each_of_twenty_groups(
+    tmp_path: Path, fake: TelegramFake
+) -> None:
+    # Every chat of the fake numbers its messages from 1: the message ids of the twenty
+    # groups collide, as Telegram's do, so only the chat id tells the peer messages apart.
+    groups = [
+        fake.add_chat(FakeChat(-2000 - n, "supergroup", f"Room {n}"), TOKEN, TOKEN_B)
+        for n in range(20)
+    ]
+    rooms = {group.id for group in groups}
+
+    def rooms_where(prefix: str) -> set[int]:
+        return {m.chat_id for m in fake.sent if m.text.startswith(prefix)}
+
+    async with running(write_config(tmp_path, fake, PARROT, ECHO)):
+        for group in groups:
+            fake.group_message(group, ALICE, "hi bots")
+        await wait_for(lambda: rooms_where("echo: echo: hi bots") == rooms, limit=30)
+        # Each ping-pong runs until its own pair budget cuts it, room by room.
+        await wait_for(lambda: rooms_where(NOTICE) == rooms, limit=30)

@@ -12,6 +12,7 @@ from connectors.telegram.inbound import (
     BotIdentity,
     Skip,
     is_group,
+    misfit,
     parse_update,
     to_inbound,
     translate_peer,
@@ -303,7 +304,7 @@ def test_peer_message_is_a_bot_message_with_peer_event_id() -> None:
     assert result.sender_is_bot
     assert result.sender_id == "7002"
     assert result.message_id == "77"
-    assert result.event_id == "peer:7002:77"
+    assert result.event_id == "peer:-1001234567890:7002:77"
     assert result.bot_user_id == "7001"
     assert result.received_at == 3.0
 
@@ -327,3 +328,98 @@ def test_peer_message_in_privacy_mode_only_when_addressed() -> None:
     reply = translate_peer(peer_message("ok", reply_to_message=quoted), bot=PRIVACY_BOT)
     assert isinstance(reply, InboundMessage)
     assert reply.reply_to_bot
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        pytest.param({**GROUP_MESSAGE, "update_id": True}, "update.update_id", id="update-id-bool"),
+        pytest.param({**GROUP_MESSAGE, "update_id": "1"}, "update.update_id", id="update-id-text"),
+        pytest.param(
+            update(chat={**SUPERGROUP, "id": "-1001234567890"}),
+            "update.message.chat.id",
+            id="chat-id-text",
+        ),
+        pytest.param(
+            update(chat={**SUPERGROUP, "id": 2**70}), "update.message.chat.id", id="chat-id-huge"
+        ),
+        pytest.param(
+            update(chat={**SUPERGROUP, "type": 1}), "update.message.chat.type", id="chat-type"
+        ),
+        pytest.param(
+            update(**{"from": {**HUMAN, "is_bot": "no"}}),
+            "update.message.from.is_bot",
+            id="is-bot-text",
+        ),
+        pytest.param(
+            update(**{"from": {**HUMAN, "id": 5678.0}}),
+            "update.message.from.id",
+            id="user-id-float",
+        ),
+        pytest.param(
+            update(**{"from": {**HUMAN, "username": ["alice"]}}),
+            "update.message.from.username",
+            id="username-list",
+        ),
+        pytest.param(update(message_id="42"), "update.message.message_id", id="message-id-text"),
+        pytest.param(update(date=1.5e9), "update.message.date", id="date-float"),
+        pytest.param(update(text=["hello"]), "update.message.text", id="text-list"),
+        pytest.param(update(text=None, caption=7), "update.message.caption", id="caption-number"),
+        pytest.param(
+            update(entities={"type": "mention"}), "update.message.entities", id="entities-object"
+        ),
+        pytest.param(
+            update(entities=[{"type": "mention", "offset": "0", "length": 5}]),
+            "update.message.entities[0].offset",
+            id="entity-offset-text",
+        ),
+        pytest.param(
+            update(message_thread_id="17", is_topic_message=True),
+            "update.message.message_thread_id",
+            id="thread-id-text",
+        ),
+        pytest.param(
+            update(is_topic_message="yes"), "update.message.is_topic_message", id="topic-flag-text"
+        ),
+        pytest.param(
+            update(
+                reply_to_message={
+                    "message_id": 5,
+                    "from": {**SELF, "id": "7001"},
+                    "chat": SUPERGROUP,
+                    "date": 1,
+                }
+            ),
+            "update.message.reply_to_message.from.id",
+            id="quoted-sender-id-text",
+        ),
+        pytest.param(
+            update(sender_chat={**SUPERGROUP, "title": 5}),
+            "update.message.sender_chat.title",
+            id="sender-chat-title",
+        ),
+        pytest.param({"update_id": 9, "message": "text"}, "update.message", id="message-text"),
+    ],
+)
+def test_issue9_an_update_with_fields_of_the_wrong_type_is_malformed(
+    payload: dict[str, Any], field: str
+) -> None:
+    assert misfit(payload) == field
+    assert translate_update(payload, bot=BOT) is Skip.MALFORMED
+
+
+def test_issue9_a_well_typed_update_fits() -> None:
+    assert misfit(GROUP_MESSAGE) is None
+    assert misfit(update(entities=[{"type": "mention", "offset": 0, "length": 5}])) is None
+    assert misfit({"update_id": 9, "future_kind": {"id": "any shape"}}) is None
+
+
+def test_issue9_peer_event_ids_of_one_message_id_in_two_chats_differ() -> None:
+    other_chat = {**SUPERGROUP, "id": -1002}
+    here = translate_peer(peer_message("echo: hi"), bot=BOT)
+    there = translate_peer(peer_message("echo: hi", chat=other_chat), bot=BOT)
+    assert isinstance(here, InboundMessage)
+    assert isinstance(there, InboundMessage)
+    assert here.message_id == there.message_id
+    assert here.delivery_key != there.delivery_key
+    assert there.event_id == "peer:-1002:7002:77"
