@@ -34,6 +34,10 @@ def _no_constant(name: str) -> float:
     raise JsonBodyError(f"{name} is not a JSON number")
 
 
+# One decoder for every body: `json.loads` with hooks builds a new one per call.
+_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+
+
 def _deeper_than(value: object, limit: int) -> bool:
     """Whether a parsed value nests containers more than `limit` deep (iterative walk)."""
     stack: list[tuple[object, int]] = [(value, 1)]
@@ -61,7 +65,7 @@ def parse_json(
     else:
         text = body
     try:
-        value = json.loads(text, parse_float=_finite_float, parse_constant=_no_constant)
+        value = _DECODER.decode(text)
     except RecursionError:
         raise JsonBodyError(f"JSON is nested deeper than {max_depth} levels") from None
     except JsonBodyError:

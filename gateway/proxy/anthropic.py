@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from multidict import MultiMapping
 
 from gateway.proxy.provider import (
+    ERROR_STATUS,
     ErrorKind,
     GuardedCall,
     Usage,
@@ -27,6 +28,7 @@ from gateway.proxy.provider import (
 DEFAULT_VERSION = "2023-06-01"
 _ERROR_TYPES: Mapping[ErrorKind, str] = {
     "refused": "rate_limit_error",
+    "bad_request": "invalid_request_error",
     "unauthorized": "authentication_error",
     "not_found": "not_found_error",
     "unreachable": "api_error",
@@ -95,9 +97,22 @@ class AnthropicProvider:
             count(usage.get("output_tokens")),
         )
 
+    def status(self, kind: ErrorKind) -> int:
+        """The usual status: a refusal is a 429 (`x-should-retry: false` stops the SDK)."""
+        return ERROR_STATUS[kind]
+
     def error_body(self, kind: ErrorKind, code: str, message: str) -> Mapping[str, object]:
-        """`{"type": "error", "error": {"type", "message"}}`, plus our code in the error."""
+        """`{"type": "error", "error": {"type", "message"}}`, plus our code in the error.
+
+        The code is `error.details.error_code`, where the SDK reads `e.error_code`, and
+        `error.code`, where earlier releases of this proxy put it.
+        """
         return {
             "type": "error",
-            "error": {"type": _ERROR_TYPES[kind], "message": message, "code": code},
+            "error": {
+                "type": _ERROR_TYPES[kind],
+                "message": message,
+                "code": code,
+                "details": {"error_code": code},
+            },
         }

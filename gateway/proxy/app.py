@@ -5,11 +5,17 @@ Routes: `/openai/v1/{path}`, `/anthropic/{path}` and `/gemini/{path}` (any metho
 (bearer `proxy.admin_token`). Every request must carry a proxy key the way its SDK sends
 its api_key; the key names the agent. An LLM call (see each provider module) is
 fingerprinted and decided by the CallStore of the configured state backend before it is
-forwarded with the upstream's own key; a refusal is a 429 in the provider's error format
-with `Retry-After`, `x-should-retry: false` and `x-loopwarden-code`. Responses, streams
-included, are relayed chunk by chunk as they arrive.
+forwarded with the upstream's own key; a refusal is an error in the provider's format
+(429; 400 on the Gemini routes, see `gemini`) with `Retry-After`, `x-should-retry: false`
+and `x-loopwarden-code`. Responses, streams included, are relayed chunk by chunk as they
+arrive.
 
 Decisions where DESIGN.md is silent:
+- The path after the route prefix is canonicalised once (`paths`): the guard reads that
+  form and the upstream gets exactly it; a path with no canonical form under the
+  upstream's `base_url` (an encoded `?`, `#`, `;`, `%`, a backslash, a control character,
+  a `..` above the route) is a 400 `invalid_path`. An LLM call whose body is not
+  acceptable JSON (`gateway.jsonbody`) is a 400 `invalid_json`; neither is forwarded.
 - The circuit's root is the key's agent name; when several keys name the same agent, the
   root is `agent~<6 hex digits of the key's hash>`, so each key keeps its own circuits
   and no key ever appears in a message, a log line or the request log.
@@ -21,8 +27,13 @@ Decisions where DESIGN.md is silent:
   A connection failure answers 502 and a timeout 504, in the provider's format, without
   `x-should-retry` (the SDK may retry them). A stream the upstream drops midway is cut
   off for the client too (the connection is closed), never ended as if complete.
-- Upstream keys are masked (same length, `*`) in relayed bodies, headers holding one are
-  dropped, and `Set-Cookie` is not relayed (it is for the upstream's domain).
+- Upstream keys, in every form `relay.masked_forms` lists, are masked (same length, `*`)
+  in relayed bodies, decoded first when the upstream compressed them anyway (a body in
+  an encoding the proxy cannot decode is a 502 `upstream_unreadable`, not relayed);
+  headers holding one are dropped; the status line carries the standard reason phrase,
+  never the upstream's; `Set-Cookie` is not relayed (it is for the upstream's domain).
+- A client's retry of a refused call within a few seconds gets the first refusal's code
+  and message, not `loop_paused` (`retries`).
 - Each guarded call is logged (the request log, written in the background so it never
   delays the next request on the connection) after its response has ended, with the
   SDK's retry number (`x-stainless-retry-count`, sent by the OpenAI and Anthropic SDKs);
@@ -44,6 +55,7 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from gateway.admin import AdminService
 from gateway.calls.factory import build_call_store
@@ -52,15 +64,16 @@ from gateway.calls.verdicts import rule_group, rule_key
 from gateway.config import Config
 from gateway.errors import ConfigError
 from gateway.http import HttpServer, circuit_admin_routes
+from gateway.jsonbody import JsonBodyError
 from gateway.proxy import messages
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.config import ProxyConfig, ProxyKey, Upstream
 from gateway.proxy.gemini import GeminiProvider
 from gateway.proxy.openai import OpenAIProvider
+from gateway.proxy.paths import PathError, canonical_path, upstream_path
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import (
-    ERROR_STATUS,
     ErrorKind,
     GuardedCall,
     Provider,
@@ -68,7 +81,14 @@ from gateway.proxy.provider import (
     forward_headers,
     response_headers,
 )
-from gateway.proxy.relay import KeyMasker, UsageScanner
+from gateway.proxy.relay import (
+    BodyDecoder,
+    EncodedBodyError,
+    KeyMasker,
+    UsageScanner,
+    masked_forms,
+)
+from gateway.proxy.retries import FirstRefusals
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
 from guards.call_loop import CallDecision, circuit_key, fingerprint_call, is_provider_failure
@@ -139,6 +159,7 @@ class ProxyServer:
         state: StateStore | None = None,
         alerter: Alerter | None = None,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         proxy = config.proxy
         if proxy is None:
@@ -165,9 +186,10 @@ class ProxyServer:
             if upstream is not None
         }
         self._secrets = {
-            name: [upstream.api_key.get_secret_value()] if upstream.api_key else []
+            name: masked_forms(upstream.api_key.get_secret_value()) if upstream.api_key else []
             for name, upstream in self._upstreams.items()
         }
+        self._first_refusals = FirstRefusals(clock=clock)
         self._prices = PriceTable(proxy.prices, proxy.default_output_tokens)
         self._rules = {rule.name: rule for rule in proxy.rules}
         self._timeout = aiohttp.ClientTimeout(
@@ -261,9 +283,17 @@ class ProxyServer:
         if upstream is None:
             text = messages.NO_UPSTREAM.format(provider=provider.name)
             return _error(provider, "not_found", "no_upstream", text)
-        tail = request.match_info["tail"]
+        try:
+            tail = canonical_path(request.match_info["tail"])
+        except PathError as exc:
+            text = messages.BAD_PATH.format(reason=exc, provider=provider.name)
+            return _error(provider, "bad_request", "invalid_path", text)
         body = await request.read()
-        described = provider.describe(request.method, tail, body)
+        try:
+            described = provider.describe(request.method, tail, body)
+        except JsonBodyError as exc:
+            text = messages.BAD_BODY.format(reason=exc)
+            return _error(provider, "bad_request", "invalid_json", text)
         if described is None:
             return await self._forward(request, provider, upstream, tail=tail, body=body, call=None)
         call = self._call(request, provider, client, described, size=len(body), started=started)
@@ -306,10 +336,13 @@ class ProxyServer:
             started=started,
         )
 
-    def _refuse(self, call: _Call, decision: CallDecision) -> web.Response:
-        """The 429 of a refused call; an alert when it opened a pause; a log entry."""
+    def _refuse(self, call: _Call, refused: CallDecision) -> web.Response:
+        """The answer to a refused call; an alert when it opened a pause; a log entry."""
         agent = call.client.agent
-        if decision.code == "loop_detected":
+        decision = self._first_refusals.answer(call.circuit, call.fingerprint, refused)
+        if decision is not refused:
+            log.info("agent %s: retry on %s answered as %s", agent, refused.circuit, decision.code)
+        elif decision.code == "loop_detected":
             log.warning(
                 "agent %s: loop detected on %s (%d identical calls); paused %.0f s",
                 agent,
@@ -389,10 +422,12 @@ class ProxyServer:
         api_key = upstream.api_key.get_secret_value() if upstream.api_key else None
         headers = forward_headers(request.headers)
         headers.update(provider.upstream_auth(api_key, request.headers))
+        # Encoded already: the client must not re-normalise the canonical path.
+        url = URL(provider.upstream_url(upstream.base_url, upstream_path(tail)), encoded=True)
         try:
             answer = await session.request(
                 request.method,
-                provider.upstream_url(upstream.base_url, tail),
+                url,
                 params=provider.upstream_query(request.query),
                 data=body or None,
                 headers=headers,
@@ -432,11 +467,17 @@ class ProxyServer:
         if call is not None and call.decision is not None and is_provider_failure(status):
             # Known before the body: uncount now, so a prompt retry is not a repeat.
             await self.store.record_outcome(call.decision, status)
+        try:
+            decoder = BodyDecoder(answer.headers.get("Content-Encoding", ""))
+        except EncodedBodyError as exc:
+            return self._unreadable(provider, call, status, str(exc))
         secrets = self._secrets[provider.name]
-        response = web.StreamResponse(
-            status=status, reason=answer.reason, headers=response_headers(answer.headers, secrets)
-        )
-        if answer.content_length is not None:
+        headers = response_headers(answer.headers, secrets)
+        if decoder.encoding is not None:
+            headers.popall("Content-Encoding", None)
+        # The standard reason phrase: the upstream's own may quote the key it was sent.
+        response = web.StreamResponse(status=status, headers=headers)
+        if decoder.encoding is None and answer.content_length is not None:
             response.content_length = answer.content_length
         masker = KeyMasker(secrets)
         scanner = (
@@ -450,14 +491,15 @@ class ProxyServer:
             while True:
                 try:
                     chunk = await answer.content.readany()
-                except (aiohttp.ClientError, TimeoutError) as exc:
+                    plain = decoder.feed(chunk) if chunk else decoder.finish()
+                except (aiohttp.ClientError, TimeoutError, EncodedBodyError) as exc:
                     broken = type(exc).__name__
                     break
+                if scanner is not None:
+                    scanner.feed(plain)
+                await response.write(masker.feed(plain))
                 if not chunk:
                     break
-                if scanner is not None:
-                    scanner.feed(chunk)
-                await response.write(masker.feed(chunk))
             if broken is None:
                 await response.write(masker.flush())
                 await response.write_eof()
@@ -465,7 +507,7 @@ class ProxyServer:
             # The client went away; the call did reach the provider and stays counted.
             log.info("%s client disconnected during the response", provider.name)
         if broken is not None:
-            log.warning("%s upstream dropped the response midway: %s", provider.name, broken)
+            log.warning("%s upstream response broke off midway: %s", provider.name, broken)
             # Cut the client off too: ending the body normally would pass it as complete.
             if request.transport is not None:
                 request.transport.close()
@@ -478,6 +520,18 @@ class ProxyServer:
             )
             self._log(call, outcome, status, usage)
         return response
+
+    def _unreadable(
+        self, provider: Provider, call: _Call | None, status: int, reason: str
+    ) -> web.Response:
+        """An answer that cannot be checked for keys: a 502 instead, logged, never retried."""
+        log.warning("%s upstream answered in an unreadable encoding: %s", provider.name, reason)
+        if call is not None:
+            self._log(call, "upstream_error", status, None)
+        text = messages.UPSTREAM_UNREADABLE.format(provider=provider.name, reason=reason)
+        # The upstream answers every retry the same way.
+        headers = {"x-should-retry": "false"}
+        return _error(provider, "unreachable", "upstream_unreadable", text, headers)
 
     def _log(
         self,
@@ -542,8 +596,8 @@ def _error(
 ) -> web.Response:
     """An error answer in the provider's own format; never retried by the SDKs when refused."""
     extra = dict(headers or {})
-    if kind in ("unauthorized", "not_found"):
+    if kind in ("bad_request", "unauthorized", "not_found"):
         extra.setdefault("x-should-retry", "false")
     return web.json_response(
-        provider.error_body(kind, code, message), status=ERROR_STATUS[kind], headers=extra
+        provider.error_body(kind, code, message), status=provider.status(kind), headers=extra
     )

@@ -12,6 +12,8 @@ Decisions where DESIGN.md is silent:
   per 1,000 tokens, in whatever currency you write them.
 - `alerts.webhook` is a URL or `{url: ...}`; it is a secret (Slack and Discord webhook
   URLs carry their token in the path).
+- `admin_token` is at least 16 characters, durations at most 366 days, and no number is
+  inf or nan (`gateway.limits`); `call_loop` is checked by building its `CallLoopPolicy`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from pydantic import (
     Field,
     SecretStr,
     field_validator,
+    model_validator,
 )
 
+from gateway.limits import Duration, long_enough
 from guards.call_loop import CallLoopPolicy, UniquenessRule
 
 
@@ -49,7 +53,8 @@ OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_is_none)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # No float field takes inf or nan: neither is a price, a timeout or a window.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ProxyKey(_Model):
@@ -93,8 +98,13 @@ class CallLoopSettings(_Model):
     """CallLoopPolicy: identical calls allowed per window, and the pause after."""
 
     max_repeats: int = Field(default=5, ge=1)
-    window_seconds: float = Field(default=60.0, gt=0)
-    pause_seconds: float = Field(default=300.0, ge=0)
+    window_seconds: Duration = Field(default=60.0, gt=0)
+    pause_seconds: Duration = Field(default=300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _guard_runs(self) -> CallLoopSettings:
+        self.policy()
+        return self
 
     def policy(self) -> CallLoopPolicy:
         """The guard's policy."""
@@ -139,7 +149,7 @@ class EmailAlert(_Model):
     username: str | None = None
     password: OptionalSecret = None
     starttls: bool = True
-    timeout: float = Field(default=10.0, gt=0)
+    timeout: Duration = Field(default=10.0, gt=0)
 
     @field_validator("to", mode="before")
     @classmethod
@@ -208,11 +218,11 @@ class ProxyConfig(_Model):
     alerts: AlertsConfig = AlertsConfig()
     prices: dict[str, Price] = Field(default_factory=dict)
     default_output_tokens: int = Field(default=500, ge=0)
-    admin_token: OptionalSecret = None
-    connect_timeout: float = Field(default=10.0, gt=0)
-    read_timeout: float = Field(default=300.0, gt=0)
+    admin_token: Annotated[OptionalSecret, AfterValidator(long_enough)] = None
+    connect_timeout: Duration = Field(default=10.0, gt=0)
+    read_timeout: Duration = Field(default=300.0, gt=0)
     log_keep: int = Field(default=100_000, ge=1)
-    drain_seconds: float = Field(default=10.0, gt=0)
+    drain_seconds: Duration = Field(default=10.0, gt=0)
 
     @field_validator("keys")
     @classmethod

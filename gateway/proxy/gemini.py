@@ -5,6 +5,11 @@ Guarded calls: POST `{version}/models/{model}:generateContent` and
 `countTokens`, …) is forwarded unguarded, still behind the proxy key. A `key` the client
 put in the query string is never forwarded: the upstream gets its own key as
 `x-goog-api-key`, so no key ever travels in a URL that a log could print.
+
+A refusal is HTTP 400 `FAILED_PRECONDITION` (Google's status for "do not retry until the
+state is fixed"), not 429 `RESOURCE_EXHAUSTED`: google-genai's retry options and the
+clients built on it retry 408, 429, 500, 502, 503 and 504 whatever the body says, and
+each retry of a loop would be refused as `loop_paused`, hiding `loop_detected`.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from gateway.proxy.provider import (
 
 _CALL = re.compile(r"v1(?:alpha|beta)?/models/([^/:]+):(generateContent|streamGenerateContent)")
 _STATUS: Mapping[ErrorKind, str] = {
-    "refused": "RESOURCE_EXHAUSTED",
+    "refused": "FAILED_PRECONDITION",
+    "bad_request": "INVALID_ARGUMENT",
     "unauthorized": "UNAUTHENTICATED",
     "not_found": "NOT_FOUND",
     "unreachable": "UNAVAILABLE",
@@ -82,11 +88,15 @@ class GeminiProvider:
             total(usage.get("candidatesTokenCount"), usage.get("thoughtsTokenCount")),
         )
 
+    def status(self, kind: ErrorKind) -> int:
+        """A refusal is a 400, outside Google's retry list; the rest as usual."""
+        return 400 if kind == "refused" else ERROR_STATUS[kind]
+
     def error_body(self, kind: ErrorKind, code: str, message: str) -> Mapping[str, object]:
         """A google.rpc.Status with an ErrorInfo detail carrying our code."""
         return {
             "error": {
-                "code": ERROR_STATUS[kind],
+                "code": self.status(kind),
                 "message": message,
                 "status": _STATUS[kind],
                 "details": [

@@ -16,6 +16,15 @@ UPSTREAM_UNREACHABLE = (
     "loopwarden: the {provider} upstream could not be reached ({reason}); "
     "the call was not counted as a repeat."
 )
+BAD_PATH = (
+    "loopwarden: path refused: {reason}. The proxy forwards only plainly spelled paths "
+    "under the {provider} upstream."
+)
+BAD_BODY = "loopwarden: request body refused: {reason}."
+UPSTREAM_UNREADABLE = (
+    "loopwarden: the {provider} upstream answered with a body the proxy cannot check for "
+    "keys ({reason}), so it was not relayed."
+)
 UPSTREAM_TIMEOUT = (
     "loopwarden: the {provider} upstream did not answer in time; "
     "the call was not counted as a repeat."

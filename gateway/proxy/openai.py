@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from multidict import MultiMapping
 
 from gateway.proxy.provider import (
+    ERROR_STATUS,
     ErrorKind,
     GuardedCall,
     Message,
@@ -26,6 +27,7 @@ from gateway.proxy.provider import (
 
 _ERROR_TYPES: Mapping[ErrorKind, str] = {
     "refused": "loop_guard_error",
+    "bad_request": "invalid_request_error",
     "unauthorized": "invalid_request_error",
     "not_found": "invalid_request_error",
     "unreachable": "upstream_error",
@@ -90,6 +92,10 @@ class OpenAIProvider:
             prompt if prompt is not None else count(usage.get("input_tokens")),
             completion if completion is not None else count(usage.get("output_tokens")),
         )
+
+    def status(self, kind: ErrorKind) -> int:
+        """The usual status: a refusal is a 429 (`x-should-retry: false` stops the SDK)."""
+        return ERROR_STATUS[kind]
 
     def error_body(self, kind: ErrorKind, code: str, message: str) -> Mapping[str, object]:
         """`{"error": {"message", "type", "param", "code"}}`: the SDK exposes `e.code`."""

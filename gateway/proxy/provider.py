@@ -8,16 +8,18 @@ SDK reads a refusal as its own provider's error.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from multidict import CIMultiDict, MultiMapping
 
-ErrorKind = Literal["refused", "unauthorized", "not_found", "unreachable", "timeout"]
+from gateway.jsonbody import parse_json
+
+ErrorKind = Literal["refused", "bad_request", "unauthorized", "not_found", "unreachable", "timeout"]
 ERROR_STATUS: Mapping[ErrorKind, int] = {
     "refused": 429,
+    "bad_request": 400,
     "unauthorized": 401,
     "not_found": 404,
     "unreachable": 502,
@@ -114,7 +116,7 @@ class Provider(Protocol):
         """The key the client presented, as its SDK sends it."""
 
     def upstream_url(self, base_url: str, tail: str) -> str:
-        """The upstream URL of a proxied path (`tail`: the path after the route prefix)."""
+        """The upstream URL of a proxied path (`tail`: the encoded canonical path)."""
 
     def upstream_query(self, query: MultiMapping[str]) -> list[tuple[str, str]]:
         """The query string to forward (without any key the client put there)."""
@@ -123,10 +125,16 @@ class Provider(Protocol):
         """The headers that authenticate the proxy upstream (and required defaults)."""
 
     def describe(self, method: str, tail: str, body: bytes) -> GuardedCall | None:
-        """The LLM call a request makes, or None for requests forwarded unguarded."""
+        """The LLM call a request makes, or None for requests forwarded unguarded.
+
+        Raises JsonBodyError when an LLM call's body is not acceptable JSON.
+        """
 
     def usage(self, data: object) -> Usage | None:
         """The usage reported in one response object or stream event, if any."""
+
+    def status(self, kind: ErrorKind) -> int:
+        """The HTTP status of an error of this kind (its clients' retry rules differ)."""
 
     def error_body(self, kind: ErrorKind, code: str, message: str) -> Mapping[str, object]:
         """An error in the provider's own format."""
@@ -151,8 +159,12 @@ def response_headers(headers: Mapping[str, str], secrets: Sequence[str]) -> CIMu
     an upstream echoing a credential must not hand it to the client.
     """
     kept: CIMultiDict[str] = CIMultiDict()
+    # A value shorter than every secret holds none: most headers are not searched.
+    shortest = min((len(secret) for secret in secrets), default=0)
     for name, value in headers.items():
-        if name.lower() in _RESPONSE_DROP or any(s in value for s in secrets):
+        if name.lower() in _RESPONSE_DROP:
+            continue
+        if secrets and len(value) >= shortest and any(s in value for s in secrets):
             continue
         kept.add(name, value)
     return kept
@@ -167,13 +179,14 @@ def bearer(headers: Mapping[str, str]) -> str | None:
 
 
 def json_object(body: bytes) -> dict[str, object] | None:
-    """A request body as a JSON object, or None when it is not one."""
+    """A request body as a JSON object, None when empty or another JSON value.
+
+    Hostile JSON (not UTF-8, too deep, a 5,000-digit number, NaN) raises JsonBodyError:
+    an LLM call is never forwarded unguarded because the proxy could not read it.
+    """
     if not body:
         return None
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
+    data = parse_json(body)
     return data if isinstance(data, dict) else None
 
 

@@ -6,28 +6,36 @@ include_usage`) and `GET /v1/models`; Anthropic `POST /v1/messages` (a message, 
 SSE events message_start … message_stop); Gemini `POST /v1beta/models/{model}:
 generateContent` and `:streamGenerateContent` (SSE with `alt=sse`, else a JSON array)
 and `GET /v1beta/models`.
-Every answer carries usage, so cost can be checked.
+Every answer carries usage, so cost can be checked. Any other path is recorded too and
+answered 404, so a test sees every request that reached the upstream host.
 
 Hooks: `requests` records everything received; `fail_next(status, n)` answers the next n
-LLM calls with an error in the provider's format; `drop_next(n)` closes the connection
+LLM calls with an error in the provider's format (with a `reason` phrase if given);
+`drop_next(n)` closes the connection
 of the next n LLM calls without answering; `stall_next(n)` leaves the next n unanswered
 until the fake shuts down; `break_next_stream()` sends one chunk of the
 next stream and then drops the connection; `gate` (an asyncio.Event) holds every stream
 after its first chunk until the test sets it; `echo_auth` puts the credential the fake
 received into a response header and the body (an SSE comment in streams), as a careless
-provider might.
+provider might; `echo_encoded` also echoes it percent-encoded and base64-encoded, and
+escapes every `/` in JSON bodies as `\\/` (as PHP does); `encoding` ("gzip",
+"deflate", or any other name, sent as a label on a plain body) compresses every answer
+whatever the request's Accept-Encoding says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
+from aiohttp.web_response import ContentCoding
 
 from tests.fakes.loopback import LOOPBACK_HOST, serve_loopback
 
@@ -43,6 +51,7 @@ class Received:
 
     method: str
     path: str
+    raw_path: str
     query: Mapping[str, str]
     headers: Mapping[str, str]
     body: bytes
@@ -60,10 +69,12 @@ class FakeLLM:
     reply: str = "pong"
     chunks: int = 3
     echo_auth: bool = False
+    echo_encoded: bool = False
+    encoding: str | None = None
     gate: asyncio.Event | None = None
     requests: list[Received] = field(default_factory=list)
     url: str = ""
-    _failures: list[tuple[int, float | None]] = field(default_factory=list)
+    _failures: list[tuple[int, float | None, str | None]] = field(default_factory=list)
     _drops: int = 0
     _breaks: int = 0
     _stalls: int = 0
@@ -72,12 +83,13 @@ class FakeLLM:
     first_chunk_sent: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def __aenter__(self) -> FakeLLM:
-        app = web.Application()
+        app = web.Application(middlewares=[self._encoded])
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/messages", self._anthropic)
         app.router.add_post("/v1beta/models/{call}", self._gemini)
         app.router.add_get("/v1beta/models", self._gemini_models)
+        app.router.add_route("*", "/{anything:.*}", self._unknown)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
         port = await serve_loopback(self._runner)
         self.url = f"http://{LOOPBACK_HOST}:{port}"
@@ -97,9 +109,16 @@ class FakeLLM:
 
     # Hooks
 
-    def fail_next(self, status: int, count: int = 1, *, retry_after: float | None = None) -> None:
-        """Answer the next `count` LLM calls with `status`."""
-        self._failures.extend([(status, retry_after)] * count)
+    def fail_next(
+        self,
+        status: int,
+        count: int = 1,
+        *,
+        retry_after: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Answer the next `count` LLM calls with `status` (and `reason` as its phrase)."""
+        self._failures.extend([(status, retry_after, reason)] * count)
 
     def drop_next(self, count: int = 1) -> None:
         """Close the connection of the next `count` LLM calls without an answer."""
@@ -123,6 +142,7 @@ class FakeLLM:
         received = Received(
             method=request.method,
             path=request.path,
+            raw_path=request.rel_url.raw_path,
             query=dict(request.query),
             headers=dict(request.headers),
             body=await request.read(),
@@ -153,18 +173,61 @@ class FakeLLM:
                 request.transport.close()
             return web.Response(status=599)
         if self._failures:
-            status, retry_after = self._failures.pop(0)
+            status, retry_after, reason = self._failures.pop(0)
             headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-            return web.json_response(error, status=status, headers=headers)
+            return web.json_response(error, status=status, reason=reason, headers=headers)
         return None
 
+    @web.middleware
+    async def _encoded(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        response = await handler(request)
+        if not response.prepared:
+            self._encode(response)
+        return response
+
+    def _encode(self, response: web.StreamResponse) -> None:
+        """Compress (or label) an answer as `encoding` says, before it is prepared."""
+        if self.encoding in ("gzip", "deflate"):
+            response.enable_compression(force=ContentCoding(self.encoding))
+        elif self.encoding is not None:
+            response.headers["Content-Encoding"] = self.encoding
+
+    async def _unknown(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response({"error": "no such path"}, status=404)
+
+    def _json(self, data: object, received: Received) -> web.Response:
+        """A JSON answer; with `echo_encoded`, every `/` escaped as PHP does."""
+        if not self.echo_encoded:
+            return web.json_response(data, headers=self._headers(received))
+        text = json.dumps(data).replace("/", "\\/")
+        return web.json_response(text=text, headers=self._headers(received))
+
+    def _echoes(self, received: Received) -> list[str]:
+        """The credential as echoed: as is, and with `echo_encoded` encoded too."""
+        credential = self._credential(received)
+        if not self.echo_encoded:
+            return [credential]
+        encoded = credential.encode()
+        return [
+            credential,
+            quote(credential, safe=""),
+            base64.b64encode(encoded).decode(),
+            base64.urlsafe_b64encode(b"x" + encoded).decode(),
+        ]
+
     def _headers(self, received: Received) -> dict[str, str]:
-        return {"x-echo-auth": self._credential(received)} if self.echo_auth else {}
+        if not self.echo_auth:
+            return {}
+        names = ["x-echo-auth", "x-echo-auth-pct", "x-echo-auth-b64", "x-echo-auth-b64url"]
+        return dict(zip(names, self._echoes(received), strict=False))
 
     def _text(self, received: Received, *, stream: bool = False) -> str:
         # Streams echo the credential in an SSE comment instead (see `_stream`).
         if self.echo_auth and not stream:
-            return f"{self.reply} ({self._credential(received)})"
+            return f"{self.reply} ({' '.join(self._echoes(received))})"
         return self.reply
 
     async def _stream(
@@ -173,9 +236,10 @@ class FakeLLM:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", **self._headers(received)}
         )
+        self._encode(response)
         await response.prepare(request)
         if self.echo_auth:
-            await response.write(f": echo {self._credential(received)}\n\n".encode())
+            await response.write(f": echo {' '.join(self._echoes(received))}\n\n".encode())
         first = True
         async for event in events:
             await response.write(event)
@@ -232,7 +296,7 @@ class FakeLLM:
                 ],
                 "usage": usage,
             }
-            return web.json_response(completion, headers=self._headers(received))
+            return self._json(completion, received)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events() -> AsyncIterator[bytes]:
@@ -275,7 +339,7 @@ class FakeLLM:
             "usage": {"input_tokens": INPUT_TOKENS, "output_tokens": OUTPUT_TOKENS},
         }
         if not body.get("stream"):
-            return web.json_response(message, headers=self._headers(received))
+            return self._json(message, received)
 
         async def events() -> AsyncIterator[bytes]:
             start = {
@@ -342,7 +406,7 @@ class FakeLLM:
             }
 
         if method == "generateContent":
-            return web.json_response(chunk(text, True), headers=self._headers(received))
+            return self._json(chunk(text, True), received)
         if method != "streamGenerateContent":
             return web.json_response({"error": {"code": 404, "status": "NOT_FOUND"}}, status=404)
         pieces = self._pieces(text)

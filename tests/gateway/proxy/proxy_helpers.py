@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import textwrap
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -18,12 +19,17 @@ from tests.fakes.llm_upstream import FakeLLM
 PROXY_KEY = "lw-demo-key"
 OTHER_KEY = "lw-support-key"
 UPSTREAM_KEY = "sk-upstream-5ecret-0123456789abcdef"
-ADMIN_TOKEN = "lw-admin-7a8b9c"
+ADMIN_TOKEN = "lw-admin-7a8b9c0d1e2f"
 MODEL = "gpt-4o-mini"
 
 
 def proxy_yaml(
-    upstream_url: str, extra: str = "", *, state: str = "{backend: memory}", port: int = 0
+    upstream_url: str,
+    extra: str = "",
+    *,
+    state: str = "{backend: memory}",
+    port: int = 0,
+    upstream_key: str = UPSTREAM_KEY,
 ) -> str:
     """The YAML of a proxy config for the fake upstream; `extra` is more YAML under `proxy:`."""
     return f"""
@@ -36,9 +42,9 @@ proxy:
     {PROXY_KEY}: {{agent: billing-bot}}
     {OTHER_KEY}: {{agent: support-bot}}
   upstreams:
-    openai: {{base_url: '{upstream_url}/v1', api_key: {UPSTREAM_KEY}}}
-    anthropic: {{base_url: '{upstream_url}', api_key: {UPSTREAM_KEY}}}
-    gemini: {{base_url: '{upstream_url}', api_key: {UPSTREAM_KEY}}}
+    openai: {{base_url: '{upstream_url}/v1', api_key: '{upstream_key}'}}
+    anthropic: {{base_url: '{upstream_url}', api_key: '{upstream_key}'}}
+    gemini: {{base_url: '{upstream_url}', api_key: '{upstream_key}'}}
   prices:
     'gpt-4o*': {{input_per_1k: 1.0, output_per_1k: 2.0}}
     'claude-*': {{input_per_1k: 3.0, output_per_1k: 15.0}}
@@ -47,9 +53,16 @@ proxy:
 """
 
 
-def proxy_config(upstream_url: str, extra: str = "", *, state: str = "{backend: memory}") -> Config:
+def proxy_config(
+    upstream_url: str,
+    extra: str = "",
+    *,
+    state: str = "{backend: memory}",
+    upstream_key: str = UPSTREAM_KEY,
+) -> Config:
     """The proxy config of `proxy_yaml`, parsed."""
-    return parse_config(proxy_yaml(upstream_url, extra, state=state), env={})
+    yaml = proxy_yaml(upstream_url, extra, state=state, upstream_key=upstream_key)
+    return parse_config(yaml, env={})
 
 
 class RecordingChannel:
@@ -96,16 +109,18 @@ async def running_proxy(
     upstream: FakeLLM | None = None,
     state: str = "{backend: memory}",
     configured_alerts: bool = False,
+    upstream_key: str = UPSTREAM_KEY,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AsyncIterator[Rig]:
     """A started proxy before a started fake upstream; both stopped after.
 
     Alerts go to a recording channel, or with `configured_alerts` where `proxy.alerts` says.
     """
     async with upstream or FakeLLM() as fake:
-        config = proxy_config(fake.url, extra, state=state)
+        config = proxy_config(fake.url, extra, state=state, upstream_key=upstream_key)
         channel = RecordingChannel()
         alerter = None if configured_alerts else Alerter([channel])
-        proxy = ProxyServer(config, alerter=alerter)
+        proxy = ProxyServer(config, alerter=alerter, clock=clock)
         rig = Rig(proxy, fake, channel)
 
         async def count(request: web.Request, response: web.StreamResponse) -> None:

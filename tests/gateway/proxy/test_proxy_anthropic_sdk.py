@@ -124,3 +124,18 @@ async def test_an_overloaded_upstream_is_not_counted(rig: Rig) -> None:
         with pytest.raises(anthropic.RateLimitError):
             await ask(sdk)
     assert len(rig.upstream.calls(MESSAGES)) == 8
+
+
+async def test_issue9_the_sdk_reads_error_code_and_sends_a_refused_call_once(rig: Rig) -> None:
+    async with client(rig) as sdk:
+        for _ in range(5):
+            await ask(sdk)
+        with pytest.raises(anthropic.RateLimitError) as first:
+            await ask(sdk)
+        with pytest.raises(anthropic.RateLimitError) as retried:
+            await ask(sdk)
+    # The SDK's default max_retries=2 resent neither refusal.
+    assert rig.served == ["/anthropic/v1/messages"] * 7
+    assert first.value.error_code == "loop_detected"
+    assert retried.value.error_code == "loop_detected"  # a quick retry keeps the first code
+    assert first.value.response.headers["x-should-retry"] == "false"

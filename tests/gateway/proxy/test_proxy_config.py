@@ -8,6 +8,7 @@ import pytest
 
 from gateway.config import parse_config
 from gateway.errors import ConfigError
+from gateway.jsonbody import JsonBodyError
 from gateway.logs import secret_values
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.app import client_table
@@ -23,7 +24,7 @@ proxy:
   upstreams:
     openai: {base_url: 'https://api.openai.com/v1/', api_key: sk-openai-1}
     anthropic: {base_url: 'https://api.anthropic.com', api_key: sk-ant-2}
-  admin_token: adm-3
+  admin_token: adm-3-0123456789
   rules:
     - {name: once, fields: [session, step], max_calls: 1, window_seconds: 24h}
   alerts:
@@ -57,7 +58,7 @@ def test_keys_may_be_a_list_with_values_from_the_environment() -> None:
 
 def test_every_proxy_secret_is_redacted_from_logs() -> None:
     secrets = secret_values(parse_config(FULL, env={}))
-    for secret in ("lw-demo-key", "sk-openai-1", "sk-ant-2", "adm-3", "12:tg-secret-5"):
+    for secret in ("lw-demo-key", "sk-openai-1", "sk-ant-2", "adm-3-0123456789", "12:tg-secret-5"):
         assert secret in secrets
     assert "smtp-secret-6" in secrets
     assert "/services/T0/B0/hooksecret4" in secrets
@@ -122,7 +123,9 @@ def test_which_requests_are_guarded_calls() -> None:
     assert openai.describe("POST", "chat/completions", body) is not None
     assert openai.describe("GET", "models", b"") is None
     assert openai.describe("POST", "embeddings", body) is None
-    assert openai.describe("POST", "chat/completions", b"not json") is None
+    with pytest.raises(JsonBodyError):
+        openai.describe("POST", "chat/completions", b"not json")
+    assert openai.describe("POST", "chat/completions", b"[1]") is None
     responses = openai.describe(
         "POST", "responses", b'{"model": "m", "input": "hi", "stream": true}'
     )

@@ -15,6 +15,7 @@ from tests.gateway.proxy.proxy_helpers import PROXY_KEY, UPSTREAM_KEY, Rig, runn
 MODEL = "gemini-2.0-flash"
 GENERATE = f"/gemini/v1beta/models/{MODEL}:generateContent"
 STREAM = f"/gemini/v1beta/models/{MODEL}:streamGenerateContent"
+GOOGLE_RETRIED = {408, 429, 500, 502, 503, 504}
 BODY = {"contents": [{"role": "user", "parts": [{"text": "Check order 12345 at 10:00"}]}]}
 
 
@@ -61,18 +62,21 @@ async def test_a_key_in_the_query_string_works_and_is_never_forwarded(
     assert PROXY_KEY not in json.dumps(sent.headers)
 
 
-async def test_issue6_a_loop_gets_429_resource_exhausted(
+async def test_issue9_a_loop_gets_400_failed_precondition_outside_googles_retry_list(
     rig: Rig, http: aiohttp.ClientSession
 ) -> None:
     for _ in range(5):
         async with http.post(f"{rig.url}{GENERATE}", json=BODY, headers=headers()) as response:
             assert response.status == 200
     async with http.post(f"{rig.url}{GENERATE}", json=BODY, headers=headers()) as response:
-        assert response.status == 429
+        # google-genai's retry options retry 408, 429, 500, 502, 503 and 504.
+        assert response.status not in GOOGLE_RETRIED
+        assert response.status == 400
         assert response.headers["x-should-retry"] == "false"
+        assert response.headers["x-loopwarden-code"] == "loop_detected"
         assert response.headers["Retry-After"] == "300"
         error = (await response.json())["error"]
-    assert (error["code"], error["status"]) == (429, "RESOURCE_EXHAUSTED")
+    assert (error["code"], error["status"]) == (400, "FAILED_PRECONDITION")
     assert error["details"][0]["reason"] == "LOOP_DETECTED"
     assert error["details"][0]["metadata"] == {"code": "loop_detected"}
     assert "billing-bot" in error["message"]

@@ -284,3 +284,36 @@ async def test_issue6_an_upstream_timeout_is_a_504_and_not_counted() -> None:
                 assert await ask(sdk) == "pong"
         outcomes = [(e.outcome, e.status) for e in await rig.logged()]
     assert outcomes == [("upstream_error", None)] * 2 + [("forwarded", 200)] * 5
+
+
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_issue9_a_quick_retry_of_a_refused_call_keeps_loop_detected() -> None:
+    clock = Clock()
+    async with running_proxy(clock=clock) as rig, client(rig) as sdk:
+        for _ in range(5):
+            await ask(sdk)
+        with pytest.raises(openai.RateLimitError) as first:
+            await ask(sdk)
+        clock.now += 9
+        with pytest.raises(openai.RateLimitError) as retried:
+            await ask(sdk)  # the client's own retry, e.g. litellm's num_retries
+        clock.now += 2
+        with pytest.raises(openai.RateLimitError) as later:
+            await ask(sdk)
+        await rig.proxy.settle()
+    # Every refused call reached the proxy once: the SDK's max_retries=2 did not resend.
+    assert rig.served == ["/openai/v1/chat/completions"] * 8
+    assert first.value.code == retried.value.code == "loop_detected"
+    assert retried.value.message == first.value.message
+    assert retried.value.response.headers["x-loopwarden-code"] == "loop_detected"
+    assert later.value.code == "loop_paused"
+    assert len(rig.alerts.alerts) == 1

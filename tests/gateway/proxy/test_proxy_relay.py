@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import gzip
 import json
+import zlib
+from urllib.parse import quote
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,7 +17,14 @@ from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.gemini import GeminiProvider
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.provider import Usage
-from gateway.proxy.relay import KeyMasker, UsageScanner
+from gateway.proxy.relay import (
+    MAX_INFLATED_CHUNK,
+    BodyDecoder,
+    EncodedBodyError,
+    KeyMasker,
+    UsageScanner,
+    masked_forms,
+)
 
 KEY = "sk-live-abcdef0123456789"
 
@@ -35,6 +48,79 @@ def test_a_key_is_masked_wherever_the_chunks_split_it(
     assert KEY.encode() not in masked
     assert len(masked) == len(body)
     assert masked == body.replace(KEY.encode(), b"*" * len(KEY))
+
+
+ODD_KEY = "sk-up/stream+5ecret=0123/456789abcdef"
+
+
+@given(st.binary(max_size=20), st.binary(max_size=5), st.booleans(), st.integers(0, 200))
+def test_issue9_a_key_inside_base64_is_masked_at_any_alignment(
+    before: bytes, after: bytes, urlsafe: bool, cut: int
+) -> None:
+    plain = before + ODD_KEY.encode() + after
+    encoded = (base64.urlsafe_b64encode if urlsafe else base64.b64encode)(plain)
+    point = min(cut, len(encoded))
+    masked = relay(KeyMasker(masked_forms(ODD_KEY)), [encoded[:point], encoded[point:]])
+    assert len(masked) == len(encoded)
+    assert b"*" in masked
+    # Whatever the masked text decodes to, the key is not in it.
+    standard = masked.replace(b"-", b"+").replace(b"_", b"/").replace(b"*", b"A")
+    try:
+        recovered = base64.b64decode(standard)
+    except binascii.Error:
+        return
+    assert ODD_KEY.encode() not in recovered
+
+
+def test_issue9_escaped_and_percent_encoded_keys_are_masked() -> None:
+    escaped = ODD_KEY.replace("/", "\\/")
+    percent = quote(ODD_KEY, safe="")
+    body = f'{{"a": "{escaped}", "b": "{percent}", "c": "{percent.lower()}"}}'.encode()
+    masked = relay(KeyMasker(masked_forms(ODD_KEY)), [body[:30], body[30:]])
+    assert (
+        masked
+        == (
+            f'{{"a": "{"*" * len(escaped)}", "b": "{"*" * len(percent)}", '
+            f'"c": "{"*" * len(percent)}"}}'
+        ).encode()
+    )
+    assert masked_forms("") == []
+
+
+def decode(encoding: str, data: bytes, cuts: int = 7) -> bytes:
+    decoder = BodyDecoder(encoding)
+    size = max(1, len(data) // cuts)
+    pieces = [decoder.feed(data[i : i + size]) for i in range(0, len(data), size)]
+    return b"".join(pieces) + decoder.finish()
+
+
+def test_issue9_gzip_and_both_deflates_are_decoded_chunk_by_chunk() -> None:
+    body = json.dumps({"key": KEY, "filler": "x" * 5000}).encode()
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    assert decode("gzip", gzip.compress(body)) == body
+    assert decode("X-GZIP", gzip.compress(body)) == body
+    assert decode("deflate", zlib.compress(body)) == body
+    assert decode("deflate", raw.compress(body) + raw.flush()) == body
+    assert decode("identity", body) == body
+    assert decode("", body) == body
+    assert BodyDecoder("").encoding is None
+
+
+@pytest.mark.parametrize("encoding", ["br", "zstd", "gzip, br", "compress", "x-custom"])
+def test_issue9_other_encodings_are_refused(encoding: str) -> None:
+    with pytest.raises(EncodedBodyError, match="content-encoding"):
+        BodyDecoder(encoding)
+
+
+def test_issue9_corrupt_truncated_and_bomb_bodies_are_errors() -> None:
+    body = gzip.compress(b"x" * 1000)
+    with pytest.raises(EncodedBodyError, match="corrupt"):
+        decode("gzip", b"\x1f\x8b" + b"\x00" * 40)
+    with pytest.raises(EncodedBodyError, match="truncated"):
+        decode("gzip", body[: len(body) // 2], cuts=1)
+    bomb = gzip.compress(b"\x00" * (MAX_INFLATED_CHUNK + 1))
+    with pytest.raises(EncodedBodyError, match="limit"):
+        BodyDecoder("gzip").feed(bomb)
 
 
 def test_nothing_is_held_back_when_no_key_could_start() -> None:
