@@ -7,13 +7,23 @@ would exceed that is refused and opens a cooldown of `cooldown_seconds`, during 
 every event of the pair is refused without being recorded. After the cooldown the pair
 starts a fresh window.
 
-Memory: the pairs are one table in least-recently-used order. A pair with no event in
-its window and no running cooldown is idle, and forgetting it changes no decision. Each
-call looks at the least recently used pair and frees it (and the next) when idle, so n
-idle pairs are freed within about n/2 calls once they are idle, without any scan. A dict
-never gives its memory back by itself, so a table that has shrunk to a quarter of its
-peak is replaced by a fresh one, the survivors moved over a few per call (no stall).
-`max_pairs` caps the table: a new pair displaces the least recently used one.
+The rules are written once, as a pure step over an explicit record: `step_pair(record,
+policy, now) -> (record, decision)` over a `PairRecord` (admitted event times, cooldown
+end, the window they were counted in, the instant the pair goes idle). `BotLoopGuard`
+keeps the records in memory; the sqlite and Redis backends load a record, step it and
+save it (the Lua script is the one sanctioned second version). `PairRecord.idle_at` says
+when a record may be forgotten (a backend's expiry) and `pair_view` what a status command
+shows. `step_bot_turns` is the consecutive-bot-turn count: a bot message adds one, a
+human one resets it to 0.
+
+Memory: the pairs are one `guards.lru.DrainingTable` in least-recently-used order. A pair
+with no event in its window and no running cooldown is idle, and forgetting it changes
+no decision. Each call looks at the least recently used pair and frees it when idle (and
+one more while idle ones have piled up), so n idle pairs are freed within about n/2
+calls once they are idle, without any scan; a new pair takes over the record just freed.
+A table that has shrunk to a quarter of its peak is replaced by a fresh one, the
+survivors moved over a few per call (no stall). `max_pairs` caps the table: a new pair
+displaces the least recently used one.
 
 Decisions the design left open:
 - `now` must not go backwards (the default clock is read under the lock, so it never
@@ -30,6 +40,14 @@ Decisions the design left open:
 - An event, refused or not, makes its pair the most recently used: a pair that keeps
   trying during its cooldown is never the one `max_pairs` displaces. The displaced pair
   may be in cooldown; set `max_pairs` far above any real pair count.
+- A policy change mid-window (a call's `policy=` differs from the pair's last one) keeps
+  the pair's events: those still held count against the new budget and in the new
+  window, and a running cooldown keeps its end. Once a pair has gone idle under the
+  window it was last counted in, it starts afresh whatever the new window is: so when
+  it is forgotten (here, or by another backend's expiry) changes nothing.
+- One guard may serve policies with different windows; the sweep then frees an idle
+  pair up to the longest window or cooldown late (it looks at the front pair only).
+- `enabled` and `policy` are the guard's own policy, used when a call brings none.
 """
 
 from __future__ import annotations
@@ -37,23 +55,19 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping, MutableSequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Literal
+
+from guards.lru import DrainingTable
 
 Reason = Literal["ok", "budget_exceeded", "cooldown", "disabled"]
 PairKey = tuple[str | None, str, str]
 
-_NO_COOLDOWN = -math.inf
-_OK, _BUDGET_EXCEEDED, _COOLDOWN = 0, 1, 2
-_REASONS: tuple[Reason, Reason, Reason] = ("ok", "budget_exceeded", "cooldown")
-
 # Idle pairs freed per call: n idle pairs give their memory back in n/2 calls.
 _RELEASE_PER_CALL = 2
-# A table is rebuilt once it has shrunk to a quarter of its peak (and the peak was at
-# least this big: rebuilding a small table would give back nothing worth the copy).
-_REBUILD_MIN = 1024
 # Up to this budget a pair's event times are a list: evicting the oldest shifts at most
 # this many pointers, which costs less than a deque and a fraction of its memory (a deque
 # allocates a 64-slot block per pair). Larger budgets get a deque to stay O(1).
@@ -192,31 +206,110 @@ class PairSnapshot:
     cooldown_remaining: float
 
 
-class _Pair:
-    """Mutable per-pair state: its table key, admitted event times (oldest first), cooldown end."""
+@dataclass(slots=True)
+class PairRecord:
+    """Everything a pair's budget needs, kept by `step_pair`.
 
-    __slots__ = ("cooldown_until", "key", "times")
+    `times`: the admitted events still held, oldest first (refused events are never
+    recorded). `cooldown_until`: the end of the cooldown, None when none was opened since
+    the window started. `window`: the window the events were last counted in, so that
+    the record alone says what it shows. `idle_at`: when the pair goes idle and may be
+    forgotten (its cooldown's end, or its last event's time + window); a backend stores
+    it as the record's expiry.
+    """
 
-    def __init__(self, key: PairKey, times: MutableSequence[float]) -> None:
-        # The stored key makes `move_to_end` compare by identity, a third cheaper.
-        self.key = key
-        # Refused events are never recorded, so `times` holds at most the budget.
-        self.times = times
-        self.cooldown_until = _NO_COOLDOWN
+    times: MutableSequence[float]
+    cooldown_until: float | None
+    window: float
+    idle_at: float
 
 
-def _short_times(first: float) -> MutableSequence[float]:
-    """Event times for a small budget: a list."""
-    return [first]
+# The table reads a record's idle instant in C, not through a Python function.
+_idle_at: Callable[[PairRecord], float] = attrgetter("idle_at")
+_DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
+# Admissions differ only by their count: one shared, immutable decision per count.
+_ADMITTED = tuple(PairDecision(True, "ok", 0.0, count) for count in range(_LIST_MAX_BUDGET + 1))
 
 
-def _long_times(first: float) -> MutableSequence[float]:
-    """Event times for a large budget: a deque, O(1) at both ends."""
-    return deque((first,))
+def step_pair(
+    record: PairRecord | None, policy: BotLoopPolicy, now: float
+) -> tuple[PairRecord | None, PairDecision]:
+    """Apply one event at `now` to a pair's record (None: no state); the record after it.
+
+    The record given is updated in place and returned (a new one when None was given),
+    so an in-memory table pays no copy; a caller that needs the record before the event
+    copies it first. A record that has gone idle (`idle_at <= now`) is as good as none:
+    the event starts a fresh window whatever the policy is now, so forgetting an idle
+    record, on any backend and at any time, changes no decision. `now` must not go back
+    for one pair (with earlier times the window is approximate, still bounded).
+
+    The policy is the one in force at this event, and the record keeps no policy: after
+    a policy change the events still held count against the new budget and in the new
+    window (a shorter window drops the events that left it, a longer one keeps counting
+    those still held), and a running cooldown keeps the end it was opened with.
+    """
+    if not policy.enabled:
+        return record, _DISABLED
+    window = policy.window_seconds
+    if record is not None and now < record.idle_at:
+        record.window = window
+        times = record.times
+        while times and times[0] + window <= now:  # an event at t counts in [t, t + window)
+            del times[0]
+        count = len(times)
+        until = record.cooldown_until
+        if until is not None:
+            # A running cooldown: refused, not recorded, not extended.
+            return record, PairDecision(False, "cooldown", until - now, count)
+        if count < policy.max_events_per_window:
+            times.append(now)
+            record.idle_at = now + window
+            count += 1
+            return record, _ADMITTED[count] if count <= _LIST_MAX_BUDGET else _admitted(count)
+        # A finished cooldown means a fresh window: the pair is idle once it ends.
+        record.cooldown_until = record.idle_at = now + policy.cooldown_seconds
+        # Exactly the cooldown: `(now + cooldown) - now` may round below it.
+        return record, PairDecision(False, "budget_exceeded", policy.cooldown_seconds, count)
+    # No record, an idle one, or one whose cooldown is over: a fresh window.
+    fresh: MutableSequence[float] = (
+        [now] if policy.max_events_per_window <= _LIST_MAX_BUDGET else deque((now,))
+    )
+    if record is None:
+        return PairRecord(fresh, None, window, now + window), _ADMITTED[1]
+    record.times = fresh
+    record.cooldown_until = None
+    record.window = window
+    record.idle_at = now + window
+    return record, _ADMITTED[1]
+
+
+def pair_view(record: PairRecord, now: float) -> tuple[int, float] | None:
+    """(events counting at `now`, cooldown seconds left) of a live pair; None when idle."""
+    if record.idle_at <= now:
+        return None
+    window = record.window
+    count = sum(1 for t in record.times if t + window > now)
+    until = record.cooldown_until
+    return count, (0.0 if until is None else until - now)
+
+
+def step_bot_turns(count: int, *, is_bot: bool) -> int:
+    """A room's consecutive-bot-turn count after one message: a human one resets it to 0."""
+    return count + 1 if is_bot else 0
+
+
+def _admitted(count: int) -> PairDecision:
+    """The admission of an event that makes `count` (more than the shared ones cover)."""
+    return PairDecision(True, "ok", 0.0, count)
 
 
 class BotLoopGuard:
-    """Admits or drops bot-to-bot events per pair and room; thread-safe, O(1) amortised."""
+    """Admits or drops bot-to-bot events per pair and room; thread-safe, O(1) amortised.
+
+    The rules are `step_pair`'s; the guard holds the records in a `DrainingTable`. Each
+    call may bring its own policy (`policy=`, default the guard's), so one guard serves
+    rooms with different policies and a policy change keeps the pair's events.
+    """
 
     def __init__(
         self,
@@ -228,23 +321,10 @@ class BotLoopGuard:
         if max_pairs < 1:
             raise ValueError(f"max_pairs must be 1 or more, got {max_pairs!r}")
         self._policy = policy or BotLoopPolicy()
-        self._enabled = self._policy.enabled
-        self._budget = self._policy.max_events_per_window
-        self._window = self._policy.window_seconds
-        self._cooldown = self._policy.cooldown_seconds
         self._clock = clock or time.monotonic
-        self._max_pairs = max_pairs
-        self._new_times = _short_times if self._budget <= _LIST_MAX_BUDGET else _long_times
-        # Least recently used first: the front is the pair to free or displace next.
-        self._pairs: OrderedDict[PairKey, _Pair] = OrderedDict()
-        # A table that shrank is not copied at once (a stall of about a microsecond per
-        # pair): it becomes `_draining`, all of it less recently used than `_pairs`, and
-        # is emptied a few pairs per call, then dropped with its oversized arrays.
-        self._draining: OrderedDict[PairKey, _Pair] | None = None
-        # The number of pairs held at the peak since the table was last replaced.
-        self._peak = 0
-        # When the front pair goes idle: until then no pair needs a look (see `_sweep`).
-        self._sweep_at = -math.inf
+        self._pairs: DrainingTable[PairKey, PairRecord] = DrainingTable(
+            _idle_at, cap=max_pairs, frees_per_call=_RELEASE_PER_CALL
+        )
         self._lock = threading.Lock()
         # acquire/release cost half of `with` on CPython 3.11, and `observe` is the hot path.
         self._acquire = self._lock.acquire
@@ -252,18 +332,17 @@ class BotLoopGuard:
 
     @property
     def enabled(self) -> bool:
-        """Whether the guard refuses anything at all."""
-        return self._enabled
+        """Whether the guard's own policy refuses anything at all."""
+        return self._policy.enabled
 
     @property
     def policy(self) -> BotLoopPolicy:
-        """The policy this guard enforces."""
+        """The policy this guard enforces when a call brings none."""
         return self._policy
 
     def __len__(self) -> int:
         """The number of pairs held (live ones, and idle ones not yet freed)."""
-        draining = self._draining
-        return len(self._pairs) + (len(draining) if draining else 0)
+        return len(self._pairs)
 
     def observe(
         self,
@@ -272,9 +351,12 @@ class BotLoopGuard:
         sender_bot_id: str,
         now: float | None = None,
         scope: str | None = None,
+        policy: BotLoopPolicy | None = None,
     ) -> bool:
         """Record one bot-authored event of the pair; True to admit it, False to drop it."""
-        if not self._enabled:
+        if policy is None:
+            policy = self._policy
+        if not policy.enabled:
             return True
         if self_bot_id <= sender_bot_id:
             key = (scope, self_bot_id, sender_bot_id)
@@ -282,7 +364,16 @@ class BotLoopGuard:
             key = (scope, sender_bot_id, self_bot_id)
         self._acquire()
         try:
-            return self._admit(key, self._clock() if now is None else now) == _OK
+            if now is None:
+                now = self._clock()
+            pairs = self._pairs
+            if now < pairs.sweep_at:  # the common case of `_step`, without a call
+                recent = pairs.recent
+                record = recent.get(key)
+                if record is not None:
+                    recent.move_to_end(key)
+                    return step_pair(record, policy, now)[1].allowed
+            return self._step(key, now, policy).allowed
         finally:
             self._release()
 
@@ -293,163 +384,59 @@ class BotLoopGuard:
         sender_bot_id: str,
         now: float | None = None,
         scope: str | None = None,
+        policy: BotLoopPolicy | None = None,
     ) -> PairDecision:
         """Like `observe`, with the reason, the seconds until retry and the window count."""
-        if not self._enabled:
-            return PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
-        a, b = pair_key(self_bot_id, sender_bot_id)
-        key = (scope, a, b)
+        if policy is None:
+            policy = self._policy
+        if not policy.enabled:
+            return _DISABLED
+        key = (scope, *pair_key(self_bot_id, sender_bot_id))
         with self._lock:
-            at = self._clock() if now is None else now
-            code = self._admit(key, at)
-            pair = self._pairs[key]
-            # `_admit` evicted expired events unless it stopped at a running cooldown.
-            count = _live_count(pair, at, self._window) if code == _COOLDOWN else len(pair.times)
-            if code == _OK:
-                retry_after = 0.0
-            elif code == _BUDGET_EXCEEDED:
-                # Exactly the cooldown: `(at + cooldown) - at` may round below it.
-                retry_after = self._cooldown
-            else:
-                retry_after = pair.cooldown_until - at
-        return PairDecision(
-            allowed=code == _OK, reason=_REASONS[code], retry_after=retry_after, count=count
-        )
+            return self._step(key, self._clock() if now is None else now, policy)
 
     def reset(self, scope: str | None = None, bot_id: str | None = None) -> None:
         """Forget pairs: all of them, one scope's, one bot's, or one bot's in one scope."""
         with self._lock:
-            self._sweep_at = -math.inf  # the front may change: look at it on the next call
             if scope is None and bot_id is None:
-                self._pairs = OrderedDict()
-                self._draining = None
-                self._peak = 0
-                return
-            for table in self._tables():
-                doomed = [
-                    key
-                    for key in table
-                    if (scope is None or key[0] == scope) and (bot_id is None or bot_id in key[1:])
-                ]
-                for key in doomed:
-                    del table[key]
-            self._shrink()
+                self._pairs.clear()
+            else:
+                self._pairs.remove_where(
+                    lambda key: (
+                        (scope is None or key[0] == scope) and (bot_id is None or bot_id in key[1:])
+                    )
+                )
 
     def snapshot(self, scope: str | None = None, *, now: float | None = None) -> list[PairSnapshot]:
         """The live pairs (of one scope, or all), least recently used first."""
         with self._lock:
             at = self._clock() if now is None else now
-            return [
-                PairSnapshot(
-                    scope=key[0],
-                    bot_a=key[1],
-                    bot_b=key[2],
-                    count=_live_count(pair, at, self._window),
-                    cooldown_remaining=max(0.0, pair.cooldown_until - at),
-                )
-                for table in self._tables()
-                for key, pair in table.items()
-                if (scope is None or key[0] == scope) and _idle_from(pair, self._window) > at
-            ]
+            found = []
+            for key, record in self._pairs.items():
+                if scope is None or key[0] == scope:
+                    view = pair_view(record, at)
+                    if view is not None:
+                        found.append(PairSnapshot(key[0], key[1], key[2], *view))
+            return found
 
-    def _tables(self) -> list[OrderedDict[PairKey, _Pair]]:
-        """The tables, least recently used first."""
-        draining = self._draining
-        return [self._pairs] if draining is None else [draining, self._pairs]
-
-    def _admit(self, key: PairKey, now: float) -> int:
-        """Apply one event to its pair (lock held); returns _OK, _BUDGET_EXCEEDED or _COOLDOWN."""
-        if now >= self._sweep_at:
-            self._sweep(now)
+    def _step(self, key: PairKey, now: float, policy: BotLoopPolicy) -> PairDecision:
+        """Step the pair's record with one event and keep it (lock held)."""
         pairs = self._pairs
-        pair = pairs.get(key)
-        if pair is not None:
-            pairs.move_to_end(pair.key)
-        else:
-            draining = self._draining
-            pair = None if draining is None else draining.pop(key, None)
-            if pair is None:
-                if len(self) >= self._max_pairs:
-                    (draining or pairs).popitem(last=False)
-                pairs[key] = _Pair(key, self._new_times(now))
-                self._peak = max(self._peak, len(self))
-                return _OK
-            pairs[key] = pair
-        times = pair.times
-        if pair.cooldown_until != _NO_COOLDOWN:
-            if now < pair.cooldown_until:
-                return _COOLDOWN
-            pair.cooldown_until = _NO_COOLDOWN
-            times.clear()
-        window = self._window
-        while times and times[0] + window <= now:
-            del times[0]
-        if len(times) < self._budget:
-            times.append(now)
-            return _OK
-        pair.cooldown_until = now + self._cooldown
-        return _BUDGET_EXCEEDED
-
-    def _sweep(self, now: float) -> None:
-        """Free the least recently used pairs while they are idle, a few per call (lock held).
-
-        Every pair was used after the front one, so none can be idle before the front is,
-        give or take one window or cooldown: until the front goes idle (`_sweep_at`) the
-        hot path skips this altogether. A draining table is emptied a few pairs per call:
-        its most recently used live pairs move to the front of the new table, keeping the
-        order, and idle ones are dropped.
-        """
-        draining = self._draining
-        window = self._window
-        if draining is not None:
-            pairs = self._pairs
-            for _ in range(_RELEASE_PER_CALL):
-                if not draining:
-                    break
-                key, pair = draining.popitem()
-                if _idle_from(pair, window) > now:  # an idle pair is not worth moving
-                    pairs[key] = pair
-                    pairs.move_to_end(key, last=False)
-        for _ in range(_RELEASE_PER_CALL):
-            table = draining or self._pairs
-            if not table:
-                break
-            key, pair = next(iter(table.items()))
-            idle_from = _idle_from(pair, window)
-            if idle_from > now:
-                self._sweep_at = idle_from
-                break
-            del table[key]
-        else:
-            # Both were idle: the next one may be too, so look again on the next call.
-            self._sweep_at = -math.inf
-        if draining is not None:
-            if draining:
-                self._sweep_at = -math.inf
-            else:
-                self._draining = None  # drop it and its arrays sized for the peak
-        self._shrink()
-
-    def _shrink(self) -> None:
-        """Start draining the table once it has shrunk to a quarter of its peak (lock held)."""
-        if self._draining is None and self._peak >= _REBUILD_MIN:
-            size = len(self._pairs)
-            if size * 4 <= self._peak:
-                self._draining, self._pairs = self._pairs, OrderedDict()
-                self._peak = size
-                self._sweep_at = -math.inf
-
-
-def _idle_from(pair: _Pair, window: float) -> float:
-    """When the pair goes idle: its cooldown ends, or its last event leaves the window."""
-    if pair.cooldown_until != _NO_COOLDOWN:
-        # A finished cooldown means a fresh window: the events before it no longer count.
-        return pair.cooldown_until
-    return pair.times[-1] + window
-
-
-def _live_count(pair: _Pair, now: float, window: float) -> int:
-    """Events of the pair that still count at `now` (0 after a finished cooldown)."""
-    if pair.cooldown_until != _NO_COOLDOWN and now >= pair.cooldown_until:
-        return 0
-    return sum(1 for t in pair.times if t + window > now)
+        freed = pairs.sweep(now) if now >= pairs.sweep_at else None
+        recent = pairs.recent
+        record = recent.get(key)
+        if record is not None:
+            recent.move_to_end(key)
+            return step_pair(record, policy, now)[1]
+        if pairs.draining is not None:
+            record = pairs.use(key)
+            if record is not None:
+                return step_pair(record, policy, now)[1]
+        record, decision = step_pair(freed, policy, now)
+        if freed is not None:
+            # A new pair takes over the record just freed (idle: `step_pair` started it
+            # afresh) and its place: the table does not grow, no record is built.
+            recent[key] = freed
+        elif record is not None:
+            pairs.add(key, record)
+        return decision

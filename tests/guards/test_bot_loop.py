@@ -474,14 +474,14 @@ def test_issue2_lru_order_holds_while_a_shrunk_table_is_replaced() -> None:
     for n in range(1_000):
         at = 10.0 + n * 1e-3
         touch(f"live{rng.randrange(130 + n // 10)}", at)
-        replaced = replaced or guard._draining is not None
+        replaced = replaced or guard._pairs.draining is not None
         assert [snap.bot_a for snap in guard.snapshot(now=at)] == recency
         assert len(guard) >= len(recency)
-        if guard._draining is not None:
+        if guard._pairs.draining is not None:
             # Idle pairs are dropped, not moved over to the new table.
-            assert len(guard._pairs) <= len(recency)
+            assert len(guard._pairs.recent) <= len(recency)
     assert replaced
-    assert guard._draining is None
+    assert guard._pairs.draining is None
     assert len(guard) == len(recency)
 
 
@@ -723,3 +723,82 @@ def test_many_threads_on_one_pair_admit_exactly_the_budget() -> None:
         thread.join()
     assert sum(admitted) == 500
     assert guard.decide(self_bot_id="a", sender_bot_id="b").reason == "cooldown"
+
+
+# --- issue 10: one guard for every policy, and pairs that come and go -------------------------
+
+
+def test_issue10_policy_change_keeps_the_pair_in_one_guard() -> None:
+    guard = BotLoopGuard()
+    ten = BotLoopPolicy(max_events_per_window=10, cooldown_seconds=20.0)
+    six = BotLoopPolicy(max_events_per_window=6, cooldown_seconds=20.0)
+    for t in range(5):
+        assert guard.decide(self_bot_id="a", sender_bot_id="b", now=float(t), policy=ten).allowed
+    got = [
+        guard.decide(self_bot_id="b", sender_bot_id="a", now=t, scope=None, policy=six)
+        for t in (5.0, 6.0, 7.0)
+    ]
+    assert got == [
+        PairDecision(True, "ok", 0.0, 6),
+        PairDecision(False, "budget_exceeded", 20.0, 6),
+        PairDecision(False, "cooldown", 19.0, 6),
+    ]
+    # One pair, listed once, whatever policies it has seen.
+    assert guard.snapshot(now=7.0) == [PairSnapshot(None, "a", "b", 6, 19.0)]
+    assert len(guard) == 1
+
+
+def test_issue10_observe_takes_the_policy_per_call_too() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(max_events_per_window=1))
+    loose = BotLoopPolicy(max_events_per_window=3)
+    assert all(
+        guard.observe(self_bot_id="a", sender_bot_id="b", now=float(t), policy=loose)
+        for t in range(3)
+    )
+    assert not guard.observe(self_bot_id="a", sender_bot_id="b", now=3.0, policy=loose)
+    off = BotLoopPolicy(enabled=False)
+    assert guard.observe(self_bot_id="a", sender_bot_id="b", now=4.0, policy=off)
+    assert guard.decide(self_bot_id="a", sender_bot_id="b", now=4.0, policy=off).reason == (
+        "disabled"
+    )
+    # The guard's own policy still applies to calls that bring none: the cooldown runs.
+    assert _decide(guard, 5.0).reason == "cooldown"
+
+
+def test_issue10_a_disabled_guard_enforces_a_policy_given_per_call() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(enabled=False))
+    strict = BotLoopPolicy(max_events_per_window=1)
+    assert guard.decide(self_bot_id="a", sender_bot_id="b", now=0.0, policy=strict).allowed
+    assert not guard.decide(self_bot_id="a", sender_bot_id="b", now=1.0, policy=strict).allowed
+    assert not guard.enabled
+
+
+def test_issue10_churning_pairs_are_forgotten_and_decided_afresh() -> None:
+    # Each of 500 pairs speaks every 120 s: idle (60 s window) and forgotten in between.
+    guard = BotLoopGuard(BotLoopPolicy(max_events_per_window=1))
+    pairs, period = 500, 120.0
+    for i in range(pairs * 6):
+        decision = _decide(guard, i * period / pairs, f"bot{i % pairs}", "peer")
+        assert decision == PairDecision(True, "ok", 0.0, 1)
+        # Only the pairs that spoke within the last window (60 s: half of them) are held.
+        assert len(guard) <= pairs // 2 + 2
+
+
+def test_issue10_a_new_pair_reuses_the_record_just_freed() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(window_seconds=10.0))
+    _decide(guard, 0.0, "old", "peer")
+    (freed,) = [record for _, record in guard._pairs.items()]
+    _decide(guard, 20.0, "new", "peer")
+    ((key, record),) = list(guard._pairs.items())
+    assert key == (None, "new", "peer")
+    assert record is freed
+    assert list(record.times) == [20.0]
+
+
+def test_issue10_time_going_back_never_hands_a_live_record_to_another_pair() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(max_events_per_window=1, window_seconds=10.0))
+    _decide(guard, 0.0, "x", "peer")
+    _decide(guard, 20.0, "y", "peer")  # x is freed here
+    # An earlier injected time: y's events would count at 15, but z is a new pair.
+    assert _decide(guard, 15.0, "z", "peer") == PairDecision(True, "ok", 0.0, 1)
+    assert _decide(guard, 15.5, "y", "peer").reason == "budget_exceeded"
