@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from aiohttp import web
 
 from gateway.chunking import LengthUnit
+from gateway.metrics import Metrics
 from gateway.types import InboundMessage, Reply
 
 Sink = Callable[[InboundMessage], Awaitable[object]]
@@ -17,7 +18,11 @@ Sink = Callable[[InboundMessage], Awaitable[object]]
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What a platform allows: message length limit, threads, and bot detection."""
+    """What a platform allows: message length limit, threads, and bot detection.
+
+    `command_prefix` is how the gateway's notices write the admin command there (`/loop`;
+    Slack's messages cannot start with `/`, so `!loop`): the stages know no platform names.
+    """
 
     max_message_length: int
     threads: bool = True
@@ -25,6 +30,7 @@ class Capabilities:
     typing: bool = False
     ephemeral: bool = False
     length_unit: LengthUnit = "chars"
+    command_prefix: str = "/loop"
 
 
 class Connector(Protocol):
@@ -56,18 +62,63 @@ class Connector(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Peer(Protocol):
+    """A connector that takes what the other hosted bots of its platform posted."""
+
+    def receive_peer(self, event: object) -> None: ...
+
+
+class PeerBus:
+    """Hosted bots of one platform in one process offering each other what they posted.
+
+    Telegram never delivers one bot's messages to another bot, so each Telegram connector
+    subscribes while it runs and publishes every message it posts into a group; the others
+    take it as a message from a bot. `publish` hands the event to every other subscriber of
+    that platform, in the order they subscribed; a peer checks the event's type itself.
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: dict[str, list[Peer]] = {}
+
+    def subscribe(self, platform: str, peer: Peer) -> None:
+        """Let `peer` receive what the other connectors of `platform` publish (once)."""
+        peers = self._subscribers.setdefault(platform, [])
+        if peer not in peers:
+            peers.append(peer)
+
+    def unsubscribe(self, platform: str, peer: Peer) -> None:
+        """Stop offering `peer` anything (a no-op when it was not subscribed)."""
+        peers = self._subscribers.get(platform, [])
+        if peer in peers:
+            peers.remove(peer)
+
+    def publish(self, platform: str, sender: Peer, event: object) -> int:
+        """Offer `event` to every subscriber of `platform` but `sender`; how many were offered."""
+        offered = 0
+        for peer in tuple(self._subscribers.get(platform, ())):
+            if peer is not sender:
+                peer.receive_peer(event)
+                offered += 1
+        return offered
+
+    def subscribers(self, platform: str) -> tuple[Peer, ...]:
+        """The connectors of `platform` subscribed now, in subscription order."""
+        return tuple(self._subscribers.get(platform, ()))
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorServices:
     """What the runtime lends a connector when it is created.
 
     `http` is the gateway's aiohttp application, not yet started: a connector that receives
     webhooks (Slack Events API, Telegram webhook) adds its routes in its factory.
-    `peers` lets connectors of one platform in one process see each other (Telegram does not
-    deliver one bot's messages to another bot, so hosted bots feed each other).
+    `peers` lets connectors of one platform in one process feed each other (Telegram).
+    `metrics` is where connectors count the events they drop (`events_dropped_total`).
     `http_host` is the address that server binds (`http.host`): the web room accepts it as
     a Host besides loopback.
     """
 
     http: web.Application
-    peers: dict[str, list[Connector]]
+    peers: PeerBus = field(default_factory=PeerBus)
+    metrics: Metrics = field(default_factory=Metrics)
     http_host: str = "127.0.0.1"

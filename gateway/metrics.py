@@ -36,6 +36,11 @@ _FAMILIES = (
     _Family("delivery_retries", "Sends retried after a transient failure", ("platform",)),
     _Family("delivery_failures", "Replies that could not be delivered", ("platform",)),
     _Family("errors", "Unexpected errors, by the stage they escaped from", ("stage",)),
+    _Family(
+        "events_dropped",
+        "Inbound events a connector dropped, by platform and reason (connectors/skips.py)",
+        ("platform", "reason"),
+    ),
 )
 
 
@@ -75,7 +80,8 @@ class _StateHealth(Collector):
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
             "state_degraded",
-            "1 while the state backend is unreachable (state.on_error decides)",
+            "1 while the state backend is unreachable: with state.on_error allow, budgets,"
+            " cooldowns and dedupe are local to this process until it is back",
             value=1.0 if self._store.degraded else 0.0,
         )
         yield CounterMetricFamily(
@@ -102,6 +108,7 @@ class Metrics:
         self._delivery_retries = values["delivery_retries"]
         self._delivery_failures = values["delivery_failures"]
         self._errors = values["errors"]
+        self._events_dropped = values["events_dropped"]
 
     def message_in(self, platform: str) -> None:
         """Count one inbound message."""
@@ -137,6 +144,11 @@ class Metrics:
         """Count one unexpected error."""
         key = (stage,)
         self._errors[key] = self._errors.get(key, 0) + 1
+
+    def event_dropped(self, platform: str, reason: str) -> None:
+        """Count one inbound event a connector dropped."""
+        key = (platform, reason)
+        self._events_dropped[key] = self._events_dropped.get(key, 0) + 1
 
     def watch_state(self, store: object) -> None:
         """Expose a state backend's outage flag and count, when it reports them."""

@@ -44,7 +44,7 @@ from gateway.agents.factory import build_agent
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import BotConfig, Config
-from gateway.connector import Connector, ConnectorServices
+from gateway.connector import Connector, ConnectorServices, PeerBus
 from gateway.context import TurnContext
 from gateway.delivery import Delivery
 from gateway.errors import ConfigError, GatewayStopping
@@ -128,15 +128,15 @@ class Gateway:
             name: build_agent(name, agent, calls=self.calls)
             for name, agent in config.agents.items()
         }
-        self._peers: dict[str, list[Connector]] = {}
-        services = ConnectorServices(http=self.app, peers=self._peers, http_host=config.http.host)
+        services = ConnectorServices(
+            http=self.app, peers=PeerBus(), metrics=self.metrics, http_host=config.http.host
+        )
         self._hosted: dict[str, HostedBot] = {}
         for index, bot in enumerate(config.bots):
             create = connector_factory or load_connector_factory(
                 bot.platform, field=f"bots.{index}.platform"
             )
             connector = create(bot, services)
-            self._peers.setdefault(bot.platform, []).append(connector)
             self._hosted[bot.id] = HostedBot(bot, connector, self._agents[bot.agent])
         self._pipeline = build_gateway_pipeline(
             config, admin=admin, delivery=Delivery(self.metrics), recent=recent

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from connectors.discord.connector import DiscordConnector, RoutedHTTPClient
-from connectors.discord.inbound import BotIdentity, Skip, to_inbound, translate_message
+from connectors.discord.inbound import BotIdentity, to_inbound, translate_message
+from connectors.skips import Skip
 from gateway.config import DiscordBotConfig
 from gateway.connector import ConnectorServices
 

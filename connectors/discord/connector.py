@@ -20,16 +20,17 @@ Decisions where DESIGN.md is silent:
   These two choices rely on discord.py internals that 2.x has kept stable
   (`Client._connection.http` and `.parsers`); the connector tests exercise both.
 - Messages of one Discord channel (a thread is one) reach the sink in order, one at a time;
-  channels run concurrently. At most `LANE_LIMIT` messages wait per channel; more are
-  dropped (counted), so a flood cannot exhaust memory.
+  channels run concurrently (`connectors.lanes`: at most 1,000 messages wait per channel
+  and 10,000 in all; more are dropped as `queue_full`, so a flood cannot exhaust memory).
+  Discord never sends a dispatch again, so a message the pipeline fails on or refuses
+  while the gateway stops is dropped (`sink_error`, `stopping`).
 - `connected` (`/readyz`) is true from READY or RESUMED until the connection drops.
   `start` returns at READY: discord.py's `on_ready` waits `guild_ready_timeout` after the
   last GUILD_CREATE, which nothing here needs. discord.py reconnects and resumes by itself;
   if its loop ends anyway (a revoked token, an unexpected error), the connector logs in
-  again with doubling delays until closed.
-- Replies are Discord replies to `reply_to` that do not ping its author
-  (`replied_user: false`); `@everyone`, `@here` and role mentions written by an agent never
-  ping, user mentions do. A reply with a `thread_id` goes into that thread. With
+  again with doubling delays until closed (`connectors.backoff`).
+- Replies are translated by the pure `outbound` module (reply reference, mention rules).
+  A reply with a `thread_id` goes into that thread. With
   `reply_in_thread`, the first reply to a channel message opens a thread on it (named after
   the message) and goes there; a thread already open on it is used, and if opening fails
   the reply goes to the channel instead.
@@ -55,26 +56,23 @@ import asyncio
 import functools
 import logging
 import secrets
-import time
 import warnings
-from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import aiohttp
 import yarl
 
-from connectors.discord.inbound import (
-    PLATFORM,
-    BotIdentity,
-    Skip,
-    thread_name,
-    translate_message,
-)
-from connectors.tasks import BackgroundTasks
+from connectors.discord.inbound import PLATFORM, BotIdentity, thread_name, translate_message
+from connectors.discord.outbound import Post, may_have_posted, retry_after, to_post
+from connectors.lanes import Lanes
+from connectors.runtime import ConnectorRuntime
+from connectors.skips import Skip
+from connectors.timing import Timing
 from gateway.config import DiscordBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
+from gateway.errors import ConnectorError, DeliveryError
 from gateway.types import InboundMessage, Reply
 
 with warnings.catch_warnings():
@@ -87,15 +85,11 @@ with warnings.catch_warnings():
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_LENGTH = 2000
-LANE_LIMIT = 1000
 STARTERS_KEPT = 1024
 UNSETTLED_KEPT = 256
-TYPING_DELAY = 0.5
+TIMING = Timing(retry_delays=(1.0, 60.0), typing_delay=0.5)
 THREAD_ARCHIVE_MINUTES: Literal[1440] = 1440
 THREAD_EXISTS = 160004  # Discord error code: a thread was already opened on this message
-ALLOWED_MENTIONS = discord.AllowedMentions(
-    everyone=False, roles=False, users=True, replied_user=False
-)
 
 
 def gateway_intents() -> discord.Intents:
@@ -160,30 +154,26 @@ class DiscordConnector:
         config: DiscordBotConfig,
         services: ConnectorServices,
         *,
-        clock: Callable[[], float] = time.time,
-        retry_delays: tuple[float, float] = (1.0, 60.0),
-        typing_delay: float = TYPING_DELAY,
+        timing: Timing = TIMING,
         max_ratelimit_timeout: float = 30.0,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.bot_id = config.id
-        self.dropped: Counter[str] = Counter()
         self._config = config
         self._token = config.token.get_secret_value()
-        self._clock = clock
-        self._retry_delays = retry_delays
-        self._typing_delay = typing_delay
+        self._runtime = ConnectorRuntime(
+            PLATFORM, config.id, services, log=log, secrets=(self._token,)
+        )
+        self.dropped = self._runtime.dropped
+        self._timing = timing
+        self._backoff = timing.backoff()
         self._max_ratelimit_timeout = max_ratelimit_timeout
-        self._sleep = sleep
         self._client: discord.Client | None = None
         self._identity: BotIdentity | None = None
-        self._sink: Sink | None = None
         self._connected = False
         self._closing = False
         self._ups = 0
         self._runner: asyncio.Task[None] | None = None
-        self._lanes: dict[str, deque[InboundMessage]] = {}
-        self._tasks = BackgroundTasks()
+        self._lanes: Lanes[InboundMessage] = Lanes(self._runtime.hand_over)
         self._posts: Counter[str] = Counter()
         # Sends that failed after they may have reached Discord: (target, reply_to, text) →
         # the nonce to post the same message with again.
@@ -208,7 +198,7 @@ class DiscordConnector:
         """Log in and open the gateway; return at READY. Raises ConnectorError on failure."""
         if self._runner is not None and not self._runner.done():
             return
-        self._sink = sink
+        self._runtime.sink = sink
         self._closing = False
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._run(ready))
@@ -227,7 +217,8 @@ class DiscordConnector:
         if client is not None:
             await client.close()
         await self._stop_runner()
-        await self._tasks.cancel()
+        await self._lanes.aclose()
+        self._runtime.sink = None
 
     async def _stop_runner(self) -> None:
         runner, self._runner = self._runner, None
@@ -237,8 +228,7 @@ class DiscordConnector:
 
     async def _run(self, ready: asyncio.Future[None]) -> None:
         """Keep a logged-in client connected until closed; the first failure fails `start`."""
-        first, cap = self._retry_delays
-        delay = first
+        self._backoff.reset()
         while not self._closing:
             ups = self._ups
             client = self._new_client(ready)
@@ -263,10 +253,14 @@ class DiscordConnector:
             if self._closing:
                 return
             if self._ups != ups:
-                delay = first
-            log.warning("discord bot %s: %s; logging in again in %.1fs", self.bot_id, reason, delay)
-            await self._sleep(delay)
-            delay = min(delay * 2, cap)
+                self._backoff.reset()
+            log.warning(
+                "discord bot %s: %s; logging in again in %.1fs",
+                self.bot_id,
+                reason,
+                self._backoff.delay,
+            )
+            await self._backoff.wait()
 
     def _new_client(self, ready: asyncio.Future[None]) -> discord.Client:
         """A client with this bot's HTTP routing, guarded parsers and connection events."""
@@ -354,7 +348,7 @@ class DiscordConnector:
                 "(Developer Portal > Bot > Privileged Gateway Intents)"
             )
         else:
-            detail = self._describe(exc)
+            detail = self._runtime.describe(exc)
         return ConnectorError(PLATFORM, f"bot {self.bot_id}: {detail}")
 
     # ------------------------------------------------------------------ inbound
@@ -366,7 +360,7 @@ class DiscordConnector:
             try:
                 parse(data)
             except Exception as exc:  # a bad event must not end discord.py's connection loop
-                self._drop(Skip.MALFORMED)
+                self._runtime.drop(Skip.MALFORMED, f"a {event} event")
                 log.warning(
                     "discord bot %s: %s event dropped (%s)", self.bot_id, event, type(exc).__name__
                 )
@@ -380,65 +374,27 @@ class DiscordConnector:
         if identity is None or self._closing:
             return
         channel = data.get("channel_id") if isinstance(data, Mapping) else None
-        result = translate_message(
-            data,
-            bot=identity,
-            thread_parent=_thread_parent(client, channel),
-            received_at=self._clock(),
+        result = self._runtime.accept(
+            lambda: translate_message(
+                data,
+                bot=identity,
+                thread_parent=_thread_parent(client, channel),
+                received_at=self._timing.clock(),
+            ),
+            "a MESSAGE_CREATE",
         )
-        if isinstance(result, Skip):
-            self._drop(result)
+        if result is None:
             return
         if result.thread_id is not None and result.thread_id == result.message_id:
             self._remember_starter(result)
-        self._enqueue(str(channel), result)
+        if not self._lanes.put(str(channel), result):
+            self._runtime.drop(Skip.QUEUE_FULL, f"message {result.message_id}")
+            log.warning("discord bot %s: too many messages waiting, one dropped", self.bot_id)
 
     def _remember_starter(self, message: InboundMessage) -> None:
         self._starters[message.message_id] = thread_name(message.text)
         while len(self._starters) > STARTERS_KEPT:
             self._starters.popitem(last=False)
-
-    def _enqueue(self, lane_key: str, message: InboundMessage) -> None:
-        lane = self._lanes.get(lane_key)
-        if lane is None:
-            lane = self._lanes[lane_key] = deque()
-            self._tasks.spawn(self._drain(lane_key, lane))
-        elif len(lane) >= LANE_LIMIT:
-            self._drop("lane_full")
-            log.warning("discord bot %s: too many messages waiting, one dropped", self.bot_id)
-            return
-        lane.append(message)
-
-    async def _drain(self, lane_key: str, lane: deque[InboundMessage]) -> None:
-        """Hand one channel's messages over in order; the lane ends when it is empty."""
-        try:
-            while lane:
-                await self._hand_over(lane.popleft())
-        finally:
-            if self._lanes.get(lane_key) is lane:
-                del self._lanes[lane_key]
-
-    async def _hand_over(self, message: InboundMessage) -> None:
-        """Await the sink; a failure is logged and counted, never raised."""
-        sink = self._sink
-        if sink is None:
-            return
-        try:
-            await sink(message)
-        except GatewayStopping:
-            self._drop("stopping")
-        except Exception as exc:  # the pipeline must not take the connector down
-            self._drop("sink_error")
-            log.warning(
-                "discord bot %s: message %s failed in the pipeline (%s)",
-                self.bot_id,
-                message.message_id,
-                type(exc).__name__,
-            )
-
-    def _drop(self, reason: str) -> None:
-        self.dropped[reason] += 1
-        log.debug("discord bot %s: event dropped (%s)", self.bot_id, reason)
 
     # ----------------------------------------------------------------- outbound
 
@@ -449,38 +405,31 @@ class DiscordConnector:
             raise DeliveryError(
                 f"discord bot {self.bot_id}: not connected", retryable=not self._closing
             )
-        target, reference = await self._destination(client, channel_id, reply)
-        key = (target, reply.reply_to, reply.text)
+        post = await self._post(client, channel_id, reply)
+        key = (post.target, reply.reply_to, reply.text)
         nonce = self._unsettled.pop(key, None)
         if nonce is None:
             nonce = secrets.randbits(63)
-        channel = client.get_partial_messageable(target)
+        channel = client.get_partial_messageable(post.target)
         try:
-            if reference is None:
-                message = await channel.send(
-                    reply.text, nonce=nonce, allowed_mentions=ALLOWED_MENTIONS
-                )
-            else:
-                message = await channel.send(
-                    reply.text, nonce=nonce, reference=reference, allowed_mentions=ALLOWED_MENTIONS
-                )
+            message = await channel.send(post.content, **post.send_options(nonce))
         except Exception as exc:  # each failure says whether a retry is safe
             error = self._delivery_error("sending a message", exc)
-            if _may_have_posted(exc):
+            if may_have_posted(exc):
                 self._unsettled[key] = nonce
                 while len(self._unsettled) > UNSETTLED_KEPT:
                     self._unsettled.popitem(last=False)
                 error.retryable = True
             raise error from None
-        self._posts[str(target)] += 1
+        self._posts[str(post.target)] += 1
         return str(message.id)
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Show "typing…" if the turn is still running after `typing_delay` (never raises)."""
         target = channel_id if thread_id is None or thread_id in self._starters else thread_id
         posted = self._posts[target]
-        if self._typing_delay > 0:
-            await self._sleep(self._typing_delay)
+        if self._timing.typing_delay > 0:
+            await self._timing.sleep(self._timing.typing_delay)
         client = self._client
         if client is None or self._closing or self._posts[target] != posted:
             return
@@ -489,30 +438,14 @@ class DiscordConnector:
         except (discord.DiscordException, aiohttp.ClientError, OSError, ValueError) as exc:
             log.debug("discord bot %s: typing failed (%s)", self.bot_id, type(exc).__name__)
 
-    async def _destination(
-        self, client: discord.Client, channel_id: str, reply: Reply
-    ) -> tuple[int, discord.MessageReference | None]:
-        """Where a chunk goes (channel or thread) and the message it replies to."""
+    async def _post(self, client: discord.Client, channel_id: str, reply: Reply) -> Post:
+        """The chunk's post: into the thread opened on the message it answers, if one is due."""
         thread = reply.thread_id
         if thread is not None and thread in self._starters:
             if await self._open_thread(client, channel_id, thread):
-                # The thread hangs off the message it answers: no reply reference needed.
-                return int(thread), None
+                return to_post(channel_id, reply, thread=thread, on_starter=True)
             thread = None
-        try:
-            target = int(thread or channel_id)
-            reference = (
-                discord.MessageReference(
-                    message_id=int(reply.reply_to), channel_id=target, fail_if_not_exists=False
-                )
-                if reply.reply_to
-                else None
-            )
-        except ValueError:
-            raise DeliveryError(
-                f"discord bot {self.bot_id}: {channel_id!r} is not a channel id"
-            ) from None
-        return target, reference
+        return to_post(channel_id, reply, thread=thread, on_starter=False)
 
     async def _open_thread(self, client: discord.Client, channel_id: str, starter: str) -> bool:
         """Open the reply thread on `starter`; False (remembered) when replying in the channel."""
@@ -552,17 +485,12 @@ class DiscordConnector:
         if isinstance(exc, discord.HTTPException):
             if exc.status == 429:
                 return DeliveryError(
-                    f"{where}: rate limited", retryable=True, retry_after=_retry_after(exc)
+                    f"{where}: rate limited", retryable=True, retry_after=retry_after(exc)
                 )
             return DeliveryError(f"{where}: HTTP {exc.status} (code {exc.code})")
         if isinstance(exc, aiohttp.ClientConnectorError):
             return DeliveryError(f"{where}: cannot connect", retryable=True)
-        return DeliveryError(f"{where}: {self._describe(exc)}")
-
-    def _describe(self, exc: BaseException) -> str:
-        """An exception as `Type: message`, with the token masked wherever it appears."""
-        text = f"{type(exc).__name__}: {exc}"
-        return text.replace(self._token, "***") if self._token else text
+        return DeliveryError(f"{where}: {self._runtime.describe(exc)}")
 
 
 def _thread_parent(client: discord.Client, channel_id: object) -> str | None:
@@ -571,28 +499,3 @@ def _thread_parent(client: discord.Client, channel_id: object) -> str | None:
         return None
     channel = client.get_channel(int(channel_id))
     return str(channel.parent_id) if isinstance(channel, discord.Thread) else None
-
-
-def _may_have_posted(exc: Exception) -> bool:
-    """True when a failed send may still have created the message (retry with its nonce)."""
-    if isinstance(exc, discord.DiscordServerError):
-        return True
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return False
-    return isinstance(exc, aiohttp.ClientError | TimeoutError | ConnectionError)
-
-
-def _retry_after(exc: discord.HTTPException) -> float | None:
-    """The wait Discord asked for, from the 429 the SDK gave up on."""
-    headers = getattr(exc.response, "headers", None)
-    if headers is None:
-        return None
-    for name in ("X-RateLimit-Reset-After", "Retry-After"):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return float(value)
-        except ValueError:
-            continue
-    return None

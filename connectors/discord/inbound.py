@@ -35,27 +35,17 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from connectors.skips import Skip
 from gateway.types import InboundMessage
 
 PLATFORM = "discord"
 CONVERSATION_TYPES = frozenset({0, 19, 20, 23})  # default, reply, slash and context commands
 FORWARD = 1  # message_reference.type of a forwarded message
 _MENTION = re.compile(r"<@!?(\d+)>")
-
-
-class Skip(enum.StrEnum):
-    """Why a MESSAGE_CREATE was dropped instead of becoming an InboundMessage."""
-
-    MALFORMED = "malformed"
-    SERVICE = "service_message"
-    NO_TEXT = "no_text"
-    NO_SENDER = "no_sender"
-    OWN = "own_message"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from connectors.skips import Skip
 from connectors.slack.connector import SlackConnector
-from connectors.slack.inbound import BotIdentity, Skip, to_inbound, translate_payload
+from connectors.slack.inbound import BotIdentity, to_inbound, translate_payload
 from gateway.config import SlackBotConfig
 from gateway.connector import ConnectorServices
 

@@ -19,22 +19,23 @@ Decisions where DESIGN.md is silent:
   or route (an `event` that is not an object) gets 200 all the same and is counted as
   dropped (in Socket Mode: every envelope is acknowledged), so Slack does not retry what
   will never be handled.
-- Every listener only translates and queues: the message is handed to the pipeline on a
-  task this connector tracks, and bolt acknowledges (HTTP 200 or the Socket Mode ack) at
-  once, well within Slack's 3 seconds. Messages of one channel are handed over one at a
-  time, in the order they arrived; channels run concurrently. `aclose` cancels the tasks
-  still waiting: by then the gateway has drained the turns in flight. Slack never sends an
-  acknowledged payload again, so one that arrives while the gateway is stopping is dropped
-  (counted as `stopping`), not left for the next run as on Telegram.
+- Every listener only translates and queues: the message waits in its channel's lane
+  (`connectors.lanes`) and bolt acknowledges (HTTP 200 or the Socket Mode ack) at once,
+  well within Slack's 3 seconds. Messages of one channel are handed over one at a time,
+  in the order they arrived; channels run concurrently; at most 1,000 wait per channel and
+  10,000 in all (more are dropped as `queue_full`). `aclose` cancels the lanes: by then
+  the gateway has drained the turns in flight. Slack never sends an acknowledged payload
+  again, so one the pipeline fails on is dropped (`sink_error`), and one that arrives
+  while the gateway is stopping too (`stopping`), not left for the next run as on Telegram.
 - Redeliveries (`X-Slack-Retry-Num`, a Socket Mode `retry_attempt`, a repeated event id)
   and the `message` + `app_mention` pair that one mention produces are answered once by the
   pipeline's dedupe, keyed by channel + ts (see `connectors.slack.inbound`).
 - bolt gets the identity `auth.test` gave at start through `authorize`, so it does no
   per-request I/O, and drops the bot's own events (by user id or bot id) before the
   listeners; `inbound` drops them too, should one get through.
-- `send` posts one chunk with `chat.postMessage` (in the thread when the reply has one;
-  `reply_to` is not used: Slack has no reply reference outside threads), or with
-  `chat.postEphemeral` when the reply is `ephemeral_to` someone. A 429 (`ratelimited`)
+- `send` posts one chunk as the pure `outbound` module translates it: `chat.postMessage`
+  (in the thread when the reply has one), or `chat.postEphemeral` when the reply is
+  `ephemeral_to` someone. A 429 (`ratelimited`)
   raises `DeliveryError(retryable=True, retry_after=Retry-After)` and the gateway's
   delivery retries it; the web client's own retry handlers are off, so a chunk is never
   posted twice. A connection that could not be opened is retryable too (nothing was sent);
@@ -49,16 +50,12 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import json
 import logging
 import re
-import time
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -80,18 +77,15 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from connectors.slack.inbound import (
-    COMMAND,
-    PLATFORM,
-    BotIdentity,
-    Skip,
-    translate_payload,
-    unroutable,
-)
-from connectors.tasks import BackgroundTasks
+from connectors.lanes import Lanes
+from connectors.runtime import ConnectorRuntime
+from connectors.skips import Skip
+from connectors.slack.inbound import COMMAND, PLATFORM, BotIdentity, translate_payload, unroutable
+from connectors.slack.outbound import error_code, posted_id, rate_limited, retry_after, to_post
+from connectors.timing import Timing
 from gateway.config import SlackBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
+from gateway.errors import ConnectorError, DeliveryError
 from gateway.http import read_body
 from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.types import InboundMessage, Reply
@@ -102,7 +96,7 @@ _bolt_log = logging.getLogger(f"{__name__}.bolt")
 MAX_MESSAGE_LENGTH = 4000
 MAX_BODY_BYTES = 1024 * 1024
 PING_INTERVAL = 5.0
-DEFAULT_RETRY_AFTER = 1.0
+TIMING = Timing()
 _FORM = "application/x-www-form-urlencoded"
 _ANY_EVENT = re.compile(".*")
 
@@ -147,32 +141,6 @@ class _RawBodyVerifier(SignatureVerifier):
         return f"v0={digest}"
 
 
-class ChannelLanes:
-    """One lock per channel, so a channel's messages are handed over in arrival order."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._users: Counter[str] = Counter()
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        """Wait for the channel's earlier messages, then hold it; forgotten when idle."""
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        self._users[key] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._users[key] -= 1
-            if not self._users[key]:
-                del self._users[key]
-                del self._locks[key]
-
-    def __len__(self) -> int:
-        """The channels with a message waiting or being handed over."""
-        return len(self._locks)
-
-
 class SlackConnector:
     """One hosted Slack app: Socket Mode or the Events API in, chat.postMessage out."""
 
@@ -183,6 +151,7 @@ class SlackConnector:
         knows_bots=True,
         typing=False,
         ephemeral=True,
+        command_prefix="!loop",
     )
 
     def __init__(
@@ -190,18 +159,26 @@ class SlackConnector:
         config: SlackBotConfig,
         services: ConnectorServices,
         *,
-        clock: Callable[[], float] = time.time,
+        timing: Timing = TIMING,
         ping_interval: float = PING_INTERVAL,
     ) -> None:
         self.bot_id = config.id
-        self.dropped: Counter[str] = Counter()
+        secrets = [config.bot_token, config.app_token, config.signing_secret]
+        self._runtime = ConnectorRuntime(
+            PLATFORM,
+            config.id,
+            services,
+            log=log,
+            secrets=[secret.get_secret_value() for secret in secrets if secret is not None],
+        )
+        self.dropped = self._runtime.dropped
         self._config = config
-        self._clock = clock
+        self._clock = timing.clock
         self._ping_interval = ping_interval
         self._base_url = config.api_base_url.rstrip("/") + "/"
         secret = config.signing_secret
         self._verifier = (
-            _RawBodyVerifier(secret.get_secret_value(), clock=_WallClock(clock))
+            _RawBodyVerifier(secret.get_secret_value(), clock=_WallClock(timing.clock))
             if secret is not None and config.app_token is None
             else None
         )
@@ -210,10 +187,8 @@ class SlackConnector:
         self._app: AsyncApp | None = None
         self._socket: SocketModeClient | None = None
         self._identity: BotIdentity | None = None
-        self._sink: Sink | None = None
         self._running = False
-        self._lanes = ChannelLanes()
-        self._tasks = BackgroundTasks()
+        self._lanes: Lanes[InboundMessage] = Lanes(self._runtime.hand_over)
         if self.socket_mode:
             return
         services.http.router.add_post(f"/slack/{config.id}/events", self.handle_events)
@@ -260,7 +235,7 @@ class SlackConnector:
             await session.close()
             raise
         self._session, self._web, self._app, self._socket = session, web_client, app, socket
-        self._identity, self._sink, self._running = identity, sink, True
+        self._identity, self._runtime.sink, self._running = identity, sink, True
         log.info(
             "slack bot %s started as %s (%s)",
             self.bot_id,
@@ -274,7 +249,7 @@ class SlackConnector:
             auth = await web_client.auth_test()
         except SlackApiError as exc:
             raise ConnectorError(
-                PLATFORM, f"bot {self.bot_id}: auth.test refused the bot token ({_error(exc)})"
+                PLATFORM, f"bot {self.bot_id}: auth.test refused the bot token ({error_code(exc)})"
             ) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ConnectorError(
@@ -343,7 +318,8 @@ class SlackConnector:
             await _close_socket(client)
             raise ConnectorError(
                 PLATFORM,
-                f"bot {self.bot_id}: apps.connections.open refused the app token ({_error(exc)})",
+                f"bot {self.bot_id}: apps.connections.open refused the app token "
+                f"({error_code(exc)})",
             ) from None
         except BaseException:
             await _close_socket(client)
@@ -356,7 +332,8 @@ class SlackConnector:
         socket, self._socket = self._socket, None
         if socket is not None:
             await _close_socket(socket)
-        await self._tasks.cancel()
+        await self._lanes.aclose()
+        self._runtime.sink = None
         session, self._session = self._session, None
         self._web = self._app = None
         if session is not None:
@@ -368,10 +345,10 @@ class SlackConnector:
         """`POST /slack/{bot_id}/events`: verify, parse, let bolt route; answer at once."""
         body = await read_body(request, MAX_BODY_BYTES)
         if body is None:
-            self.dropped["too_large"] += 1
+            self._runtime.drop(Skip.TOO_LARGE, "an events api body")
             return web.Response(status=413, text=f"the body is larger than {MAX_BODY_BYTES} bytes")
         if not self._signed(request, body):
-            self.dropped["bad_signature"] += 1
+            self._runtime.drop(Skip.UNAUTHORIZED, "an events api request")
             log.warning("slack bot %s: events request with a bad or stale signature", self.bot_id)
             return web.Response(status=401, text="invalid signature")
         app = self._app
@@ -379,7 +356,7 @@ class SlackConnector:
             return web.Response(status=503, text="not running")
         problem = _unreadable(body, request.content_type)
         if problem is not None:
-            self._drop(Skip.MALFORMED, f"events api body ({problem})")
+            self._runtime.drop(Skip.MALFORMED, f"an events api body ({problem})")
             return web.Response(
                 status=400, text=f"the body must be a JSON event or a command: {problem}"
             )
@@ -441,20 +418,20 @@ class SlackConnector:
         try:
             request = AsyncBoltRequest(body=body, headers=headers, mode=mode)
         except Exception:  # noqa: BLE001 - bolt cannot read it: odd values in untrusted JSON
-            self._drop(Skip.MALFORMED, f"{mode} payload")
+            self._runtime.drop(Skip.MALFORMED, f"a {mode} payload")
             return None
         skip = unroutable(request.body)
         if skip is not None:
-            self._drop(skip, f"{mode} payload")
+            self._runtime.drop(skip, f"a {mode} payload")
             return None
         response = await app.async_dispatch(request)
         if response.status == 404:
             # Unhandled by bolt (a payload type nobody listens to): a retry would not help.
-            self._drop(Skip.UNSUPPORTED, f"{mode} payload")
+            self._runtime.drop(Skip.UNSUPPORTED, f"a {mode} payload")
             return None
         if response.status >= 500:
             # The listeners never raise, so bolt itself failed on the payload's shape.
-            self._drop(Skip.MALFORMED, f"{mode} payload")
+            self._runtime.drop(Skip.MALFORMED, f"a {mode} payload")
             return None
         return response
 
@@ -490,43 +467,18 @@ class SlackConnector:
         log.debug("bolt failure of slack bot %s", self.bot_id, exc_info=error)
 
     def _accept(self, payload: Mapping[str, Any]) -> None:
-        """Translate one payload and queue it for the pipeline, or count why it was dropped."""
+        """Translate one payload and queue it on its channel's lane, or count why it was not."""
         identity = self._identity
         if identity is None or not self._running:
-            self._drop(Skip.UNSUPPORTED, "a payload while not running")
+            self._runtime.drop(Skip.STOPPING, "a payload while not running")
             return
-        try:
-            result = translate_payload(payload, bot=identity, received_at=self._clock())
-        except Exception:  # noqa: BLE001 - odd values in untrusted JSON: drop this payload alone
-            result = Skip.MALFORMED
-        if isinstance(result, Skip):
-            self._drop(result, _event_type(payload))
-            return
-        self._tasks.spawn(self._hand_over(result))
-
-    async def _hand_over(self, message: InboundMessage) -> None:
-        """Await the sink in the channel's lane; a failure is logged and counted, never raised."""
-        async with self._lanes.hold(message.channel_id):
-            sink = self._sink
-            if sink is None or not self._running:
-                return
-            try:
-                await sink(message)
-            except GatewayStopping:
-                self.dropped["stopping"] += 1
-            except Exception as exc:  # the pipeline must not take the connector down
-                self.dropped["sink_error"] += 1
-                log.warning(
-                    "slack bot %s: the pipeline failed on message %s (%s)",
-                    self.bot_id,
-                    message.message_id,
-                    type(exc).__name__,
-                )
-                log.debug("pipeline failure of slack bot %s", self.bot_id, exc_info=True)
-
-    def _drop(self, reason: Skip, what: str) -> None:
-        self.dropped[reason.value] += 1
-        log.debug("slack bot %s: dropped %s: %s", self.bot_id, what, reason)
+        message = self._runtime.accept(
+            lambda: translate_payload(payload, bot=identity, received_at=self._clock()),
+            _event_type(payload),
+        )
+        if message is not None and not self._lanes.put(message.channel_id, message):
+            self._runtime.drop(Skip.QUEUE_FULL, f"message {message.message_id}")
+            log.warning("slack bot %s: too many messages waiting, one dropped", self.bot_id)
 
     # -------------------------------------------------------------------- outbound
 
@@ -535,39 +487,36 @@ class SlackConnector:
         web_client = self._web
         if web_client is None:
             raise DeliveryError(f"slack bot {self.bot_id}: not started", retryable=True)
-        method = "chat.postEphemeral" if reply.ephemeral_to else "chat.postMessage"
+        post = to_post(channel_id, reply)
         try:
-            if reply.ephemeral_to:
+            if post.user:
                 response = await web_client.chat_postEphemeral(
-                    channel=channel_id,
-                    user=reply.ephemeral_to,
-                    text=reply.text,
-                    thread_ts=reply.thread_id,
+                    channel=post.channel, user=post.user, text=post.text, thread_ts=post.thread_ts
                 )
-                return _optional_text(response.get("message_ts"))
-            response = await web_client.chat_postMessage(
-                channel=channel_id, text=reply.text, thread_ts=reply.thread_id
-            )
+            else:
+                response = await web_client.chat_postMessage(
+                    channel=post.channel, text=post.text, thread_ts=post.thread_ts
+                )
         except SlackApiError as exc:
-            if _status(exc) == 429 or _error(exc) == "ratelimited":
+            if rate_limited(exc):
                 raise DeliveryError(
-                    f"slack bot {self.bot_id}: {method} rate limited",
+                    f"slack bot {self.bot_id}: {post.method} rate limited",
                     retryable=True,
-                    retry_after=_retry_after(exc),
+                    retry_after=retry_after(exc),
                 ) from None
             raise DeliveryError(
-                f"slack bot {self.bot_id}: {method} failed ({_error(exc)})"
+                f"slack bot {self.bot_id}: {post.method} failed ({error_code(exc)})"
             ) from None
         except aiohttp.ClientConnectorError as exc:
             raise DeliveryError(
-                f"slack bot {self.bot_id}: {method} could not connect ({type(exc).__name__})",
+                f"slack bot {self.bot_id}: {post.method} could not connect ({type(exc).__name__})",
                 retryable=True,
             ) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise DeliveryError(
-                f"slack bot {self.bot_id}: {method} failed ({type(exc).__name__})"
+                f"slack bot {self.bot_id}: {post.method} failed ({type(exc).__name__})"
             ) from None
-        return _optional_text(response.get("ts"))
+        return posted_id(post, response.data if isinstance(response.data, Mapping) else {})
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Slack shows apps no typing indicator: nothing to do."""
@@ -603,28 +552,3 @@ def _event_type(payload: Mapping[str, Any]) -> str:
     event = payload.get("event")
     kind = event.get("type") if isinstance(event, Mapping) else payload.get("command")
     return f"{payload.get('type', 'payload')}/{kind}"
-
-
-def _status(exc: SlackApiError) -> int:
-    status = getattr(exc.response, "status_code", 0)
-    return status if isinstance(status, int) else 0
-
-
-def _error(exc: SlackApiError) -> str:
-    """Slack's error code (`invalid_auth`, `ratelimited`…): never the token or the request."""
-    response = exc.response
-    data = getattr(response, "data", None)
-    code = data.get("error") if isinstance(data, Mapping) else None
-    return code if isinstance(code, str) else f"HTTP {_status(exc)}"
-
-
-def _retry_after(exc: SlackApiError) -> float:
-    headers = getattr(exc.response, "headers", None) or {}
-    try:
-        return max(0.0, float(headers.get("Retry-After", DEFAULT_RETRY_AFTER)))
-    except (TypeError, ValueError):
-        return DEFAULT_RETRY_AFTER
-
-
-def _optional_text(value: object) -> str | None:
-    return value if isinstance(value, str) else None

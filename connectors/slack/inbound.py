@@ -21,7 +21,7 @@ Decisions where DESIGN.md is silent:
 - A sender is a bot when the event carries `bot_id`, `bot_profile` or subtype `bot_message`;
   its id is `user` when present (a bot user, the id the pair budget and the self filter use)
   else `bot_id`. A message with neither `user` nor `bot_id` is `Skip.NO_SENDER`. The bot's
-  own messages (its user id or its bot id) are `Skip.SELF`.
+  own messages (its user id or its bot id) are `Skip.OWN`.
 - A leading mention of this bot is removed from the text, so `@bot !loop status` reaches the
   admin commands and the agent sees what was said to it; a bare mention keeps its text.
 - `thread_id` is `thread_ts` for a reply in a thread (a thread's parent, where `thread_ts`
@@ -36,28 +36,17 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import enum
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from connectors.skips import Skip
 from gateway.types import InboundMessage
 
 PLATFORM = "slack"
 COMMAND = "/loop"
 TEXT_SUBTYPES = frozenset({"bot_message", "file_share", "thread_broadcast", "me_message"})
 _MESSAGE_EVENTS = frozenset({"message", "app_mention"})
-
-
-class Skip(enum.StrEnum):
-    """Why a payload was dropped instead of becoming an InboundMessage."""
-
-    MALFORMED = "malformed"
-    UNSUPPORTED = "unsupported_event"
-    SERVICE = "service_message"
-    NO_TEXT = "no_text"
-    NO_SENDER = "no_sender"
-    SELF = "own_message"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +112,7 @@ def translate_event(
     if not sender_id:
         return Skip.NO_SENDER
     if user == bot.user_id or (app_bot and app_bot == bot.app_bot_id):
-        return Skip.SELF
+        return Skip.OWN
     text = _text(event, "text") or ""
     if not text.strip():
         return Skip.NO_TEXT

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from connectors.skips import Skip
 from connectors.telegram.connector import TelegramConnector
-from connectors.telegram.inbound import BotIdentity, Skip, to_inbound, translate_update
+from connectors.telegram.inbound import BotIdentity, to_inbound, translate_update
 from gateway.config import TelegramBotConfig
 from gateway.connector import ConnectorServices
 

@@ -8,31 +8,34 @@ before it is handled, and this connector confirms it only after the sink returne
 Decisions where DESIGN.md is silent:
 - Polling fetches a batch with our own getUpdates call (raw JSON, so one malformed update
   is dropped alone instead of failing the whole batch forever). Updates of different chats
-  in a batch are handled concurrently, those of one chat in order; the next getUpdates, which
-  confirms the batch, is sent only once every update of it was handed over and its sink
-  call returned (or it was deliberately dropped). `aclose` confirms what was handled.
-  When the sink raises, that update and the rest of its chat stay unconfirmed and are
-  fetched again after a short wait; after `MAX_SINK_ATTEMPTS` (5) failures the update is
-  dropped and logged, so one poisonous update cannot stall a chat forever. An update the
-  gateway refuses because it is stopping (`GatewayStopping`) is no failure: polling ends
-  there, and the update stays unconfirmed for the next run to answer.
+  in a batch are handled concurrently, those of one chat in order (`connectors.lanes`,
+  joined once per batch); the next getUpdates, which confirms the batch, is sent only
+  once every update of it was handed over and its sink call returned (or it was
+  deliberately dropped). `aclose` confirms what was handled. When the sink raises, that
+  update and the rest of its chat stay unconfirmed and are fetched again after a short
+  wait; after `MAX_SINK_ATTEMPTS` (5) failures the update is dropped (`sink_error`) and
+  logged, so one poisonous update cannot stall a chat forever. An update the gateway
+  refuses because it is stopping (`GatewayStopping`) is no failure: polling ends there,
+  and the update stays unconfirmed for the next run to answer.
 - A failing getUpdates (dropped connection, 5xx, 409 conflict, a refused token, any other
-  error) marks the bot disconnected (`/readyz` 503) and is retried with doubling delays;
-  `RetryAfter` waits as told. Nothing ends the loop but `aclose` and a stopping gateway.
+  error) marks the bot disconnected (`/readyz` 503) and is retried with doubling delays
+  (`connectors.backoff`); `RetryAfter` waits as told. Nothing ends the loop but `aclose`
+  and a stopping gateway.
 - Webhook mode registers `/telegram/{bot_id}`; a request without the right
-  `X-Telegram-Bot-Api-Secret-Token` gets 401, one while the bot is not running 503, a body
-  over `MAX_BODY_BYTES` (1 MiB) 413, a body `gateway.jsonbody.parse_json` refuses (not
-  JSON, not UTF-8, nested deeper than 64, a 5,000-digit number…) 400, an update that could
-  not be handed to the pipeline 500 (Telegram redelivers it; dedupe answers once), anything
-  else 200: also JSON that is not an update object, or one whose fields have the wrong
-  types, which is dropped and counted (`malformed`), since Telegram would redeliver it
-  forever. With `webhook_url` set, `start` registers it with `setWebhook`; without
-  it the webhook is assumed to be registered by the operator. `aclose` leaves the webhook
-  set, so Telegram queues updates while the gateway restarts.
-- A send that fails with `RetryAfter` (429) raises `DeliveryError(retryable=True,
-  retry_after=…)`, as does a failure to connect (nothing was sent). Any other failure,
-  a timeout included (the message may have been posted), is not retryable: a reply is
-  posted at most once.
+  `X-Telegram-Bot-Api-Secret-Token` gets 401 (counted as `unauthorized`), one while the
+  bot is not running 503, a body over `MAX_BODY_BYTES` (1 MiB) 413 (`too_large`), a body
+  `gateway.jsonbody.parse_json` refuses (not JSON, not UTF-8, nested deeper than 64, a
+  5,000-digit number…) 400, an update that could not be handed to the pipeline 500
+  (Telegram redelivers it; dedupe answers once), anything else 200: also JSON that is not
+  an update object, or one whose fields have the wrong types, which is dropped and counted
+  (`malformed`), since Telegram would redeliver it forever. With `webhook_url` set,
+  `start` registers it with `setWebhook`; without it the webhook is assumed to be
+  registered by the operator. `aclose` leaves the webhook set, so Telegram queues updates
+  while the gateway restarts.
+- Replies are translated by the pure `outbound` module. A send that fails with
+  `RetryAfter` (429) raises `DeliveryError(retryable=True, retry_after=…)`, as does a
+  failure to connect (nothing was sent). Any other failure, a timeout included (the
+  message may have been posted), is not retryable: a reply is posted at most once.
 - "typing…" is shown only when the reply takes longer than `typing_delay` (1 s) and no
   message was posted into the chat meanwhile: a quick answer needs no indicator, and the
   saved sendChatAction calls count against the bot's Bot API rate limits.
@@ -40,50 +43,49 @@ Decisions where DESIGN.md is silent:
   each message a bot posts into a group is offered to every other hosted Telegram bot of
   the process that has seen that group (received an update from it), as a bot-authored
   inbound message with event id `peer:<chat id>:<sender user id>:<message id>` (message
-  ids are only unique within a chat), in order, on a worker task of the receiving bot.
+  ids are only unique within a chat). The bots meet on the gateway's `PeerBus` (each
+  subscribes while it runs); the receiving bot hands peer messages over on lanes of its
+  own, in order per chat (at most 1,000 waiting per chat, 10,000 in all: more are dropped
+  as `queue_full`; one the pipeline fails on is dropped as `sink_error`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 import math
-import time
-import warnings
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from datetime import timedelta
+from collections.abc import Mapping
 from urllib.parse import urlencode
 
-import httpx
 from aiohttp import web
-from telegram import Bot, Message, ReplyParameters
-from telegram.constants import ChatAction
-from telegram.error import (
-    Conflict,
-    InvalidToken,
-    NetworkError,
-    RetryAfter,
-    TelegramError,
-)
+from telegram import Bot, Message
+from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
-from telegram.warnings import PTBDeprecationWarning
 
+from connectors.lanes import Lanes
+from connectors.runtime import ConnectorRuntime, Outcome
+from connectors.skips import Skip
 from connectors.tasks import BackgroundTasks
 from connectors.telegram.inbound import (
     PLATFORM,
     BotIdentity,
-    Skip,
     is_group,
     parse_update,
     translate_message,
     translate_peer,
 )
+from connectors.telegram.outbound import (
+    nothing_sent,
+    retry_after_seconds,
+    to_chat_action,
+    to_send_message,
+)
+from connectors.timing import Timing
 from gateway.config import TelegramBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
+from gateway.errors import ConnectorError, DeliveryError
 from gateway.http import read_body
 from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.types import InboundMessage, Reply
@@ -95,10 +97,8 @@ ALLOWED_UPDATES = ("message",)
 MAX_MESSAGE_LENGTH = 4096
 MAX_BODY_BYTES = 1024 * 1024
 BATCH_LIMIT = 100
-PEER_QUEUE_SIZE = 1000
-TYPING_DELAY = 1.0
+TIMING = Timing(retry_delays=(0.5, 30.0), typing_delay=1.0)
 MAX_SINK_ATTEMPTS = 5
-_NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 class TelegramConnector:
@@ -115,37 +115,40 @@ class TelegramConnector:
     )
 
     def __init__(
-        self,
-        config: TelegramBotConfig,
-        services: ConnectorServices,
-        *,
-        clock: Callable[[], float] = time.time,
-        retry_delays: tuple[float, float] = (0.5, 30.0),
-        typing_delay: float = TYPING_DELAY,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        self, config: TelegramBotConfig, services: ConnectorServices, *, timing: Timing = TIMING
     ) -> None:
         self.bot_id = config.id
-        self.dropped: Counter[str] = Counter()
         self._config = config
-        self._peers = services.peers
-        self._clock = clock
-        self._retry_delays = retry_delays
-        self._typing_delay = typing_delay
-        self._sleep = sleep
-        self._posts: dict[str, int] = {}
         self._token = config.token.get_secret_value()
+        secret = config.webhook_secret
+        self._runtime = ConnectorRuntime(
+            PLATFORM,
+            config.id,
+            services,
+            log=log,
+            secrets=(self._token, secret.get_secret_value() if secret else ""),
+        )
+        self.dropped = self._runtime.dropped
+        self._peers = services.peers
+        self._timing = timing
+        self._backoff = timing.backoff()
+        self._posts: dict[str, int] = {}
         self._root = config.api_base_url.rstrip("/")
         self._bot: Bot | None = None
         self._poller: HTTPXRequest | None = None
         self._identity: BotIdentity | None = None
-        self._sink: Sink | None = None
         self._connected = False
         self._closing = False
         self._refused = False  # the gateway said it is stopping: take nothing more
         self._offset: int | None = None
         self._group_chats: set[int] = set()
         self._sink_failures: Counter[int] = Counter()
-        self._peer_queue: asyncio.Queue[Message] = asyncio.Queue(PEER_QUEUE_SIZE)
+        # The batch being handed over: its chats' lanes, the update ids handed over or
+        # dropped, and the chats stopped at an update the sink did not take.
+        self._batch: Lanes[tuple[int | None, InboundMessage]] = Lanes(self._handle_update)
+        self._handled: set[int] = set()
+        self._stalled: set[str] = set()
+        self._peer_lanes: Lanes[InboundMessage] = Lanes(self._runtime.hand_over)
         self._tasks = BackgroundTasks()
         if config.mode == "webhook":
             services.http.router.add_post(f"/telegram/{config.id}", self.handle_webhook)
@@ -193,19 +196,19 @@ class TelegramConnector:
             ) from None
         except TelegramError as exc:
             raise ConnectorError(
-                PLATFORM, f"bot {self.bot_id}: start failed: {self._describe(exc)}"
+                PLATFORM, f"bot {self.bot_id}: start failed: {self._runtime.describe(exc)}"
             ) from None
         finally:
             if not ready:  # also when the runtime's connect timeout cancels us
                 await bot.shutdown()
-        self._bot, self._poller, self._sink = bot, poller, sink
+        self._bot, self._poller, self._runtime.sink = bot, poller, sink
         self._identity = BotIdentity(
             bot_id=self.bot_id,
             user_id=me.id,
             username=me.username or "",
             reads_all_group_messages=bool(me.can_read_all_group_messages),
         )
-        self._tasks.spawn(self._peer_worker())
+        self._peers.subscribe(PLATFORM, self)
         if self._config.mode == "polling":
             self._tasks.spawn(self._poll_forever())
         self._connected = True
@@ -215,7 +218,10 @@ class TelegramConnector:
         """Stop polling and the peer worker, confirm handled updates, release the HTTP pool."""
         self._closing = True
         self._connected = False
+        self._peers.unsubscribe(PLATFORM, self)
         await self._tasks.cancel()
+        await self._peer_lanes.aclose()
+        self._runtime.sink = None
         bot, self._bot = self._bot, None
         if bot is None:
             return
@@ -227,15 +233,14 @@ class TelegramConnector:
 
     async def _poll_forever(self) -> None:
         """Fetch batches of updates and hand them over until closed; never raises."""
-        first, cap = self._retry_delays
-        delay = first
+        self._backoff.reset()
         while not self._closing:
             try:
                 batch = await self._fetch_updates()
             except RetryAfter as exc:
-                wait = _retry_after_seconds(exc)
+                wait = retry_after_seconds(exc)
                 log.warning("telegram bot %s: getUpdates rate limited for %.0fs", self.bot_id, wait)
-                await self._sleep(wait)
+                await self._timing.sleep(wait)
                 continue
             except Exception as exc:  # whatever went wrong, polling goes on after a pause
                 self._connected = False
@@ -246,15 +251,15 @@ class TelegramConnector:
                     level,
                     "telegram bot %s: getUpdates failed (%s); retrying in %.1fs",
                     self.bot_id,
-                    self._describe(exc),
-                    delay,
+                    self._runtime.describe(exc),
+                    self._backoff.delay,
                 )
-                await self._sleep(delay)
-                delay = min(delay * 2, cap)
+                await self._backoff.wait()
                 continue
             if not self._connected:
                 log.info("telegram bot %s: polling again", self.bot_id)
-            self._connected, delay = True, first
+            self._connected = True
+            self._backoff.reset()
             if batch:
                 log.debug("telegram bot %s: getUpdates gave %d update(s)", self.bot_id, len(batch))
                 if not await self._handle_batch(batch):
@@ -263,9 +268,10 @@ class TelegramConnector:
                             "telegram bot %s: the gateway is stopping, polling ends", self.bot_id
                         )
                         return
-                    await self._sleep(first)  # not a hot loop while the pipeline refuses
+                    # Not a hot loop while the pipeline refuses.
+                    await self._timing.sleep(self._backoff.first)
             elif self._config.poll_timeout <= 0:
-                await self._sleep(first)
+                await self._timing.sleep(self._backoff.first)
 
     async def _fetch_updates(self) -> list[object]:
         """One raw getUpdates call: the JSON objects, each parsed later on its own."""
@@ -295,36 +301,41 @@ class TelegramConnector:
         False when an update was not taken by the sink (it comes again with the next fetch).
         """
         ids = sorted({i for i in map(_update_id, batch) if i is not None})
-        done: set[int] = set()
-        lanes: dict[str, list[tuple[int | None, InboundMessage]]] = {}
-        for raw in batch:
-            update_id = _update_id(raw)
-            message = self._prepare(raw)
-            if message is not None:
-                lanes.setdefault(message.channel_id, []).append((update_id, message))
-            elif update_id is not None:
-                done.add(update_id)
+        self._handled.clear()
+        self._stalled.clear()
         try:
-            await asyncio.gather(*(self._run_lane(lane, done) for lane in lanes.values()))
+            for raw in batch:
+                update_id = _update_id(raw)
+                message = self._prepare(raw)
+                if message is not None:
+                    # A batch (at most BATCH_LIMIT) always fits the lanes.
+                    self._batch.put(message.channel_id, (update_id, message))
+                elif update_id is not None:
+                    self._handled.add(update_id)
+            await self._batch.join()
         finally:
-            first_open = next((i for i in ids if i not in done), None)
+            await self._batch.aclose()
+            first_open = next((i for i in ids if i not in self._handled), None)
             if first_open is not None:
                 self._offset = first_open
             elif ids:
                 self._offset = ids[-1] + 1
         return first_open is None
 
-    async def _run_lane(
-        self, lane: Iterable[tuple[int | None, InboundMessage]], done: set[int]
-    ) -> None:
-        """Hand one chat's updates over in order; stop at one the sink did not take."""
-        for update_id, message in lane:
-            if not await self._hand_over(message) and (
-                self._refused or not self._give_up(update_id)
-            ):
-                return
+    async def _handle_update(self, item: tuple[int | None, InboundMessage]) -> None:
+        """Hand one update of the batch over, unless its chat stopped at an earlier one."""
+        update_id, message = item
+        if message.channel_id in self._stalled:
+            return
+        outcome = await self._runtime.offer(message)
+        if outcome is Outcome.REFUSED:
+            self._refused = True
+        failed = outcome is Outcome.FAILED and not self._refused
+        if outcome is Outcome.TAKEN or (failed and self._give_up(update_id)):
             if update_id is not None:
-                done.add(update_id)
+                self._handled.add(update_id)
+        else:
+            self._stalled.add(message.channel_id)
 
     def _give_up(self, update_id: int | None) -> bool:
         """True once an update failed in the sink `MAX_SINK_ATTEMPTS` times (then dropped)."""
@@ -334,7 +345,7 @@ class TelegramConnector:
         if self._sink_failures[update_id] < MAX_SINK_ATTEMPTS:
             return False
         del self._sink_failures[update_id]
-        self._drop(Skip.SINK_FAILED, update_id)
+        self._runtime.drop(Skip.SINK_ERROR, f"update {update_id}")
         log.error(
             "telegram bot %s: update %s dropped after %d failed hand-overs",
             self.bot_id,
@@ -355,7 +366,7 @@ class TelegramConnector:
             log.warning(
                 "telegram bot %s: could not confirm handled updates (%s)",
                 self.bot_id,
-                self._describe(exc),
+                self._runtime.describe(exc),
             )
 
     # --------------------------------------------------------------------- webhook
@@ -367,21 +378,22 @@ class TelegramConnector:
         if secret is None or not hmac.compare_digest(
             presented.encode(), secret.get_secret_value().encode()
         ):
+            self._runtime.drop(Skip.UNAUTHORIZED, "a webhook request")
             log.warning("telegram bot %s: webhook request with a bad secret token", self.bot_id)
             return web.Response(status=401, text="unauthorized")
-        if self._sink is None or self._closing:
+        if self._runtime.sink is None or self._closing:
             return web.Response(status=503, text="not ready")
         body = await read_body(request, MAX_BODY_BYTES)
         if body is None:
-            self.dropped["too_large"] += 1
+            self._runtime.drop(Skip.TOO_LARGE, "a webhook body")
             return web.Response(status=413, text=f"the body is larger than {MAX_BODY_BYTES} bytes")
         try:
             raw = parse_json(body)
         except JsonBodyError as exc:
-            self._drop(Skip.MALFORMED, None)
+            self._runtime.drop(Skip.MALFORMED, "a webhook body")
             return web.Response(status=400, text=f"the body must be a JSON update: {exc}")
         message = self._prepare(raw)
-        if message is not None and not await self._hand_over(message):
+        if message is not None and await self._runtime.offer(message) is not Outcome.TAKEN:
             return web.Response(status=500, text="not handled")
         return web.Response(text="ok")
 
@@ -394,25 +406,23 @@ class TelegramConnector:
             return None
         update = parse_update(raw)
         if isinstance(update, Skip):
-            self._drop(update, _update_id(raw))
+            self._runtime.drop(update, f"update {_update_id(raw)}")
             return None
-        if update.message is None:
-            self._drop(Skip.UNSUPPORTED, update.update_id)
+        message = update.message
+        if message is None:
+            self._runtime.drop(Skip.UNSUPPORTED, f"update {update.update_id}")
             return None
-        try:
-            self._note_chat(update.message, identity)
-            result = translate_message(
-                update.message,
+
+        def translate() -> InboundMessage | Skip:
+            self._note_chat(message, identity)
+            return translate_message(
+                message,
                 bot=identity,
                 event_id=str(update.update_id),
-                received_at=self._clock(),
+                received_at=self._timing.clock(),
             )
-        except Exception:  # noqa: BLE001 - odd field values of a parsed update: drop it alone
-            result = Skip.MALFORMED
-        if isinstance(result, Skip):
-            self._drop(result, update.update_id)
-            return None
-        return result
+
+        return self._runtime.accept(translate, f"update {update.update_id}")
 
     def _note_chat(self, message: Message, identity: BotIdentity) -> None:
         """Remember the groups this bot is in (peers feed it only those)."""
@@ -424,64 +434,31 @@ class TelegramConnector:
         else:
             self._group_chats.add(message.chat.id)
 
-    async def _hand_over(self, message: InboundMessage) -> bool:
-        """Await the sink; a failure is logged and counted, never raised (False)."""
-        sink = self._sink
-        if sink is None:
-            return False
-        try:
-            await sink(message)
-        except GatewayStopping:
-            self._refused = True
-            return False
-        except Exception as exc:  # the pipeline must not take the connector down
-            self.dropped["sink_error"] += 1
-            log.warning(
-                "telegram bot %s: the pipeline failed on message %s (%s)",
-                self.bot_id,
-                message.message_id,
-                type(exc).__name__,
-            )
-            log.debug("pipeline failure of telegram bot %s", self.bot_id, exc_info=True)
-            return False
-        return True
-
-    def _drop(self, reason: Skip, update_id: int | None) -> None:
-        self.dropped[reason.value] += 1
-        log.debug("telegram bot %s: dropped update %s: %s", self.bot_id, update_id, reason)
-
     # ----------------------------------------------------------------- peers
 
-    def receive_peer(self, message: Message) -> None:
+    def receive_peer(self, event: object) -> None:
         """Queue a message another hosted bot posted, if this bot is in that group."""
-        if self._closing or self._identity is None or message.chat.id not in self._group_chats:
+        identity = self._identity
+        if (
+            not isinstance(event, Message)
+            or self._closing
+            or identity is None
+            or event.chat.id not in self._group_chats
+        ):
             return
-        try:
-            self._peer_queue.put_nowait(message)
-        except asyncio.QueueFull:
-            self.dropped["peer_queue_full"] += 1
-            log.warning("telegram bot %s: peer queue full, message dropped", self.bot_id)
-
-    async def _peer_worker(self) -> None:
-        """Hand peer messages over one at a time, in the order they were posted."""
-        while True:
-            message = await self._peer_queue.get()
-            identity = self._identity
-            if identity is None:
-                continue
-            result = translate_peer(message, bot=identity, received_at=self._clock())
-            if isinstance(result, Skip):
-                self._drop(result, None)
-                continue
-            await self._hand_over(result)
+        message = self._runtime.accept(
+            lambda: translate_peer(event, bot=identity, received_at=self._timing.clock()),
+            f"peer message {event.message_id}",
+        )
+        if message is not None and not self._peer_lanes.put(message.channel_id, message):
+            self._runtime.drop(Skip.QUEUE_FULL, f"peer message {message.message_id}")
+            log.warning("telegram bot %s: too many peer messages waiting, one dropped", self.bot_id)
 
     def _offer_to_peers(self, message: Message) -> None:
         if not is_group(message):
             return
         self._group_chats.add(message.chat.id)
-        for peer in self._peers.get(PLATFORM, ()):
-            if peer is not self and isinstance(peer, TelegramConnector):
-                peer.receive_peer(message)
+        self._peers.publish(PLATFORM, self, message)
 
     # ---------------------------------------------------------------- outbound
 
@@ -490,27 +467,24 @@ class TelegramConnector:
         bot = self._bot
         if bot is None:
             raise DeliveryError(f"telegram bot {self.bot_id}: not started", retryable=True)
+        call = to_send_message(channel_id, reply)
         try:
             message = await bot.send_message(
-                chat_id=_chat_ref(channel_id),
-                text=reply.text,
-                message_thread_id=int(reply.thread_id) if reply.thread_id else None,
-                reply_parameters=ReplyParameters(
-                    message_id=int(reply.reply_to), allow_sending_without_reply=True
-                )
-                if reply.reply_to
-                else None,
+                chat_id=call.chat_id,
+                text=call.text,
+                message_thread_id=call.message_thread_id,
+                reply_parameters=call.reply_parameters,
             )
         except RetryAfter as exc:
             raise DeliveryError(
                 f"telegram bot {self.bot_id}: rate limited",
                 retryable=True,
-                retry_after=_retry_after_seconds(exc),
+                retry_after=retry_after_seconds(exc),
             ) from None
         except TelegramError as exc:
             raise DeliveryError(
-                f"telegram bot {self.bot_id}: sendMessage failed: {self._describe(exc)}",
-                retryable=isinstance(exc, NetworkError) and _nothing_sent(exc),
+                f"telegram bot {self.bot_id}: sendMessage failed: {self._runtime.describe(exc)}",
+                retryable=isinstance(exc, NetworkError) and nothing_sent(exc),
             ) from None
         self._posts[channel_id] = self._posts.get(channel_id, 0) + 1
         self._offer_to_peers(message)
@@ -519,44 +493,24 @@ class TelegramConnector:
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Show "typing…" if no reply came within `typing_delay` (best effort, never raises)."""
         posted = self._posts.get(channel_id, 0)
-        if self._typing_delay > 0:
-            await self._sleep(self._typing_delay)
+        if self._timing.typing_delay > 0:
+            await self._timing.sleep(self._timing.typing_delay)
         bot = self._bot
         if bot is None or self._closing or self._posts.get(channel_id, 0) != posted:
             return
         try:
+            action = to_chat_action(channel_id, thread_id)
             await bot.send_chat_action(
-                chat_id=_chat_ref(channel_id),
-                action=ChatAction.TYPING,
-                message_thread_id=int(thread_id) if thread_id else None,
+                chat_id=action.chat_id,
+                action=action.action,
+                message_thread_id=action.message_thread_id,
             )
-        except TelegramError as exc:
-            log.debug("telegram bot %s: typing failed (%s)", self.bot_id, self._describe(exc))
-
-    def _describe(self, exc: BaseException) -> str:
-        """An exception as `Type: message`, with the token masked wherever it appears."""
-        text = f"{type(exc).__name__}: {exc}"
-        return text.replace(self._token, "***") if self._token else text
+        except (TelegramError, DeliveryError) as exc:
+            log.debug(
+                "telegram bot %s: typing failed (%s)", self.bot_id, self._runtime.describe(exc)
+            )
 
 
 def _update_id(raw: object) -> int | None:
     value = raw.get("update_id") if isinstance(raw, Mapping) else None
     return value if isinstance(value, int) else None
-
-
-def _chat_ref(channel_id: str) -> int | str:
-    """Numeric chat ids as int; `@channelname` references stay text."""
-    return int(channel_id) if channel_id.lstrip("-").isdigit() else channel_id
-
-
-def _nothing_sent(exc: NetworkError) -> bool:
-    """True when the request never reached Telegram (so a retry cannot post twice)."""
-    return isinstance(exc.__cause__, _NOTHING_SENT)
-
-
-def _retry_after_seconds(exc: RetryAfter) -> float:
-    """Telegram's `retry_after` in seconds (PTB warns about the int form; ask quietly)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PTBDeprecationWarning)
-        value = exc.retry_after
-    return value.total_seconds() if isinstance(value, timedelta) else float(value)

@@ -34,7 +34,6 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -42,6 +41,7 @@ from typing import TypeAlias
 from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType, MessageEntityType
 
+from connectors.skips import Skip
 from gateway.types import InboundMessage
 
 PLATFORM = "telegram"
@@ -77,19 +77,6 @@ _MESSAGE: _Shape = {
     "left_chat_member": _USER,
 }
 _UPDATE: _Shape = {"update_id": int, "message": _MESSAGE}
-
-
-class Skip(enum.StrEnum):
-    """Why an update was dropped instead of becoming an InboundMessage."""
-
-    MALFORMED = "malformed"
-    UNSUPPORTED = "unsupported_update"
-    NO_TEXT = "no_text"
-    NO_SENDER = "no_sender"
-    OTHER_BOT = "addressed_to_other_bot"
-    SELF = "own_message"
-    NOT_VISIBLE = "not_visible"
-    SINK_FAILED = "sink_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +158,7 @@ def translate_peer(
     if sender is None:
         return Skip.NO_SENDER
     if sender.id == bot.user_id:
-        return Skip.SELF
+        return Skip.OWN
     if not bot.reads_all_group_messages and not _visible_in_privacy_mode(message, bot):
         return Skip.NOT_VISIBLE
     return translate_message(

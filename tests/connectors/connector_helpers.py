@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import load_config
 from gateway.connector import ConnectorServices
@@ -129,8 +130,8 @@ class Inbox:
 
 
 def services() -> ConnectorServices:
-    """What the runtime lends a connector: a fresh aiohttp app and no peers."""
-    return ConnectorServices(http=web.Application(), peers={})
+    """What the runtime lends a connector: a fresh aiohttp app, no peers, fresh metrics."""
+    return ConnectorServices(http=web.Application())
 
 
 @contextmanager
@@ -258,6 +259,22 @@ async def gateway_process(config: Path) -> AsyncIterator[GatewayProcess]:
         yield gateway
     finally:
         await gateway.kill()
+
+
+async def dropped_at_metrics(port: int, platform: str) -> dict[str, float]:
+    """`events_dropped_total` of one platform, by reason, as the gateway's `/metrics` serves it."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        assert response.status == 200
+        text = await response.text()
+    return {
+        sample.labels["reason"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "events_dropped_total" and sample.labels["platform"] == platform
+    }
 
 
 def assert_no_secret(output: str, *secrets: str) -> None:

@@ -10,11 +10,13 @@ import importlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from connectors.discord import DiscordConnector, create
+from connectors.discord.connector import TIMING
 from gateway.config import DiscordBotConfig
 from gateway.errors import ConnectorError, DeliveryError
 from gateway.types import InboundMessage, Reply
@@ -63,9 +65,11 @@ def bot_config(fake: DiscordFake, token: str = TOKEN, **extra: Any) -> DiscordBo
 
 @asynccontextmanager
 async def started(
-    config: DiscordBotConfig, inbox: Inbox | None = None, **options: Any
+    config: DiscordBotConfig, inbox: Inbox | None = None, **timing: Any
 ) -> AsyncIterator[DiscordConnector]:
-    connector = DiscordConnector(config, services(), retry_delays=(0.01, 0.05), **options)
+    """A started connector on quick reconnects; `timing` overrides the connector's defaults."""
+    fast = replace(TIMING, retry_delays=(0.01, 0.05), **timing)
+    connector = DiscordConnector(config, services(), timing=fast)
     await connector.start(inbox or Inbox())
     try:
         yield connector

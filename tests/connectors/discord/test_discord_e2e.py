@@ -32,6 +32,7 @@ from tests.connectors.connector_helpers import (
     ROOT,
     WAIT_SECONDS,
     assert_no_secret,
+    dropped_at_metrics,
     gateway_process,
     running,
     wait_for,
@@ -419,3 +420,18 @@ async def test_the_fake_runs_as_a_process_of_its_own(tmp_path: Path) -> None:
         if server.returncode is None:
             server.kill()
         await server.wait()
+
+
+async def test_issue10_dropped_events_are_counted_at_metrics_by_reason(
+    tmp_path: Path, fake: DiscordFake
+) -> None:
+    async with running(write_config(tmp_path, fake)) as gateway:
+        connector = gateway.hosted["parrot-dc"].connector
+        assert isinstance(connector, DiscordConnector)
+        fake.message(CHANNEL, ALICE, "", attachments=[{"id": "1", "filename": "cat.png"}])
+        fake.message(CHANNEL, ALICE, "", type=7)  # "alice joined the server"
+        await say(fake, "counted?")
+        await wait_for(lambda: connector.dropped["own_message"] == 1)  # the echo of the reply
+        scraped = await dropped_at_metrics(gateway.port, "discord")
+    assert scraped == {"no_text": 1, "service_message": 1, "own_message": 1}
+    assert scraped == dict(connector.dropped)

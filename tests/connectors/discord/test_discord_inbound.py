@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from connectors.discord.inbound import BotIdentity, Skip, thread_name, to_inbound, translate_message
+from connectors.discord.inbound import BotIdentity, thread_name, to_inbound, translate_message
+from connectors.skips import Skip
 from gateway.types import InboundMessage
 
 BOT = BotIdentity(bot_id="parrot-dc", user_id="900000000000000001")

@@ -59,7 +59,7 @@ class RecordingSink:
 @pytest.fixture
 async def room() -> AsyncIterator[Room]:
     app = web.Application()
-    services = ConnectorServices(http=app, peers={})
+    services = ConnectorServices(http=app)
     bots = {
         "ping": create(RoomBotConfig(id="ping", platform="room", agent="a"), services),
         "pong": create(RoomBotConfig(id="pong", platform="room", agent="a", name="Pong"), services),
@@ -292,7 +292,7 @@ async def test_closed_connector_neither_sends_nor_receives(room: Room) -> None:
 
 async def test_messages_before_start_are_not_queued() -> None:
     app = web.Application()
-    bot = create(RoomBotConfig(id="late", platform="room", agent="a"), ConnectorServices(app, {}))
+    bot = create(RoomBotConfig(id="late", platform="room", agent="a"), ConnectorServices(http=app))
     assert not bot.connected
     app[ROOM_HUB].say("lobby", "alice", "too early")
     queue: asyncio.Queue[InboundMessage] = asyncio.Queue()

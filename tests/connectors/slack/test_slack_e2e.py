@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from connectors.slack import SlackConnector
 from gateway.messages import REFUSAL
 from gateway.runtime import Gateway
 from tests.connectors import connector_helpers
@@ -24,6 +25,7 @@ from tests.connectors.connector_helpers import (
     LONG_REPLY,
     NOTICE,
     assert_no_secret,
+    dropped_at_metrics,
     gateway_process,
     wait_for,
     write_e2e_config,
@@ -379,3 +381,26 @@ async def test_subprocess_sigterm_exits_zero_and_never_prints_a_secret(
     assert "DEBUG" in logged
     assert "apps.connections.open" in logged  # slack-sdk's DEBUG request lines were emitted
     assert_no_secret(logged, BOT_TOKEN, APP_TOKEN, HOOK_BOT_TOKEN, SIGNING_SECRET)
+
+
+async def test_issue10_dropped_events_are_counted_at_metrics_by_reason(
+    tmp_path: Path, fake: SlackFake
+) -> None:
+    async with running(write_config(tmp_path, fake, PARROT, HOOK), fake) as gateway:
+        parrot = gateway.hosted["parrot-sl"].connector
+        hook = gateway.hosted["hook-sl"].connector
+        assert isinstance(parrot, SlackConnector)
+        assert isinstance(hook, SlackConnector)
+        fake.deliver_event("parrot", {"type": "reaction_added", "user": ALICE.id, "reaction": "+1"})
+        fake.message(LOBBY, ALICE, "", extra={"subtype": "file_share", "files": [{"id": "F1"}]})
+        await wait_for(lambda: not fake.pending("parrot"))
+        event = fake.event_callback(
+            "hook",
+            {"type": "message", "channel": HOOKS, "user": ALICE.id, "ts": "1.5", "text": "x"},
+        )
+        assert (await fake.post_event("hook", event, secret="forged-secret"))[0] == 401
+        assert (await fake.post_event("hook", "[1, 2]"))[0] == 400
+        await say(fake, "counted?")
+        scraped = await dropped_at_metrics(gateway.port, "slack")
+    assert scraped == {"unsupported": 1, "no_text": 1, "unauthorized": 1, "malformed": 1}
+    assert scraped == dict(parrot.dropped + hook.dropped)

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from connectors.skips import Skip
 from connectors.slack.inbound import (
     BotIdentity,
-    Skip,
     to_inbound,
     translate_command,
     translate_event,
@@ -159,7 +159,7 @@ def test_bot_profile_alone_marks_a_bot() -> None:
 )
 def test_own_messages_are_dropped(event: dict[str, Any]) -> None:
     event = {k: v for k, v in event.items() if v is not None}
-    assert skip({**CHANNEL_MESSAGE, "event": event}) is Skip.SELF
+    assert skip({**CHANNEL_MESSAGE, "event": event}) is Skip.OWN
 
 
 def test_app_mention_strips_the_leading_mention_and_counts_as_one() -> None:

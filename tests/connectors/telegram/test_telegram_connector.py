@@ -7,6 +7,7 @@ import io
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -14,10 +15,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from pydantic import SecretStr
 
+from connectors.lanes import Lanes
 from connectors.telegram import TelegramConnector, create
-from connectors.telegram.connector import MAX_BODY_BYTES
+from connectors.telegram.connector import MAX_BODY_BYTES, TIMING
+from connectors.timing import Timing
 from gateway.config import TelegramBotConfig
-from gateway.connector import Connector, ConnectorServices
+from gateway.connector import ConnectorServices
 from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
 from gateway.types import InboundMessage, Reply
 from tests.connectors.connector_helpers import Inbox, services, wait_for
@@ -31,6 +34,7 @@ ALICE = FakeUser(5678, "Alice", "alice")
 GROUP = FakeChat(-1001, "supergroup", "Lounge")
 OTHER_GROUP = FakeChat(-1002, "supergroup", "Elsewhere")
 FORUM = FakeChat(-1003, "supergroup", "Forum", is_forum=True)
+FAST = Timing(retry_delays=(0.01, 0.05))
 
 
 def config(token: str = TOKEN, bot_id: str = "parrot-tg", **extra: Any) -> TelegramBotConfig:
@@ -77,11 +81,8 @@ async def started(fake: TelegramFake) -> AsyncIterator[Started]:
         connector = TelegramConnector(
             config(token, bot_id, api_base_url=fake.base_url),
             lent,
-            retry_delays=(0.01, 0.05),
-            typing_delay=0,
+            timing=FAST,
         )
-        peers: list[Connector] = lent.peers.setdefault("telegram", [])
-        peers.append(connector)
         inbox = Inbox()
         await connector.start(inbox)
         running.append(connector)
@@ -137,7 +138,7 @@ async def test_chats_overlap_but_one_chat_keeps_its_order(
         if message.text == "first":
             await inbox_gate.wait()
 
-    connector._sink = sink
+    connector._runtime.sink = sink
     fake.group_message(GROUP, ALICE, "first")
     fake.group_message(GROUP, ALICE, "second")
     fake.group_message(OTHER_GROUP, ALICE, "elsewhere")
@@ -162,7 +163,7 @@ async def test_odd_updates_are_dropped_and_polling_goes_on(
     await wait_for(lambda: inbox.texts() == ["still here"])
     await wait_for(lambda: not fake.pending(TOKEN))
     assert connector.dropped == {
-        "unsupported_update": 1,
+        "unsupported": 1,
         "no_text": 2,
         "no_sender": 1,
         "malformed": 2,
@@ -176,7 +177,7 @@ async def test_a_failing_sink_leaves_the_update_to_be_fetched_again(
     inbox.fail = True
     [boom] = fake.group_message(OTHER_GROUP, ALICE, "boom")
     fake.group_message(OTHER_GROUP, ALICE, "after boom")
-    await wait_for(lambda: connector.dropped["sink_error"] >= 2)
+    await wait_for(lambda: inbox.texts().count("boom") >= 2)
     # The chat stops at the failed update: the next one of it was not handed over.
     assert "after boom" not in inbox.texts()
     assert fake.pending(TOKEN)[0]["update_id"] == boom["update_id"]
@@ -191,7 +192,7 @@ async def test_an_update_the_sink_keeps_refusing_is_dropped_in_the_end(
     connector, inbox = await started()
     inbox.fail = True
     fake.group_message(OTHER_GROUP, ALICE, "poison")
-    await wait_for(lambda: connector.dropped["sink_failed"] == 1)
+    await wait_for(lambda: connector.dropped["sink_error"] == 1)
     assert inbox.texts() == ["poison"] * 5
     inbox.fail = False
     fake.group_message(OTHER_GROUP, ALICE, "fine")
@@ -209,14 +210,14 @@ async def test_an_update_refused_while_the_gateway_stops_is_left_for_the_next_ru
         refused.append(message.text)
         raise GatewayStopping("the gateway is stopping")
 
-    connector._sink = stopping
+    connector._runtime.sink = stopping
     [update] = fake.group_message(OTHER_GROUP, ALICE, "too late")
-    # Polling ends at the first refusal (only the peer worker is left); it is no failure
-    # of the pipeline, so it is neither retried until given up nor ever dropped.
-    await wait_for(lambda: refused == ["too late"] and len(connector._tasks) == 1)
+    # Polling ends at the first refusal (no task is left); it is no failure of the
+    # pipeline, so it is neither retried until given up nor ever dropped.
+    await wait_for(lambda: refused == ["too late"] and len(connector._tasks) == 0)
     await connector.aclose()
     assert refused == ["too late"]
-    assert connector.dropped["sink_failed"] == 0
+    assert connector.dropped["sink_error"] == 0
     assert fake.bots[TOKEN].confirmed_offset <= update["update_id"]
     assert [u["update_id"] for u in fake.pending(TOKEN)] == [update["update_id"]]
 
@@ -294,7 +295,7 @@ async def test_send_when_the_api_is_gone_is_retryable() -> None:
         connector = TelegramConnector(
             config(api_base_url=gone.base_url),
             services(),
-            retry_delays=(0.01, 0.05),
+            timing=FAST,
         )
         await connector.start(Inbox())
     try:
@@ -329,7 +330,7 @@ async def test_typing_waits_and_is_skipped_when_the_reply_came_first(
     connector = TelegramConnector(
         config(api_base_url=fake.base_url),
         services(),
-        sleep=sleep,
+        timing=replace(TIMING, sleep=sleep),
     )
     await connector.start(Inbox())
     try:
@@ -380,7 +381,7 @@ async def test_aclose_mid_batch_confirms_only_what_was_handed_over(
         if message.text == "second":
             await held.wait()
 
-    connector._sink = sink
+    connector._runtime.sink = sink
     [first] = fake.group_message(OTHER_GROUP, ALICE, "first")
     [second] = fake.group_message(OTHER_GROUP, ALICE, "second")
     fake.group_message(OTHER_GROUP, ALICE, "third")
@@ -435,7 +436,7 @@ async def webhook_client(
             webhook_secret=SecretStr(SECRET),
             **extra,
         ),
-        ConnectorServices(http=app, peers={}),
+        ConnectorServices(http=app),
     )
     client = TestClient(TestServer(app))
     await client.start_server()
@@ -579,3 +580,45 @@ async def test_issue9_webhook_drops_odd_json_with_200_and_counts_it(
     finally:
         await connector.aclose()
         await client.close()
+
+
+async def test_issue10_hosted_bots_meet_on_the_peer_bus_only_while_they_run(
+    fake: TelegramFake,
+) -> None:
+    lent = services()
+    parrot_inbox, echo_inbox = Inbox(), Inbox()
+    parrot = TelegramConnector(config(TOKEN, "parrot-tg", api_base_url=fake.base_url), lent)
+    echo = TelegramConnector(config(TOKEN_B, "echo-tg", api_base_url=fake.base_url), lent)
+    assert lent.peers.subscribers("telegram") == ()  # created, not running: not offered
+    await parrot.start(parrot_inbox)
+    await echo.start(echo_inbox)
+    try:
+        assert lent.peers.subscribers("telegram") == (parrot, echo)
+        fake.group_message(GROUP, ALICE, "hi both")
+        await wait_for(lambda: len(parrot_inbox.messages) == len(echo_inbox.messages) == 1)
+        echo.receive_peer({"message_id": 1, "chat": {"id": GROUP.id}})  # not a Message: ignored
+        await echo.aclose()
+        assert lent.peers.subscribers("telegram") == (parrot,)
+        await parrot.send(str(GROUP.id), Reply(text="anyone?"))
+        assert len(echo_inbox.messages) == 1
+        assert echo.dropped == {}
+    finally:
+        await parrot.aclose()
+        await echo.aclose()
+    assert lent.peers.subscribers("telegram") == ()
+
+
+async def test_issue10_peer_messages_beyond_the_lanes_are_dropped_as_queue_full(
+    fake: TelegramFake, started: Started
+) -> None:
+    parrot, _ = await started(TOKEN, "parrot-tg")
+    echo, echo_inbox = await started(TOKEN_B, "echo-tg")
+    fake.group_message(GROUP, ALICE, "hi")
+    await wait_for(lambda: len(echo_inbox.messages) == 1)
+    echo_inbox.gate = asyncio.Event()  # the pipeline holds the first peer message
+    echo._peer_lanes = Lanes(echo._runtime.hand_over, per_lane=1)
+    for n in range(3):
+        await parrot.send(str(GROUP.id), Reply(text=f"peer {n}"))
+    await wait_for(lambda: echo.dropped["queue_full"] == 1)
+    echo_inbox.gate.set()
+    await wait_for(lambda: echo_inbox.texts()[1:] == ["peer 0", "peer 1"])

@@ -15,12 +15,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from connectors.telegram import TelegramConnector
 from gateway.messages import REFUSAL
 from tests.connectors.connector_helpers import (
     BUDGET,
     LONG_REPLY,
     NOTICE,
     assert_no_secret,
+    dropped_at_metrics,
     gateway_process,
     running,
     wait_for,
@@ -335,3 +337,19 @@ async def test_issue9_two_hosted_bots_start_a_ping_pong_in_each_of_twenty_groups
         await wait_for(lambda: rooms_where("echo: echo: hi bots") == rooms, limit=30)
         # Each ping-pong runs until its own pair budget cuts it, room by room.
         await wait_for(lambda: rooms_where(NOTICE) == rooms, limit=30)
+
+
+async def test_issue10_dropped_events_are_counted_at_metrics_by_reason(
+    tmp_path: Path, fake: TelegramFake
+) -> None:
+    async with running(write_config(tmp_path, fake, PARROT)) as gateway:
+        connector = gateway.hosted["parrot-tg"].connector
+        assert isinstance(connector, TelegramConnector)
+        fake.unknown_update(TOKEN)
+        fake.photo_message(GROUP, ALICE)
+        fake.deliver(TOKEN, {"message": {"message_id": 5, "chat": {"id": "not a number"}}})
+        await say(fake, "counted?")
+        await wait_for(lambda: not fake.pending(TOKEN))
+        scraped = await dropped_at_metrics(gateway.port, "telegram")
+    assert scraped == {"unsupported": 1, "no_text": 1, "malformed": 1}
+    assert scraped == dict(connector.dropped)

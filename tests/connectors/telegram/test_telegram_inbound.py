@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from telegram import Message
 
+from connectors.skips import Skip
 from connectors.telegram.inbound import (
     BotIdentity,
-    Skip,
     is_group,
     misfit,
     parse_update,
@@ -313,7 +313,7 @@ def test_peer_message_of_this_bot_itself_is_dropped() -> None:
     message = Message.de_json(
         {"message_id": 1, "from": SELF, "chat": SUPERGROUP, "date": 1, "text": "x"}, None
     )
-    assert translate_peer(message, bot=BOT) is Skip.SELF
+    assert translate_peer(message, bot=BOT) is Skip.OWN
 
 
 def test_peer_message_in_privacy_mode_only_when_addressed() -> None:
