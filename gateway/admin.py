@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import yaml
@@ -40,20 +40,14 @@ from pydantic import BaseModel, ValidationError
 
 from gateway import messages
 from gateway.calls.store import CallStore
-from gateway.config import (
-    Config,
-    Policy,
-    ToolLoopSettings,
-    first_error,
-    resolve_policy,
-    with_override,
-)
+from gateway.config import Config, Policy, ToolLoopSettings, first_error, with_override
 from gateway.errors import LoopwardenError
 from gateway.limits import MAX_DURATION_SECONDS
 from gateway.metrics import ReportsOutages
+from gateway.policies import PolicyCache
 from gateway.refusals import RecentRefusals
 from gateway.safeyaml import YamlLimitError, load_yaml
-from gateway.state.base import GLOBAL_SCOPE, StateStore
+from gateway.state.base import StateStore
 from guards.lookalike import fold
 from guards.loop_guard import LoopGuardConfig
 
@@ -86,8 +80,9 @@ class AdminService:
         *,
         recent: RecentRefusals | None = None,
         calls: CallStore | None = None,
+        policies: PolicyCache | None = None,
     ) -> None:
-        self._config = config
+        self.policies = policies or PolicyCache(config)
         self._state = state
         self._calls = calls
         self._recent = recent or RecentRefusals()
@@ -229,16 +224,10 @@ class AdminService:
         return AdminAck(messages.set_ack(field, value))
 
     async def effective_policy(self, room: str, *, thread_id: str | None = None) -> Policy:
-        """Defaults, channel rule, then global and room overrides."""
+        """Defaults, channel rule, then global and room overrides: the pipeline's resolution."""
         platform, channel = split_room(room)
-        overrides = await self._overrides(room)
-        return resolve_policy(self._config, platform, channel, thread_id, overrides or None)
-
-    async def _overrides(self, room: str) -> Mapping[str, object]:
-        """Global (`*`) overrides with the room's on top."""
-        merged = dict(await self._state.get_overrides(GLOBAL_SCOPE))
-        merged.update(await self._state.get_overrides(room))
-        return merged
+        resolved = await self.policies.room(self._state, platform, channel, thread_id)
+        return resolved.policy
 
 
 def split_room(room: str) -> tuple[str, str]:

@@ -8,10 +8,11 @@ a bad rule fails before anything connects.
 
 Decisions where DESIGN.md is silent:
 - A policy is valid only when the guards can run with it: validating `bot_loop`,
-  `silence` and `tool_loop` builds their BotLoopPolicy, SilencePolicy and LoopGuardConfig
-  (the stages use the same `guard_policy()` / `guard_config()`), so the config, a channel
-  rule, `/loop set` and the admin API all refuse the same values. `tool_loop` refuses
-  unknown keys like every other section.
+  `silence`, `tool_loop` and `call_loop` builds their BotLoopPolicy, SilencePolicy,
+  LoopGuardConfig and CallLoopPolicy (the stages and agents use the same `guard_policy()`
+  / `guard_config()`), so the config, a channel rule, `/loop set` and the admin API all
+  refuse the same values. `tool_loop` refuses unknown keys like every other section.
+  `call_loop.max_repeats` is at most a million (`MAX_CALL_REPEATS`).
 - No number is inf or nan; every duration is at most 366 days and chosen secrets
   (`http.admin_token`, a Telegram `webhook_secret`) at least 16 characters
   (`gateway.limits`). The file must be UTF-8 and stay within `gateway.safeyaml`'s
@@ -50,6 +51,7 @@ from gateway.limits import Duration, long_enough
 from gateway.proxy.config import ProxyConfig
 from gateway.safeyaml import YamlLimitError, load_yaml
 from guards.bot_loop import BotLoopPolicy
+from guards.call_loop import CallLoopPolicy
 from guards.loop_guard import LoopGuardConfig
 from guards.silence import SilencePolicy
 
@@ -164,6 +166,11 @@ class _BotBase(_Frozen):
     id: str = Field(min_length=1, pattern=r"^[\w.-]+$")
     agent: str
 
+    @property
+    def display_name(self) -> str:
+        """How the gateway's notices name this bot: its config id."""
+        return self.id
+
 
 class DiscordBotConfig(_BotBase):
     """A Discord bot: a bot token, the REST base and (optionally) the gateway URL."""
@@ -222,6 +229,11 @@ class RoomBotConfig(_BotBase):
 
     platform: Literal["room"]
     name: str | None = None
+
+    @property
+    def display_name(self) -> str:
+        """Its name in the room when it has one, else its config id."""
+        return self.name or self.id
 
 
 BotConfig = Annotated[
@@ -350,6 +362,27 @@ class ToolLoopSettings(_Frozen):
         return LoopGuardConfig.from_dict(self.model_extra)
 
 
+MAX_CALL_REPEATS = 1_000_000
+"""The most identical LLM calls `call_loop.max_repeats` allows per window: a bound, not a goal."""
+
+
+class CallLoopSettings(_Frozen):
+    """Identical LLM calls an `openai` agent may send per window in a room, and the pause after."""
+
+    max_repeats: int = Field(default=5, ge=1, le=MAX_CALL_REPEATS)
+    window_seconds: Duration = Field(default=60.0, gt=0)
+    pause_seconds: Duration = Field(default=300.0, ge=0)
+
+    @model_validator(mode="after")
+    def _guard_runs(self) -> CallLoopSettings:
+        self.guard_policy()
+        return self
+
+    def guard_policy(self) -> CallLoopPolicy:
+        """The call-loop guard's policy, as the `openai` agents run it."""
+        return CallLoopPolicy(self.max_repeats, self.window_seconds, self.pause_seconds)
+
+
 class Policy(_Frozen):
     """The effective policy of a channel."""
 
@@ -357,6 +390,7 @@ class Policy(_Frozen):
     bot_loop: BotLoopSettings = BotLoopSettings()
     silence: SilenceSettings = SilenceSettings()
     tool_loop: ToolLoopSettings = ToolLoopSettings()
+    call_loop: CallLoopSettings = CallLoopSettings()
 
 
 class ChannelMatch(_Frozen):

@@ -1,4 +1,11 @@
-"""TurnContext: the typed context one inbound message carries through the pipeline."""
+"""TurnContext: the typed context one inbound message carries through the pipeline.
+
+`policy` is the room's effective Policy and `resolved` the same policy with the guard
+policies derived from it: the channel-policy stage sets both at once from the policy
+cache (`ctx.resolved = …`). A turn built with a policy of its own (the runtime starts
+every turn on the config's defaults; tests build turns directly) derives `resolved` once,
+on first use, from whatever `policy` holds then, so the two never disagree.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gateway.config import BotConfig, Config, Policy
+from gateway.policies import ResolvedPolicy
 from gateway.types import AgentResult, InboundMessage
 
 if TYPE_CHECKING:
@@ -38,6 +46,22 @@ class TurnContext:
     agent: Agent
     decisions: list[Decision] = field(default_factory=list)
     result: AgentResult | None = None
+    bot_turns: int = 0
+    """Bot messages in a row in the room, this one included (set by the `bot_turns` stage)."""
+    _resolved: ResolvedPolicy | None = field(default=None, init=False, repr=False)
+
+    @property
+    def resolved(self) -> ResolvedPolicy:
+        """`policy` with its guard policies: the cache's entry, else derived once from it."""
+        resolved = self._resolved
+        if resolved is None or resolved.policy is not self.policy:
+            resolved = self._resolved = ResolvedPolicy.derive(self.policy)
+        return resolved
+
+    @resolved.setter
+    def resolved(self, resolved: ResolvedPolicy) -> None:
+        self.policy = resolved.policy
+        self._resolved = resolved
 
     def decide(
         self, stage: str, code: str, reason: str, *, retry_after: float = 0.0, count: int = 0

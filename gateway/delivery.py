@@ -28,7 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from gateway.chunking import chunk_text
 from gateway.connector import Connector
-from gateway.errors import DeliveryError
+from gateway.errors import DeliveryError, LoopwardenError
 from gateway.metrics import Metrics
 from gateway.types import Reply
 
@@ -41,7 +41,7 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, DeliveryError) and exc.retryable
 
 
-class _GiveUpError(Exception):
+class _GiveUpError(LoopwardenError):
     """A chunk could not be sent; the reason is safe to log."""
 
 

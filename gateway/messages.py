@@ -64,6 +64,40 @@ def cooldown_notice(
     )
 
 
+# Why admission or the bot-loop guard refused a message, as `status` lists it.
+def paused_detail(left: float) -> str:
+    """A message in a paused room."""
+    return f"room paused, {format_duration(left)} left"
+
+
+def answers_none_detail(kind: str) -> str:
+    """A sender `respond_to` turns away (`kind`: humans or bots)."""
+    return f"this room answers no {kind}"
+
+
+def must_mention_detail(kind: str) -> str:
+    """A sender who must mention the bot and did not."""
+    return f"{kind} must mention the bot here"
+
+
+def bot_turn_cap_detail(turns: int, cap: int) -> str:
+    """A bot message beyond the consecutive-bot-turn cap."""
+    return f"{turns} bot turns in a row, cap {cap}; a human message resets it"
+
+
+def budget_exceeded_detail(event: int, budget: int, *, window: float, cooldown: float) -> str:
+    """The bot message that exceeded its pair's budget and opened the cooldown."""
+    return (
+        f"event {event} over {budget} per {format_duration(window)}, "
+        f"cooldown {format_duration(cooldown)}"
+    )
+
+
+def cooling_down_detail(left: float) -> str:
+    """A bot message of a pair in cooldown."""
+    return f"cooling down, {format_duration(left)} left"
+
+
 def help_text(prefix: str) -> str:
     """The list of loop commands, with the prefix the platform allows (`/loop` or `!loop`)."""
     return "\n".join(

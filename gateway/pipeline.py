@@ -2,7 +2,9 @@
 
 A middleware is `async (ctx, call_next) -> Reply | None`; it short-circuits by returning
 without calling `call_next`, and code after `await call_next(ctx)` runs after the inner
-layers (a real onion, unlike slack-bolt's flag-setting `next()`).
+layers (a real onion, unlike slack-bolt's flag-setting `next()`). Every middleware names
+itself (`name`, a class attribute): its decisions, refusals and errors are counted and
+logged under that name, never under its module path.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ Handler = Callable[[TurnContext], Awaitable[Reply | None]]
 
 
 class Middleware(Protocol):
-    """One pipeline stage."""
+    """One pipeline stage, named for metrics and logs (`refusals_total{stage=name}`)."""
+
+    name: str
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None: ...
 

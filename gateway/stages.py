@@ -2,8 +2,8 @@
 
 Outermost first:
 
-    errors → dedupe → self_filter → delivery → admin → channel_policy → admission
-           → bot_loop → silence → agent_dispatch
+    errors → dedupe → self_filter → delivery → admin → channel_policy → bot_turns
+           → admission → bot_loop → silence → agent_dispatch
 
 - errors: counts every message in; nothing raised inside escapes to the connector.
 - dedupe: a redelivered or retried platform event is handled once (`pipeline.dedupe`).
@@ -16,13 +16,19 @@ Outermost first:
   reply still flows agent → silence → delivery, as the design's diagram has it.
 - admin: `/loop` commands, handled here and never passed on (`pipeline.admin_commands`);
   they come before admission and the loop guard, so they work in a paused room.
-- channel_policy: the room's effective policy into `ctx.policy`.
-- admission: paused rooms; who this bot answers (`respond_to`); a human message it
-  refuses still resets the room's consecutive-bot-turn count.
-- bot_loop: pair budget, cooldown notice, consecutive-bot-turn cap.
+- channel_policy: the room's effective policy, with its guard policies, into
+  `ctx.resolved` (from the policy cache `/loop` commands share).
+- bot_turns: the room's consecutive-bot-turn count, updated for every message (the
+  bot-loop module owns it; before admission, so a human message nobody answers still
+  resets it).
+- admission: paused rooms; who this bot answers (`respond_to`).
+- bot_loop: consecutive-bot-turn cap, pair budget, cooldown notice.
 - silence: NO_REPLY and narration never reach delivery.
 - agent_dispatch: the agent's turn, bounded by the turn timeout; the tool-loop and
   call-loop verdicts the agent reports are counted and a halt is logged.
+
+Each stage's `name` is what metrics and logs call it (`refusals_total{stage}`,
+`errors_total{stage}`).
 """
 
 from __future__ import annotations
@@ -36,11 +42,11 @@ from gateway.middlewares import (
     AdmissionMiddleware,
     AgentDispatchMiddleware,
     BotLoopMiddleware,
+    BotTurnsMiddleware,
     ChannelPolicyMiddleware,
     DedupeMiddleware,
     DeliveryMiddleware,
     ErrorsMiddleware,
-    PolicyCache,
     SelfFilterMiddleware,
     SilenceMiddleware,
 )
@@ -58,21 +64,22 @@ def build_gateway_pipeline(
 ) -> Handler:
     """Assemble the stages (skipping those switched off in `pipeline:`) into one handler.
 
-    `metrics` defaults to the delivery's, so one registry holds every counter.
+    `metrics` defaults to the delivery's, so one registry holds every counter. The room's
+    policy comes from `admin.policies`, the cache `/loop status`, `policy` and `set` use.
     """
     decisions = DecisionLog(metrics or delivery.metrics, recent)
-    policies = PolicyCache(config)
-    stack: list[Middleware] = [ErrorsMiddleware(decisions.metrics)]
+    inner: list[Middleware] = []
     if config.pipeline.dedupe:
-        stack.append(DedupeMiddleware(config.pipeline.dedupe_ttl_seconds, decisions))
-    stack += [SelfFilterMiddleware(decisions), DeliveryMiddleware(delivery)]
+        inner.append(DedupeMiddleware(config.pipeline.dedupe_ttl_seconds, decisions))
+    inner += [SelfFilterMiddleware(decisions), DeliveryMiddleware(delivery)]
     if config.pipeline.admin_commands:
-        stack.append(AdminMiddleware(config, admin, decisions))
-    stack += [
-        ChannelPolicyMiddleware(policies),
+        inner.append(AdminMiddleware(config, admin, decisions))
+    inner += [
+        ChannelPolicyMiddleware(admin.policies),
+        BotTurnsMiddleware(),
         AdmissionMiddleware(decisions),
-        BotLoopMiddleware(policies, decisions),
-        SilenceMiddleware(policies, decisions),
+        BotLoopMiddleware(decisions),
+        SilenceMiddleware(decisions),
         AgentDispatchMiddleware(config.pipeline, decisions),
     ]
-    return build_pipeline(stack)
+    return build_pipeline([ErrorsMiddleware(decisions.metrics, inner), *inner])

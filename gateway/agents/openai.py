@@ -1,13 +1,16 @@
 """The `openai` agent: any OpenAI-compatible chat-completions endpoint, with guarded tools.
 
 One turn is one user message (system prompt + "sender: text"; no history) and a
-tool-calling loop. Every tool call goes through a LoopGuard made for the turn from
-`policy.tool_loop` (check → run → record → check, `guards.tool_wrapper`): a BLOCK result
+tool-calling loop. Every tool call goes through a LoopGuard made for the turn from the
+room's `policy.tool_loop` (`turn.resolved.tool_loop`; check → run → record → check,
+`guards.tool_wrapper`): a BLOCK result
 or a WARN-annotated result is fed back to the model as the tool message; HALT ends the
 turn with a short message in the room and `halt=Halt("tool_loop", code)`. Every HTTP
 request to the model goes through the agent's CallStore (circuit = agent name + room
-and thread; the fingerprint is the model plus the last two messages): a refused call is
-never sent, and the turn ends with `halt=Halt("call_loop", code)`.
+and thread; the fingerprint is the model plus the last two messages) under the room's
+`policy.call_loop` (`turn.resolved.call_loop`: `max_repeats`, `window_seconds`,
+`pause_seconds`, per channel rule and by `/loop set call_loop.max_repeats 3`): a refused
+call is never sent, and the turn ends with `halt=Halt("call_loop", code)`.
 
 Decisions where DESIGN.md is silent:
 - The sender's display name is put in the user message text ("Alice: hi"), not in the
@@ -28,9 +31,11 @@ Decisions where DESIGN.md is silent:
   apology; the log line has the status and the provider's error text, never the key.
 - The calls are counted in the CallStore the runtime gives (`calls=`: the state
   backend's, shared by every agent and replica and reopenable with `/loop reopen`), else
-  in a CallLoopGuard of the agent's own (`call_guard=`, or one with the default
-  `CallLoopPolicy`); the session is the room (`platform:channel`, plus `:thread` in a
-  thread), so one looping room never pauses another.
+  in a CallLoopGuard of the agent's own (`call_guard=`); either way each call is decided
+  under the room's call-loop policy, so a `/loop set` takes effect on the next call and
+  keeps the calls already counted in the window. The session is the room
+  (`platform:channel`, plus `:thread` in a thread), so one looping room never pauses
+  another.
 - A call refused with `loop_detected` ends the turn with a short notice. While the circuit
   stays paused (`loop_paused`) a human still gets a short notice, a bot gets silence, so
   the notices themselves cannot feed a bot-to-bot loop.
@@ -60,21 +65,17 @@ from gateway import messages
 from gateway.agents.python_fn import import_callable
 from gateway.calls.store import CallStore, MemoryCallStore
 from gateway.config import OpenAIAgentConfig
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, LoopwardenError
 from gateway.types import AgentResult, Halt, ToolCall
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
+    CallLoopPolicy,
     circuit_key,
     fingerprint_call,
     is_provider_failure,
 )
-from guards.loop_guard import (
-    GuardAction,
-    LoopGuard,
-    LoopGuardConfig,
-    LoopGuardDecision,
-)
+from guards.loop_guard import GuardAction, LoopGuard, LoopGuardDecision
 from guards.tool_wrapper import guarded_call, settling_decision
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ def parse_retry_after(headers: Mapping[str, str]) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
-class _ProviderError(Exception):
+class _ProviderError(LoopwardenError):
     """A model call that failed: HTTP status (None: no answer), reason, Retry-After."""
 
     def __init__(self, status: int | None, reason: str, retry_after: float | None = None):
@@ -239,7 +240,7 @@ class _ProviderError(Exception):
         self.transient = is_provider_failure(status, reason) and reason != "invalid response"
 
 
-class _TurnEnded(Exception):
+class _TurnEnded(LoopwardenError):
     """Ends the turn early with this reply (None: silence), and the guard's halt if any."""
 
     def __init__(self, text: str | None, *, halt: Halt | None) -> None:
@@ -288,9 +289,9 @@ class OpenAIAgent:
         msg = turn.message
         session = msg.room if msg.thread_id is None else f"{msg.room}:{msg.thread_id}"
         circuit = circuit_key(self.name, session)
-        guard = LoopGuard(
-            LoopGuardConfig.from_dict(turn.policy.tool_loop.model_dump()), clock=self._clock
-        )
+        resolved = turn.resolved
+        guard = LoopGuard(resolved.tool_loop, clock=self._clock)
+        policy = resolved.call_loop
         conversation: list[WireMessage] = []
         if self._config.system_prompt:
             conversation.append({"role": "system", "content": self._config.system_prompt})
@@ -300,7 +301,7 @@ class OpenAIAgent:
         try:
             for round_no in range(rounds + 1):
                 answer = await self._complete(
-                    circuit, conversation, sender_is_bot=msg.sender_is_bot
+                    circuit, policy, conversation, sender_is_bot=msg.sender_is_bot
                 )
                 if not answer.tool_calls:
                     return AgentResult(text=answer.content, tool_calls=tuple(calls))
@@ -369,7 +370,12 @@ class OpenAIAgent:
         return _TurnEnded(messages.TOOL_LOOP_STOP.format(tool=tool), halt=halt)
 
     async def _complete(
-        self, circuit: str, conversation: list[WireMessage], *, sender_is_bot: bool
+        self,
+        circuit: str,
+        policy: CallLoopPolicy,
+        conversation: list[WireMessage],
+        *,
+        sender_is_bot: bool,
     ) -> _WireMessage:
         """One model answer, retried on provider failures; guard refusals end the turn."""
         payload: dict[str, object] = {"model": self._config.model, "messages": conversation}
@@ -387,7 +393,7 @@ class OpenAIAgent:
         )
         try:
             completion: _Completion = await retrying(
-                self._attempt, circuit, fingerprint, payload, sender_is_bot
+                self._attempt, circuit, policy, fingerprint, payload, sender_is_bot
             )
         except _ProviderError as exc:
             log.warning(
@@ -405,12 +411,13 @@ class OpenAIAgent:
     async def _attempt(
         self,
         circuit: str,
+        policy: CallLoopPolicy,
         fingerprint: str,
         payload: Mapping[str, object],
         sender_is_bot: bool,
     ) -> _Completion:
         """One HTTP request, if the call guard allows it; a provider failure is uncounted."""
-        decision = await self.calls.decide(circuit, fingerprint)
+        decision = await self.calls.decide(circuit, fingerprint, policy=policy)
         if not decision.allowed:
             raise self._refused(decision, sender_is_bot=sender_is_bot)
         try:

@@ -3,8 +3,8 @@
 from gateway.middlewares.admin import AdminMiddleware
 from gateway.middlewares.admission import AdmissionMiddleware
 from gateway.middlewares.agent_dispatch import AgentDispatchMiddleware
-from gateway.middlewares.bot_loop import BotLoopMiddleware
-from gateway.middlewares.channel_policy import ChannelPolicyMiddleware, PolicyCache
+from gateway.middlewares.bot_loop import BotLoopMiddleware, BotTurnsMiddleware
+from gateway.middlewares.channel_policy import ChannelPolicyMiddleware
 from gateway.middlewares.dedupe import DedupeMiddleware
 from gateway.middlewares.delivery import DeliveryMiddleware
 from gateway.middlewares.errors import ErrorsMiddleware
@@ -16,11 +16,11 @@ __all__ = [
     "AdmissionMiddleware",
     "AgentDispatchMiddleware",
     "BotLoopMiddleware",
+    "BotTurnsMiddleware",
     "ChannelPolicyMiddleware",
     "DedupeMiddleware",
     "DeliveryMiddleware",
     "ErrorsMiddleware",
-    "PolicyCache",
     "SelfFilterMiddleware",
     "SilenceMiddleware",
 ]

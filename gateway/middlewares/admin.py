@@ -55,6 +55,8 @@ def parse_command(text: str) -> Command | None:
 class AdminMiddleware:
     """Handles `/loop` commands; everything else goes on to the inner stages."""
 
+    name = "admin"
+
     def __init__(
         self,
         config: Config,
@@ -80,11 +82,11 @@ class AdminMiddleware:
             return None
         if msg.sender_is_bot:
             await self._audit(ctx, allowed=False, outcome="ignored: sent by a bot")
-            self._decisions.refuse(ctx, "admin", "bot_command", "bots cannot run commands")
+            self._decisions.refuse(ctx, self.name, "bot_command", "bots cannot run commands")
             return None
         if msg.sender_id not in self._admins.for_platform(msg.platform):
             await self._audit(ctx, allowed=False, outcome="refused")
-            self._decisions.refuse(ctx, "admin", "not_authorised", "command refused")
+            self._decisions.refuse(ctx, self.name, "not_authorised", "command refused")
             return Reply(
                 messages.REFUSAL,
                 thread_id=msg.thread_id,
@@ -99,7 +101,7 @@ class AdminMiddleware:
         name = command.args[0].lower() if command.args else "help"
         said = " ".join(command.args)[:_AUDITED_COMMAND_CHARS] or "help"
         self._decisions.note(
-            ctx, "admin", name, f"{said} by {msg.sender_name or msg.sender_id} ({outcome})"
+            ctx, self.name, name, f"{said} by {msg.sender_name or msg.sender_id} ({outcome})"
         )
         return Reply(ack.text, thread_id=msg.thread_id, reply_to=msg.message_id)
 

@@ -9,15 +9,15 @@ A sender whose bot-ness the platform cannot tell arrives with `sender_is_bot=Tru
 (connectors fail closed, and the self filter does for platforms that never tell), so the
 bot rules apply to it.
 
-A human message refused here still resets the room's consecutive-bot-turn count (when
-the bot-loop guard is on): the cap counts bot turns without a human message in the room,
-not without one this bot answered.
+Admission only decides; it keeps no count. The room's consecutive-bot-turn count is the
+bot-loop module's (`bot_turns`, the stage just outside this one), which has already
+counted the message, so a human message refused here still resets it.
 """
 
 from __future__ import annotations
 
+from gateway import messages
 from gateway.context import TurnContext
-from gateway.messages import format_duration
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import Reply
@@ -26,6 +26,8 @@ from gateway.types import Reply
 class AdmissionMiddleware:
     """Drops messages in paused rooms and from senders the policy does not answer."""
 
+    name = "admission"
+
     def __init__(self, decisions: DecisionLog) -> None:
         self._decisions = decisions
 
@@ -33,10 +35,7 @@ class AdmissionMiddleware:
         msg = ctx.message
         paused = await ctx.state.pause_remaining(msg.room)
         if paused is not None:
-            self._decisions.refuse(
-                ctx, "admission", "paused", f"room paused, {format_duration(paused)} left"
-            )
-            await _human_spoke(ctx)
+            self._decisions.refuse(ctx, self.name, "paused", messages.paused_detail(paused))
             return None
         respond = ctx.policy.respond_to
         if msg.sender_is_bot:
@@ -50,16 +49,8 @@ class AdmissionMiddleware:
         if mode == "all" or (mode == "mentions" and addressed):
             return await call_next(ctx)
         if mode == "none":
-            code, detail = f"{kind}_off", f"this room answers no {kind}"
+            code, detail = f"{kind}_off", messages.answers_none_detail(kind)
         else:
-            code, detail = "not_addressed", f"{kind} must mention the bot here"
-        self._decisions.refuse(ctx, "admission", code, detail, remember=True)
-        await _human_spoke(ctx)
+            code, detail = "not_addressed", messages.must_mention_detail(kind)
+        self._decisions.refuse(ctx, self.name, code, detail, remember=True)
         return None
-
-
-async def _human_spoke(ctx: TurnContext) -> None:
-    """Reset the room's bot-turn count for a refused human message, as the guard would."""
-    msg = ctx.message
-    if not msg.sender_is_bot and ctx.policy.bot_loop.enabled:
-        await ctx.state.bot_turn(msg.room, is_bot=False, message_key=msg.message_key)

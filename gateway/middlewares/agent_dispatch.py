@@ -24,6 +24,7 @@ import logging
 from gateway import messages
 from gateway.config import PipelineConfig
 from gateway.context import TurnContext
+from gateway.errors import LoopwardenError
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import AgentResult, Reply
@@ -31,7 +32,7 @@ from gateway.types import AgentResult, Reply
 log = logging.getLogger("loopwarden.pipeline")
 
 
-class TurnTimeoutError(Exception):
+class TurnTimeoutError(LoopwardenError):
     """The agent did not answer within the turn timeout."""
 
 
@@ -86,6 +87,8 @@ class Deadlines:
 class AgentDispatchMiddleware:
     """Calls `ctx.agent.respond(ctx)` within the turn timeout; sets `ctx.result`."""
 
+    name = "agent_dispatch"
+
     def __init__(self, pipeline: PipelineConfig, decisions: DecisionLog) -> None:
         self._deadlines = Deadlines(pipeline.turn_timeout_seconds)
         self._typing = pipeline.typing_indicator
@@ -124,7 +127,7 @@ class AgentDispatchMiddleware:
     def _timed_out(self, ctx: TurnContext) -> Reply:
         msg = ctx.message
         timeout = self._deadlines.timeout
-        self._metrics.error("agent_dispatch")
+        self._metrics.error(self.name)
         log.warning(
             "%s agent of bot %s timed out after %.0f s (message %s)",
             msg.room,
@@ -132,7 +135,7 @@ class AgentDispatchMiddleware:
             timeout,
             msg.message_id,
         )
-        ctx.decide("agent_dispatch", "timeout", f"no answer within {timeout:g} s")
+        ctx.decide(self.name, "timeout", f"no answer within {timeout:g} s")
         return Reply(messages.TIMEOUT_NOTICE, thread_id=msg.thread_id, reply_to=msg.message_id)
 
     def _start_typing(self, ctx: TurnContext) -> None:

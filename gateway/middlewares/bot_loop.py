@@ -1,74 +1,85 @@
 """Bot loop guard: a pair budget per room, a cap on consecutive bot turns, one notice per cooldown.
 
-For a bot sender, `state.pair_decide` records the exchange between the hosted bot and the
-sender (their platform user ids, direction-independent, scoped to the room) and decides
-it atomically. The one exchange that exceeds the budget opens the cooldown and is the only
-one answered `budget_exceeded`; every later exchange of the pair until the cooldown ends is
-answered `cooldown`, by whichever replica or hosted bot asks, and a reset starts the pair
-afresh. So the `budget_exceeded` refusal posts the room's one short notice for that cooldown
-(when `announce_cooldown` is on and the cooldown is longer than 0) with no claim of its own,
-and `cooldown` refusals are silent.
+Two stages, both this module's. `bot_turns` (before admission) keeps the room's
+consecutive-bot-turn count, and is its only writer in the pipeline: every message that
+reaches it updates `state.bot_turn` (a bot message adds one, a human message resets it to
+0), answered or not, so a human message admission refuses still resets the count, and
+bot messages no hosted bot answers (a paused room, `respond_to`) still count as bot turns
+in the room. The update is keyed by the message, so a message that several hosted bots
+see counts once and every one of them gets the same count (`ctx.bot_turns`). Each bot
+message is counted by the hosted bots that receive it, so a bot's own posts count through
+the other hosted bots (the self filter runs earlier); with a single hosted bot, only the
+other bots' messages count.
 
-The consecutive-bot-turn count (`state.bot_turn`) is updated for every admitted message:
-a bot message adds one, a human message resets it to 0 (admission resets it for the human
-messages it refuses, too). The update is keyed by the message, so a message that several
-hosted bots see counts once and every one of them gets the same count. Each bot message is
-counted by the hosted bots that receive it, so a bot's own posts count through the other
-hosted bots (the self filter runs earlier); with a single hosted bot, only the other bots'
-messages count. Bot messages beyond `max_consecutive_bot_turns` (0 turns the cap off) are
-dropped (`bot_turn_cap`) until a human speaks; the pair budget is not charged for them.
+`bot_loop` (after admission) decides the admitted bot messages. Bot messages beyond
+`max_consecutive_bot_turns` (0 turns the cap off) are dropped (`bot_turn_cap`) until a
+human speaks; the pair budget is not charged for them. Otherwise `state.pair_decide`
+records the exchange between the hosted bot and the sender (their platform user ids,
+direction-independent, scoped to the room) and decides it atomically. The one exchange
+that exceeds the budget opens the cooldown and is the only one answered
+`budget_exceeded`; every later exchange of the pair until the cooldown ends is answered
+`cooldown`, by whichever replica or hosted bot asks, and a reset starts the pair afresh.
+So the `budget_exceeded` refusal posts the room's one short notice for that cooldown
+(when `announce_cooldown` is on and the cooldown is longer than 0) with no claim of its
+own, and `cooldown` refusals are silent. The notice names the hosted bot by its display
+name and the admin command by the platform's prefix (`capabilities.command_prefix`):
+this module knows no platform.
 """
 
 from __future__ import annotations
 
 from gateway import messages
-from gateway.config import BotConfig, BotLoopSettings, RoomBotConfig
+from gateway.config import BotLoopSettings
 from gateway.context import TurnContext
-from gateway.middlewares.channel_policy import PolicyCache
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import Reply
 from guards.bot_loop import PairDecision
 
-_SLACK = "slack"
+_GUARD = "bot_loop"
+
+
+class BotTurnsMiddleware:
+    """Counts the room's consecutive bot turns for every message, into `ctx.bot_turns`."""
+
+    name = "bot_turns"
+
+    async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+        if ctx.policy.bot_loop.enabled:
+            msg = ctx.message
+            ctx.bot_turns = await ctx.state.bot_turn(
+                msg.room, is_bot=msg.sender_is_bot, message_key=msg.message_key
+            )
+        return await call_next(ctx)
 
 
 class BotLoopMiddleware:
     """Drops bot messages over the pair budget, in cooldown, or beyond the bot-turn cap."""
 
-    def __init__(self, policies: PolicyCache, decisions: DecisionLog) -> None:
-        self._policies = policies
+    name = "bot_loop"
+
+    def __init__(self, decisions: DecisionLog) -> None:
         self._decisions = decisions
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
-        settings = ctx.policy.bot_loop
-        if not settings.enabled:
-            return await call_next(ctx)
         msg = ctx.message
-        state = ctx.state
-        turns = await state.bot_turn(
-            msg.room, is_bot=msg.sender_is_bot, message_key=msg.message_key
-        )
-        if not msg.sender_is_bot:
+        settings = ctx.policy.bot_loop
+        if not msg.sender_is_bot or not settings.enabled:
             return await call_next(ctx)
         cap = settings.max_consecutive_bot_turns
+        turns = ctx.bot_turns
         if cap and turns > cap:
-            self._refuse(
-                ctx,
-                "bot_turn_cap",
-                f"{turns} bot turns in a row, cap {cap}; a human message resets it",
-                count=turns,
-            )
+            self._refuse(ctx, "bot_turn_cap", messages.bot_turn_cap_detail(turns, cap), count=turns)
             return None
-        decision = await state.pair_decide(
+        decision = await ctx.state.pair_decide(
             scope=msg.room,
             self_bot_id=msg.bot_user_id or ctx.connector.bot_user_id,
             sender_bot_id=msg.sender_id,
-            policy=self._policies.derived(ctx.policy).bot_loop,
+            policy=ctx.resolved.bot_loop,
         )
         if decision.allowed:
             self._decisions.guard(
-                ctx, "bot_loop", decision.reason, "within the pair budget", count=decision.count
+                ctx, _GUARD, decision.reason, "within the pair budget", count=decision.count
             )
             return await call_next(ctx)
         self._refuse(
@@ -90,10 +101,10 @@ class BotLoopMiddleware:
         self, ctx: TurnContext, code: str, detail: str, *, retry_after: float = 0.0, count: int
     ) -> None:
         """A refusal of this stage: a guard verdict, a refusal, and one of `status`'s lines."""
-        self._decisions.metrics.guard_decision("bot_loop", code)
+        self._decisions.metrics.guard_decision(_GUARD, code)
         self._decisions.refuse(
             ctx,
-            "bot_loop",
+            self.name,
             code,
             detail,
             who=_pair(ctx),
@@ -108,42 +119,35 @@ class BotLoopMiddleware:
         cooldown = settings.cooldown_seconds
         self._decisions.note(
             ctx,
-            "bot_loop",
+            self.name,
             "cooldown_notice",
             f"cooldown opened for {messages.format_duration(cooldown)}, notice posted "
             + _pair(ctx),
         )
         text = messages.cooldown_notice(
-            _display_name(ctx.bot),
+            ctx.bot.display_name,
             msg.sender_name or msg.sender_id,
             cooldown=cooldown,
             budget=settings.max_events_per_window,
             window=settings.window_seconds,
-            prefix="!loop" if msg.platform == _SLACK else "/loop",
+            prefix=ctx.connector.capabilities.command_prefix,
         )
         return Reply(text, thread_id=msg.thread_id)
 
 
 def _detail(decision: PairDecision, settings: BotLoopSettings) -> str:
     """Why the pair was refused, in words, for the decision log and `status`."""
-    budget = settings.max_events_per_window
-    window = messages.format_duration(settings.window_seconds)
     if decision.reason == "budget_exceeded":
-        return (
-            f"event {decision.count + 1} over {budget} per {window}, "
-            f"cooldown {messages.format_duration(decision.retry_after)}"
+        return messages.budget_exceeded_detail(
+            decision.count + 1,
+            settings.max_events_per_window,
+            window=settings.window_seconds,
+            cooldown=decision.retry_after,
         )
-    return f"cooling down, {messages.format_duration(decision.retry_after)} left"
+    return messages.cooling_down_detail(decision.retry_after)
 
 
 def _pair(ctx: TurnContext) -> str:
     """`pair=parrot↔echo`: the hosted bot and the sender, for decision log lines."""
     msg = ctx.message
     return f"pair={msg.bot_id}↔{msg.sender_name or msg.sender_id}"
-
-
-def _display_name(bot: BotConfig) -> str:
-    """How the hosted bot is named in notices: its room name when it has one, else its id."""
-    if isinstance(bot, RoomBotConfig) and bot.name:
-        return bot.name
-    return bot.id

@@ -21,6 +21,8 @@ from gateway.types import Reply
 class DedupeMiddleware:
     """Drops a delivery whose receipt is held (code `duplicate`); confirms the others."""
 
+    name = "dedupe"
+
     def __init__(self, ttl: float, decisions: DecisionLog) -> None:
         self._ttl = ttl
         self._decisions = decisions
@@ -28,7 +30,7 @@ class DedupeMiddleware:
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         key = "dedupe:" + ctx.message.delivery_key
         if not await ctx.state.receive(key, self._ttl):
-            self._decisions.refuse(ctx, "dedupe", "duplicate", "delivered before")
+            self._decisions.refuse(ctx, self.name, "duplicate", "delivered before")
             return None
         reply = await call_next(ctx)
         await ctx.state.confirm(key, self._ttl)

@@ -16,6 +16,8 @@ from gateway.types import Reply
 class DeliveryMiddleware:
     """Sends the reply of the inner layers through `Delivery`, then passes it outwards."""
 
+    name = "delivery"
+
     def __init__(self, delivery: Delivery) -> None:
         self._delivery = delivery
 

@@ -23,6 +23,8 @@ from gateway.types import Reply
 class SelfFilterMiddleware:
     """Drops messages authored by the hosted bot itself (code `self`)."""
 
+    name = "self_filter"
+
     def __init__(self, decisions: DecisionLog) -> None:
         self._decisions = decisions
 
@@ -31,7 +33,7 @@ class SelfFilterMiddleware:
         connector = ctx.connector
         me = msg.bot_user_id or connector.bot_user_id
         if me and msg.sender_id == me:
-            self._decisions.refuse(ctx, "self_filter", "self", "own message", level=logging.DEBUG)
+            self._decisions.refuse(ctx, self.name, "self", "own message", level=logging.DEBUG)
             return None
         if not msg.sender_is_bot and not connector.capabilities.knows_bots:
             ctx.message = replace(msg, sender_is_bot=True)

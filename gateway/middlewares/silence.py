@@ -1,6 +1,7 @@
 """Silence filter: NO_REPLY and silence narration never reach the platform.
 
-The agent's reply passes through `apply_silence` with the room's SilencePolicy: a reply
+The agent's reply passes through `apply_silence` with the room's SilencePolicy
+(`ctx.resolved.silence`, derived once with the room's policy): a reply
 that is only a silence token (or narration such as `(no reply)`) becomes nothing, and a
 token alone on the first or last line is stripped. An agent that returns no text at all
 chose silence too. When silence meets a human who addressed the bot (mention, reply to
@@ -15,7 +16,6 @@ from dataclasses import replace
 
 from gateway import messages
 from gateway.context import TurnContext
-from gateway.middlewares.channel_policy import PolicyCache
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import Reply
@@ -25,8 +25,9 @@ from guards.silence import apply_silence
 class SilenceMiddleware:
     """Filters the agent's reply; may turn an addressed human's silence into a notice."""
 
-    def __init__(self, policies: PolicyCache, decisions: DecisionLog) -> None:
-        self._policies = policies
+    name = "silence"
+
+    def __init__(self, decisions: DecisionLog) -> None:
         self._decisions = decisions
         self._metrics = decisions.metrics
 
@@ -36,7 +37,7 @@ class SilenceMiddleware:
         if not settings.enabled or ctx.result is None:
             return reply
         if reply is not None:
-            kept = apply_silence(reply.text, self._policies.derived(ctx.policy).silence)
+            kept = apply_silence(reply.text, ctx.resolved.silence)
             if kept == reply.text:
                 self._metrics.guard_decision("silence", "sent")
                 return reply

@@ -70,11 +70,15 @@ class InMemoryConnector:
         max_message_length: int = 2_000,
         knows_bots: bool = True,
         typing: bool = False,
+        command_prefix: str = "/loop",
     ) -> None:
         self.name = platform
         self.bot_id = bot_id
         self.capabilities = Capabilities(
-            max_message_length=max_message_length, knows_bots=knows_bots, typing=typing
+            max_message_length=max_message_length,
+            knows_bots=knows_bots,
+            typing=typing,
+            command_prefix=command_prefix,
         )
         self._user_id = bot_user_id or f"U_{bot_id}"
         self._sink: Sink | None = None
@@ -211,6 +215,7 @@ class PipelineRig:
         max_message_length: int = 2_000,
         typing: bool = False,
         max_attempts: int = 5,
+        command_prefix: str = "/loop",
     ) -> None:
         self.config = config
         self.clock = FakeClock()
@@ -234,6 +239,7 @@ class PipelineRig:
                 platform=bot.platform,
                 max_message_length=max_message_length,
                 typing=typing,
+                command_prefix=command_prefix,
             )
             for bot in config.bots
         }

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 
 import pytest
 
+from connectors.slack.connector import SlackConnector
 from gateway.admin import AdminService
+from gateway.config import parse_config
+from gateway.middlewares import bot_loop as bot_loop_stage
 from gateway.refusals import RecentRefusals
 from gateway.stages import build_gateway_pipeline
-from tests.fakes.inmemory import ConstantAgent, InMemoryRoom, PipelineRig, rig_config
+from tests.fakes.inmemory import (
+    ConstantAgent,
+    InMemoryConnector,
+    InMemoryRoom,
+    PipelineRig,
+    rig_config,
+)
 
 NO_CAP = "policy: {bot_loop: {max_consecutive_bot_turns: 0}}"
 
@@ -187,15 +197,39 @@ bots:
   - {id: beta, platform: slack, bot_token: x, signing_secret: y, agent: a}
 policy: {bot_loop: {max_consecutive_bot_turns: 0, max_events_per_window: 2}}
 """
-    from gateway.config import parse_config
-
-    rig = PipelineRig(parse_config(config_text, env={}))
+    rig = PipelineRig(
+        parse_config(config_text, env={}),
+        command_prefix=SlackConnector.capabilities.command_prefix,
+    )
     await rig.start()
     room = InMemoryRoom(rig)
     await room.post("hi")
     await room.run()
     [notice] = notices(room)
     assert notice.endswith("An admin can !loop reset.")
+
+
+async def test_issue10_the_notice_takes_the_command_prefix_from_the_connector() -> None:
+    # A room-platform rig whose connector says "?loop": the stage asks the connector, not
+    # the platform's name, so the notice follows it.
+    config = rig_config(
+        "policy: {bot_loop: {max_consecutive_bot_turns: 0, max_events_per_window: 2}}",
+        bots=("parrot", "echo"),
+    )
+    rig = PipelineRig(config, command_prefix="?loop")
+    await rig.start()
+    room = InMemoryRoom(rig)
+    await room.post("hi")
+    await room.run()
+    [notice] = notices(room)
+    assert notice.endswith("An admin can ?loop reset.")
+    assert rig.config.bots[0].platform == "room"
+
+
+def test_issue10_the_bot_loop_stage_names_no_platform() -> None:
+    source = inspect.getsource(bot_loop_stage).lower()
+    for platform in ("slack", "telegram", "discord", "roombotconfig"):
+        assert platform not in source
 
 
 async def test_humans_never_touch_the_pair_budget() -> None:
@@ -237,3 +271,37 @@ async def test_issue3_the_refused_turn_carries_its_decision_reason_count_and_ret
     [decision] = refused
     assert (decision.stage, decision.count, decision.retry_after) == ("bot_loop", 20, 60.0)
     assert "cooldown 1 min" in decision.reason
+
+
+async def test_issue3_unknown_botness_charges_the_pair_budget_and_gets_no_notice() -> None:
+    agent = ConstantAgent(None)
+    config = rig_config("policy: {bot_loop: {max_events_per_window: 1}}")
+    rig = PipelineRig(config, {"parrot": agent})
+    rig.connectors["parrot"] = connector = InMemoryConnector("parrot", knows_bots=False)
+    await rig.start()
+    for _ in range(2):
+        await connector.push(connector.message("hey @parrot", mentions_bot=True))
+    # The first is a bot turn: its silence gets no notice (a person's would). The second
+    # is over the pair budget: the only thing posted is the cooldown notice.
+    assert [turn.sender_is_bot for turn in agent.turns] == [True]
+    [posted] = connector.texts()
+    assert posted.startswith("Loop guard: pausing replies between parrot and alice")
+
+
+async def test_issue10_bot_messages_nobody_answers_count_as_bot_turns_in_the_room() -> None:
+    # The count is kept before admission: bot messages this room's bots do not answer
+    # (here: answered only when they mention a bot) are still bot turns in a row.
+    rig, room = await ping_pong(
+        "policy: {respond_to: {bots: mentions}, "
+        "bot_loop: {max_consecutive_bot_turns: 3, max_events_per_window: 1000}}"
+    )
+    for _ in range(3):
+        await room.post("chatter", sender_id="U_EXT", sender_name="ext", is_bot=True)
+    await room.post(
+        "@parrot hi", sender_id="U_EXT", sender_name="ext", is_bot=True, mentions=["U_parrot"]
+    )
+    assert rig.sent() == []
+    assert rig.metrics.value("refusals_total", stage="bot_loop", reason="bot_turn_cap") == 1
+    # A human message resets it, answered or not.
+    await room.post("hello all")
+    assert await rig.state.bot_turn("room:C1", is_bot=True) == 1

@@ -1,0 +1,89 @@
+"""Admission: paused rooms and who this bot answers (`respond_to`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.context import TurnContext
+from gateway.middlewares import AdmissionMiddleware, ChannelPolicyMiddleware
+from gateway.pipeline import build_pipeline
+from gateway.refusals import DecisionLog
+from tests.gateway.middlewares.stage_rig import rig_with
+
+
+@pytest.mark.parametrize(
+    ("mode", "message", "answered"),
+    [
+        ("all", {}, True),
+        ("none", {"mentions_bot": True}, False),
+        ("mentions", {}, False),
+        ("mentions", {"mentions_bot": True}, True),
+        ("mentions", {"reply_to_bot": True}, True),
+        ("mentions", {"is_direct": True}, True),
+    ],
+)
+async def test_respond_to_humans(mode: str, message: dict[str, bool], answered: bool) -> None:
+    rig, agent = await rig_with(f"policy: {{respond_to: {{humans: {mode}}}}}")
+    connector = rig.connector()
+    await connector.push(connector.message("hello", **message))  # type: ignore[arg-type]
+    assert bool(agent.turns) is answered
+
+
+@pytest.mark.parametrize(
+    ("mode", "message", "answered"),
+    [
+        ("all", {}, True),
+        ("none", {"mentions_bot": True}, False),
+        ("mentions", {}, False),
+        ("mentions", {"mentions_bot": True}, True),
+        ("mentions", {"is_direct": True}, True),
+        # A platform's reply feature adds an automatic mention: not a mention from a bot.
+        ("mentions", {"reply_to_bot": True}, False),
+    ],
+)
+async def test_issue3_respond_to_bots_and_auto_reply_mention(
+    mode: str, message: dict[str, bool], answered: bool
+) -> None:
+    rig, agent = await rig_with(f"policy: {{respond_to: {{bots: {mode}}}}}")
+    connector = rig.connector()
+    await connector.push(
+        connector.message("hello", sender_id="U_B", sender_is_bot=True, **message)  # type: ignore[arg-type]
+    )
+    assert bool(agent.turns) is answered
+
+
+async def test_admission_refusals_feed_recent_refusals() -> None:
+    rig, _ = await rig_with("policy: {respond_to: {humans: mentions}}")
+    connector = rig.connector()
+    await connector.push(connector.message("hello"))
+    [refusal] = rig.recent.recent("room:C1")
+    assert (refusal.stage, refusal.code) == ("admission", "not_addressed")
+
+
+async def test_issue10_admission_decides_and_keeps_no_bot_turn_count() -> None:
+    # Admission alone (no bot_turns stage): refusing a human in a paused room leaves the
+    # room's consecutive-bot-turn count as it was; the bot-loop module owns that count.
+    rig, _ = await rig_with()
+    room = "room:C1"
+    for _ in range(2):
+        await rig.state.bot_turn(room, is_bot=True)
+    await rig.state.pause(room, None)
+    handler = build_pipeline(
+        [
+            ChannelPolicyMiddleware(rig.admin.policies),
+            AdmissionMiddleware(DecisionLog(rig.metrics, rig.recent)),
+        ]
+    )
+    connector = rig.connector()
+    turn = TurnContext(
+        message=connector.message("anyone?"),
+        policy=rig.config.policy,
+        state=rig.state,
+        config=rig.config,
+        bot=rig.config.bot("parrot"),
+        connector=connector,
+        agent=rig.agents["parrot"],
+    )
+    assert await handler(turn) is None
+    assert [(d.stage, d.code) for d in turn.decisions] == [("admission", "paused")]
+    assert await rig.state.bot_turn(room, is_bot=True) == 3
