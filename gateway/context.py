@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from gateway.config import BotConfig, Config, Policy
 from gateway.policies import ResolvedPolicy
-from gateway.types import AgentResult, InboundMessage
+from gateway.types import AgentResult, HistoryEntry, InboundMessage
 
 if TYPE_CHECKING:
     from gateway.agents.base import Agent
@@ -48,6 +48,8 @@ class TurnContext:
     result: AgentResult | None = None
     bot_turns: int = 0
     """Bot messages in a row in the room, this one included (set by the `bot_turns` stage)."""
+    history: tuple[HistoryEntry, ...] = ()
+    """The room's recent transcript before this message, oldest first, for the agent."""
     _resolved: ResolvedPolicy | None = field(default=None, init=False, repr=False)
 
     @property

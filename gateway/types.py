@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,19 @@ class Reply:
     thread_id: str | None = None
     reply_to: str | None = None
     ephemeral_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    """One earlier message of the room as an agent sees it (DESIGN.md §3).
+
+    `role` is `assistant` for the hosted bot's own messages and `user` for everyone
+    else's; `name` is the sender's display name and `text` the message as posted.
+    """
+
+    role: Literal["user", "assistant"]
+    name: str
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
