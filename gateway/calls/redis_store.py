@@ -14,11 +14,17 @@ touches one cluster slot:
 - `{calls}:hold:<circuit or group>`: a hash (paused_until, fresh_from, expires_at, reason,
   rule, refusal count);
 - `{calls}:ev:c␟<circuit>␟<call>` and `{calls}:ev:r␟<rule>␟<values>`: sorted sets of
-  counted calls, scored by time, members unique (`{calls}:seq`);
+  counted calls, scored by time, members unique (`{calls}:seq`), plus the member `idle`
+  scored by when the record goes idle (`CountedCalls.idle_at`; always the highest score:
+  a call's window is never empty);
 - `{calls}:log`: the request log, a sorted set of JSON entries scored by their time,
   trimmed to the newest `log_keep`.
 Keys carry a TTL (PEXPIRE) of what they serve plus a minute: the scripts check times
 themselves, the TTL only frees memory.
+
+The scripts are the one sanctioned second version of `guards.call_loop.step_call`,
+`step_reopen` and `uncount`: the same steps over the same record, held to them by
+tests/gateway/calls/test_call_store_conformance.py.
 
 Decisions where DESIGN.md is silent:
 - Redis down: `on_error: allow` decides with a `MemoryCallStore` of this process, so
@@ -45,22 +51,24 @@ from types import MappingProxyType
 from typing import cast
 
 from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome, MemoryCallStore
-from gateway.calls.verdicts import (
+from gateway.calls.verdicts import receipt_to_uncount
+from gateway.errors import StateError
+from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
+from guards.call_loop import (
+    CallDecision,
+    CallLoopPolicy,
+    PausedCircuit,
     RuleKey,
+    UniquenessRule,
     allowed_verdict,
-    call_identity,
+    call_event,
     duplicate_verdict,
     loop_verdict,
     paused_verdict,
-    receipt_to_uncount,
     reopen_window,
     rule_group,
-    rule_key,
     rules_by_name,
 )
-from gateway.errors import StateError
-from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
-from guards.call_loop import CallDecision, CallLoopPolicy, PausedCircuit, UniquenessRule
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +112,17 @@ local function pause(key, earlier, now, seconds, reason, rule)
   end
   put_hold(key, now, now + seconds, ff, ex, reason, rule, 1)
 end
+-- The counted calls of a key in the window after floor; the others are dropped, and an
+-- idle record is deleted (it counts as none).
 local function live(key, now, window, floor)
+  local idle = redis.call('ZSCORE', key, 'idle')
+  if idle and tonumber(idle) <= now then
+    redis.call('DEL', key)
+    return 0
+  end
   while true do
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    if #first == 0 then return 0 end
+    if #first == 0 or first[1] == 'idle' then break end
     local t = tonumber(first[2])
     if t + window <= now or t < floor then
       redis.call('ZPOPMIN', key)
@@ -115,7 +130,14 @@ local function live(key, now, window, floor)
       break
     end
   end
-  return redis.call('ZCARD', key)
+  local count = redis.call('ZCARD', key)
+  if idle then count = count - 1 end
+  return count
+end
+-- Count one call at `at` in a key's record, which goes idle when it leaves the window.
+local function count(key, at, member, now, window)
+  redis.call('ZADD', key, at, member, num(now + window), 'idle')
+  redis.call('PEXPIRE', key, ttl(window))
 end
 """
 )
@@ -156,30 +178,30 @@ for i = 1, nrules do
   local g = groups[i] or nil
   local gfloor = NEVER
   if g then gfloor = g.ff end
-  local count = live(KEYS[3 + 2 * i], now, rwindow, gfloor)
-  if count >= limit then
+  local counted = live(KEYS[3 + 2 * i], now, rwindow, gfloor)
+  if counted >= limit then
     if action == 'pause' then
       pause(KEYS[2 + 2 * i], g, now, seconds, 'rule:' .. name, name)
-      return {3, num(seconds), count + 1, i}
+      return {3, num(seconds), counted + 1, i}
     end
+    -- The oldest counted call: `idle` scores highest and calls are counted here.
     local first = redis.call('ZRANGE', KEYS[3 + 2 * i], 0, 0, 'WITHSCORES')
-    return {3, num(tonumber(first[2]) + rwindow - now), count + 1, i}
+    return {3, num(tonumber(first[2]) + rwindow - now), counted + 1, i}
   end
 end
 local member = tostring(redis.call('INCR', KEYS[3]))
 local at = num(now)
-redis.call('ZADD', KEYS[2], at, member)
-redis.call('PEXPIRE', KEYS[2], ttl(window))
+count(KEYS[2], at, member, now, window)
 for i = 1, nrules do
-  redis.call('ZADD', KEYS[3 + 2 * i], at, member)
-  redis.call('PEXPIRE', KEYS[3 + 2 * i], ttl(tonumber(ARGV[4 + 4 * (i - 1) + 2])))
+  count(KEYS[3 + 2 * i], at, member, now, tonumber(ARGV[4 + 4 * (i - 1) + 2]))
 end
 return {0, at, repeats + 1, 0}
 """
 )
 
-# KEYS: counted-call sets (the circuit's first). ARGV: the call's time.
-# Returns 1 when the circuit's call was uncounted.
+# KEYS: counted-call sets (the circuit's first). ARGV: the call's time (never the score of
+# `idle`, which is later than every counted call). Returns 1 when the circuit's call was
+# uncounted.
 _UNCOUNT = """
 local removed = 0
 for i, key in ipairs(KEYS) do
@@ -257,7 +279,7 @@ class RedisCallStore(RedisLinked):
             on_recovered=self._forget_local,
         )
         self._policy = policy or CallLoopPolicy()
-        self._rules = rules_by_name(rules)
+        self._rules = tuple(rules_by_name(rules).values())
         self._clock = clock
         self._local: MemoryCallStore | None = None
         self._base = f"{key_prefix}{{calls}}:"
@@ -283,11 +305,18 @@ class RedisCallStore(RedisLinked):
         return f"{self._base}ev:" + _SEP.join(("r", name, *key))
 
     async def decide(
-        self, circuit: str, fingerprint: str, fields: Mapping[str, str] = MappingProxyType({})
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str] = MappingProxyType({}),
+        *,
+        policy: CallLoopPolicy | None = None,
     ) -> CallDecision:
         """Decide one call and count it when allowed, in one script call."""
-        identity = call_identity(fingerprint, fields)
-        policy = self._policy
+        event = call_event(circuit, fingerprint, fields, self._rules)
+        identity = event.identity
+        if policy is None:
+            policy = self._policy
         keys = [self._hold_key(circuit), self._call_key(circuit, identity), f"{self._base}seq"]
         args: list[str | int] = [
             self._link.now(),
@@ -295,12 +324,8 @@ class RedisCallStore(RedisLinked):
             repr(policy.window_seconds),
             repr(policy.pause_seconds),
         ]
-        applied: list[tuple[UniquenessRule, RuleKey]] = []
-        for candidate in self._rules.values():
-            key = rule_key(candidate, fingerprint, fields)
-            if key is None:
-                continue
-            applied.append((candidate, key))
+        applied = event.rules
+        for candidate, key in applied:
             keys += [
                 self._hold_key(rule_group(candidate, key)),
                 self._rule_events_key(candidate.name, key),
@@ -316,11 +341,11 @@ class RedisCallStore(RedisLinked):
                 lambda: self._decide(keys=keys, args=args)
             )
         except StateError:
-            return await self._unavailable(circuit, fingerprint, fields)
+            return await self._unavailable(circuit, fingerprint, fields, policy)
         number, count = float(value), int(count)
-        rule = applied[int(index) - 1][0] if index else None
+        rule, key = applied[int(index) - 1] if index else (None, ())
         if kind == 0:
-            rule_keys = tuple((r.name, key) for r, key in applied)
+            rule_keys = tuple((r.name, k) for r, k in applied)
             return allowed_verdict(circuit, identity, count, number, rule_keys)
         if kind == 1:
             return loop_verdict(circuit, count, number)
@@ -328,13 +353,13 @@ class RedisCallStore(RedisLinked):
             return paused_verdict(circuit, number, count, None if rule is None else rule.name)
         if rule is None:
             raise StateError(f"the decide script answered {kind} without a rule")
-        return duplicate_verdict(circuit, rule, count, number)
+        return duplicate_verdict(circuit, rule, key, count, number)
 
     def _fallback(self) -> MemoryCallStore:
         """The per-process store that decides while Redis is down with `on_error: allow`."""
         if self._local is None:
             self._local = MemoryCallStore(
-                self._policy, self._rules.values(), clock=self._clock, wall_clock=self._wall_clock
+                self._policy, self._rules, clock=self._clock, wall_clock=self._wall_clock
             )
         return self._local
 
@@ -343,11 +368,11 @@ class RedisCallStore(RedisLinked):
         self._local = None
 
     async def _unavailable(
-        self, circuit: str, fingerprint: str, fields: Mapping[str, str]
+        self, circuit: str, fingerprint: str, fields: Mapping[str, str], policy: CallLoopPolicy
     ) -> CallDecision:
         """The decision while Redis is down: local with `allow`, a refusal with `deny`."""
         if self._link.on_error == "allow":
-            return await self._fallback().decide(circuit, fingerprint, fields)
+            return await self._fallback().decide(circuit, fingerprint, fields, policy=policy)
         wait = self._link.probe_interval
         message = MSG_STATE_DOWN.format(seconds=max(1, round(wait)))
         return CallDecision(False, "loop_paused", wait, 0, circuit, message)

@@ -11,9 +11,15 @@ and the `loopwarden circuits` command, say).
 Decisions where DESIGN.md is silent:
 - Time is wall-clock (`time.time()`, injectable), stored as absolute instants, so a pause
   opened before a restart has the right time left after it.
-- Counted calls are rows `(key, at)`; the window of the current policy decides which
-  still count, so a changed `window_seconds` applies to calls already counted. Rows that
-  left their window are swept a few per decision, never by a scan.
+- Every decision loads its record (`guards.call_loop.CallRecord`: the circuit's hold, the
+  rule groups' holds, the counted calls of the call and of each rule key), steps it with
+  `guards.call_loop.step_call` and saves what changed, so it answers exactly as
+  CallLoopGuard does. Counted calls are one row per key (`call_windows`: the times,
+  packed as little-endian doubles, and when the record goes idle); idle records and
+  expired holds are swept a few per decision, never by a scan.
+- Schema 2 replaced the per-call rows of schema 1 (`call_events`); an older file is
+  upgraded in place and its counted calls are dropped (they last one window at most),
+  its pauses kept.
 - The request log keeps the newest `log_keep` entries (one indexed DELETE per append).
 """
 
@@ -23,34 +29,37 @@ import json
 import math
 import os
 import sqlite3
+import struct
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
 from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome
-from gateway.calls.verdicts import (
-    NEVER,
-    Hold,
-    RuleKey,
-    allowed_verdict,
-    call_identity,
-    duplicate_verdict,
-    loop_verdict,
-    pause_hold,
-    paused_verdict,
-    receipt_to_uncount,
-    reopen_hold,
-    reopen_window,
-    rule_group,
-    rule_key,
-    rules_by_name,
-)
+from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
 from gateway.state.sqlite_db import SqliteDb
-from guards.call_loop import CallDecision, CallLoopPolicy, PausedCircuit, UniquenessRule
+from guards.call_loop import (
+    NEVER,
+    CallDecision,
+    CallEvent,
+    CallLoopPolicy,
+    CallRecord,
+    CountedCalls,
+    Hold,
+    PausedCircuit,
+    RuleKey,
+    UniquenessRule,
+    call_event,
+    reopen_window,
+    rule_group,
+    rules_by_name,
+    step_call,
+    step_reopen,
+    uncount,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS call_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
     # A pause and/or fresh start of a circuit or rule group; fresh_from NULL: never reopened.
@@ -58,11 +67,11 @@ _SCHEMA = (
         key TEXT PRIMARY KEY, paused_until REAL NOT NULL, fresh_from REAL,
         expires_at REAL NOT NULL, reason TEXT NOT NULL, rule TEXT, count INTEGER NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS call_holds_expiry ON call_holds (expires_at)",
-    # One counted call of a circuit (key "c␟circuit␟identity") or rule ("r␟rule␟values").
-    """CREATE TABLE IF NOT EXISTS call_events (
-        id INTEGER PRIMARY KEY, key TEXT NOT NULL, at REAL NOT NULL, expires_at REAL NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS call_events_key ON call_events (key, at)",
-    "CREATE INDEX IF NOT EXISTS call_events_expiry ON call_events (expires_at)",
+    # The counted calls of a circuit's call (key "c␟circuit␟identity") or of a rule key
+    # ("r␟rule␟values"): their times, oldest first, and when the record goes idle.
+    """CREATE TABLE IF NOT EXISTS call_windows (
+        key TEXT PRIMARY KEY, times BLOB NOT NULL, idle_at REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS call_windows_idle ON call_windows (idle_at)",
     """CREATE TABLE IF NOT EXISTS call_log (
         id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, provider TEXT NOT NULL,
         agent TEXT NOT NULL, session TEXT NOT NULL, circuit TEXT NOT NULL, model TEXT NOT NULL,
@@ -97,7 +106,7 @@ class SqliteCallStore:
         if log_keep < 1:
             raise ValueError(f"log_keep must be 1 or more, got {log_keep!r}")
         self._policy = policy or CallLoopPolicy()
-        self._rules = rules_by_name(rules)
+        self._rules = tuple(rules_by_name(rules).values())
         self._wall_clock = wall_clock
         self._log_keep = log_keep
         self._sqlite = SqliteDb(
@@ -118,66 +127,17 @@ class SqliteCallStore:
         await self._sqlite.aclose()
 
     async def decide(
-        self, circuit: str, fingerprint: str, fields: Mapping[str, str] = MappingProxyType({})
-    ) -> CallDecision:
-        """Decide one call and count it when allowed, in one transaction."""
-        return await self._sqlite.write(
-            lambda db, now: self._decide(db, now, circuit, fingerprint, fields)
-        )
-
-    def _decide(
         self,
-        db: sqlite3.Connection,
-        now: float,
         circuit: str,
         fingerprint: str,
-        fields: Mapping[str, str],
+        fields: Mapping[str, str] = MappingProxyType({}),
+        *,
+        policy: CallLoopPolicy | None = None,
     ) -> CallDecision:
-        """CallLoopGuard.check on the stored state (inside a transaction)."""
-        _sweep(db, now)
-        hold = _hold(db, circuit, now)
-        if hold is not None and hold.paused_until > now:
-            return paused_verdict(circuit, hold.paused_until - now, _bump(db, circuit), None)
-        keyed: list[tuple[UniquenessRule, RuleKey, str, Hold | None]] = []
-        for rule in self._rules.values():
-            key = rule_key(rule, fingerprint, fields)
-            if key is None:
-                continue
-            group = rule_group(rule, key)
-            group_hold = _hold(db, group, now)
-            if group_hold is not None and group_hold.paused_until > now:
-                remaining = group_hold.paused_until - now
-                return paused_verdict(circuit, remaining, _bump(db, group), group_hold.rule)
-            keyed.append((rule, key, group, group_hold))
-        policy = self._policy
-        identity = call_identity(fingerprint, fields)
-        call = _call_key(circuit, identity)
-        floor = NEVER if hold is None else hold.fresh_from
-        repeats = len(_live(db, call, now, policy.window_seconds, floor))
-        if repeats >= policy.max_repeats:
-            pause = policy.pause_seconds
-            _put_hold(db, circuit, pause_hold(hold, now, pause, reason="loop_detected", rule=None))
-            return loop_verdict(circuit, repeats + 1, pause)
-        for rule, key, group, group_hold in keyed:
-            floor = NEVER if group_hold is None else group_hold.fresh_from
-            times = _live(db, _rule_key(rule.name, key), now, rule.window_seconds, floor)
-            if len(times) < rule.max_calls:
-                continue
-            if rule.action == "pause":
-                pause = policy.pause_seconds
-                reason = f"rule:{rule.name}"
-                _put_hold(
-                    db, group, pause_hold(group_hold, now, pause, reason=reason, rule=rule.name)
-                )
-                return duplicate_verdict(circuit, rule, len(times) + 1, pause)
-            return duplicate_verdict(
-                circuit, rule, len(times) + 1, times[0] + rule.window_seconds - now
-            )
-        _add(db, call, now, policy.window_seconds)
-        for rule, key, _, _ in keyed:
-            _add(db, _rule_key(rule.name, key), now, rule.window_seconds)
-        rule_keys = tuple((rule.name, key) for rule, key, _, _ in keyed)
-        return allowed_verdict(circuit, identity, repeats + 1, now, rule_keys)
+        """Decide one call and count it when allowed, in one transaction."""
+        chosen = self._policy if policy is None else policy
+        event = call_event(circuit, fingerprint, fields, self._rules)
+        return await self._sqlite.write(lambda db, now: _decide(db, now, event, chosen))
 
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None
@@ -187,22 +147,26 @@ class SqliteCallStore:
         if receipt is None:
             return False
 
-        def uncount(db: sqlite3.Connection, now: float) -> bool:
-            removed = _discard(db, _call_key(*receipt.call), receipt.at)
-            for name, key in receipt.rule_keys:
-                _discard(db, _rule_key(name, key), receipt.at)
-            return removed
+        keys = [
+            _call_key(*receipt.call),
+            *(_rule_key(name, key) for name, key in receipt.rule_keys),
+        ]
 
-        return await self._sqlite.write(uncount)
+        def forget(db: sqlite3.Connection, now: float) -> bool:
+            removed = [_uncount(db, key, receipt.at) for key in keys]
+            return removed[0]
+
+        return await self._sqlite.write(forget)
 
     async def reopen(self, circuit: str) -> bool:
         """Lift a pause (circuit or rule group) and forget the counts before now."""
         window = reopen_window(self._policy, self._rules, circuit)
 
         def reopen(db: sqlite3.Connection, now: float) -> bool:
-            hold = _hold(db, circuit, now)
-            _put_hold(db, circuit, reopen_hold(hold, now, window))
-            return hold is not None and hold.paused_until > now
+            earlier = _hold(db, circuit)
+            hold, lifted = step_reopen(earlier, now, window)
+            _save_hold(db, circuit, earlier, hold)
+            return lifted
 
         return await self._sqlite.write(reopen)
 
@@ -314,10 +278,38 @@ def _create_schema(db: sqlite3.Connection, path: str) -> None:
             f"{path} holds call tables of a newer loopwarden "
             f"(schema {row[0]}, this one knows {SCHEMA_VERSION})"
         )
+    # Schema 1 counted calls one row each; they last a window at most, so they are dropped.
+    db.execute("DROP TABLE IF EXISTS call_events")
     db.execute(
         "INSERT OR REPLACE INTO call_meta (name, value) VALUES ('schema', ?)",
         (SCHEMA_VERSION,),
     )
+
+
+def _decide(
+    db: sqlite3.Connection, now: float, event: CallEvent, policy: CallLoopPolicy
+) -> CallDecision:
+    """`step_call` on the stored record: load it, step it, save what changed."""
+    _sweep(db, now)
+    circuit = event.circuit
+    call = _call_key(circuit, event.identity)
+    groups = [rule_group(rule, key) for rule, key in event.rules]
+    windows = [_rule_key(rule.name, key) for rule, key in event.rules]
+    hold = _hold(db, circuit)
+    calls, packed = _calls(db, call)
+    group_holds = [_hold(db, group) for group in groups]
+    rule_calls = [_calls(db, key) for key in windows]
+    record = CallRecord(hold, calls, list(group_holds), [found for found, _ in rule_calls])
+    record, decision = step_call(record, event, policy, now)
+    _save_hold(db, circuit, hold, record.hold)
+    _save_calls(db, call, packed, record.calls)
+    for group, before, after in zip(groups, group_holds, record.group_holds, strict=True):
+        _save_hold(db, group, before, after)
+    for key, (_, before_packed), after_calls in zip(
+        windows, rule_calls, record.rule_calls, strict=True
+    ):
+        _save_calls(db, key, before_packed, after_calls)
+    return decision
 
 
 def _call_key(circuit: str, identity: str) -> str:
@@ -329,17 +321,17 @@ def _rule_key(name: str, key: RuleKey) -> str:
 
 
 def _sweep(db: sqlite3.Connection, now: float) -> None:
-    """Delete a few counted calls and holds that no longer matter."""
-    for table in ("call_events", "call_holds"):
+    """Delete a few idle records of counted calls and expired holds (they decide nothing)."""
+    for table, column in (("call_windows", "idle_at"), ("call_holds", "expires_at")):
         db.execute(
             f"DELETE FROM {table} WHERE rowid IN "
-            f"(SELECT rowid FROM {table} WHERE expires_at <= ? LIMIT ?)",
+            f"(SELECT rowid FROM {table} WHERE {column} <= ? LIMIT ?)",
             (now, _SWEEP_PER_CALL),
         )
 
 
-def _hold(db: sqlite3.Connection, key: str, now: float) -> Hold | None:
-    """The hold of a circuit or group, None when there is none (an expired one is deleted)."""
+def _hold(db: sqlite3.Connection, key: str) -> Hold | None:
+    """The stored hold of a circuit or group (the step tells an expired one)."""
     row = db.execute(
         "SELECT paused_until, fresh_from, expires_at, reason, rule, count FROM call_holds "
         "WHERE key = ?",
@@ -348,55 +340,65 @@ def _hold(db: sqlite3.Connection, key: str, now: float) -> Hold | None:
     if row is None:
         return None
     paused_until, fresh_from, expires_at, reason, rule, count = row
-    if expires_at <= now:
-        db.execute("DELETE FROM call_holds WHERE key = ?", (key,))
-        return None
     fresh = NEVER if fresh_from is None else float(fresh_from)
     return Hold(float(paused_until), fresh, float(expires_at), str(reason), rule, int(count))
 
 
-def _put_hold(db: sqlite3.Connection, key: str, hold: Hold) -> None:
-    fresh = None if math.isinf(hold.fresh_from) else hold.fresh_from
+def _save_hold(db: sqlite3.Connection, key: str, before: Hold | None, after: Hold | None) -> None:
+    """Write a hold the step changed (holds are immutable: a change is a new object)."""
+    if after is before:
+        return
+    if after is None:
+        db.execute("DELETE FROM call_holds WHERE key = ?", (key,))
+        return
+    fresh = None if math.isinf(after.fresh_from) else after.fresh_from
     db.execute(
         "INSERT OR REPLACE INTO call_holds "
         "(key, paused_until, fresh_from, expires_at, reason, rule, count) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (key, hold.paused_until, fresh, hold.expires_at, hold.reason, hold.rule, hold.count),
+        (key, after.paused_until, fresh, after.expires_at, after.reason, after.rule, after.count),
     )
 
 
-def _bump(db: sqlite3.Connection, key: str) -> int:
-    """Count one more refusal of a running pause; the new count."""
-    row = db.execute(
-        "UPDATE call_holds SET count = count + 1 WHERE key = ? RETURNING count", (key,)
-    ).fetchone()
-    return int(row[0])
+def _pack(times: Sequence[float]) -> bytes:
+    """Call times as stored: little-endian doubles, exact and the same on every machine."""
+    return struct.pack(f"<{len(times)}d", *times)
 
 
-def _live(db: sqlite3.Connection, key: str, now: float, window: float, floor: float) -> list[float]:
-    """The times still counting (a call at t counts in [t, t + window), and not before floor)."""
-    rows = db.execute(
-        "SELECT id, at FROM call_events WHERE key = ? ORDER BY at, id", (key,)
-    ).fetchall()
-    dead = [event for event, at in rows if at + window <= now or at < floor]
-    if dead:
-        db.execute(f"DELETE FROM call_events WHERE id IN ({', '.join('?' * len(dead))})", dead)
-    return [at for _, at in rows if not (at + window <= now or at < floor)]
+def _calls(db: sqlite3.Connection, key: str) -> tuple[CountedCalls | None, bytes | None]:
+    """The stored counted calls of a key, and their packed times as read."""
+    row = db.execute("SELECT times, idle_at FROM call_windows WHERE key = ?", (key,)).fetchone()
+    if row is None:
+        return None, None
+    packed = row[0]
+    if not isinstance(packed, bytes) or len(packed) % 8:
+        raise StateError(f"call_windows holds a malformed record of counted calls for {key!r}")
+    times = list(struct.unpack(f"<{len(packed) // 8}d", packed))
+    return CountedCalls(times, float(row[1])), packed
 
 
-def _add(db: sqlite3.Connection, key: str, now: float, window: float) -> None:
-    db.execute(
-        "INSERT INTO call_events (key, at, expires_at) VALUES (?, ?, ?)", (key, now, now + window)
-    )
-
-
-def _discard(db: sqlite3.Connection, key: str, at: float) -> bool:
-    """Forget one counted call made at `at`, if it is still held."""
-    return (
+def _save_calls(
+    db: sqlite3.Connection, key: str, before: bytes | None, after: CountedCalls | None
+) -> None:
+    """Write counted calls the step changed: an empty record is deleted."""
+    if after is None:
+        return
+    if not after.times:
+        if before is not None:
+            db.execute("DELETE FROM call_windows WHERE key = ?", (key,))
+        return
+    packed = _pack(after.times)
+    if packed != before:  # a call counted or dropped (counting also moves idle_at)
         db.execute(
-            "DELETE FROM call_events WHERE id = "
-            "(SELECT id FROM call_events WHERE key = ? AND at = ? LIMIT 1)",
-            (key, at),
-        ).rowcount
-        > 0
-    )
+            "INSERT OR REPLACE INTO call_windows (key, times, idle_at) VALUES (?, ?, ?)",
+            (key, packed, after.idle_at),
+        )
+
+
+def _uncount(db: sqlite3.Connection, key: str, at: float) -> bool:
+    """`uncount` on a stored record: forget the call counted at `at`, if it is still held."""
+    calls, packed = _calls(db, key)
+    removed = uncount(calls, at)
+    if removed:
+        _save_calls(db, key, packed, calls)
+    return removed

@@ -96,9 +96,18 @@ class CallStore(Protocol):
         """Flush and close."""
 
     async def decide(
-        self, circuit: str, fingerprint: str, fields: Mapping[str, str] = _NO_FIELDS
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str] = _NO_FIELDS,
+        *,
+        policy: CallLoopPolicy | None = None,
     ) -> CallDecision:
-        """Decide one call atomically and, when it is allowed, count it."""
+        """Decide one call atomically and, when it is allowed, count it.
+
+        `policy` is the circuit's policy for this call (a room's `policy.call_loop`); None
+        is the store's own. The calls already counted count against whichever applies.
+        """
 
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None
@@ -143,10 +152,17 @@ class MemoryCallStore:
         """Nothing to close."""
 
     async def decide(
-        self, circuit: str, fingerprint: str, fields: Mapping[str, str] = _NO_FIELDS
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str] = _NO_FIELDS,
+        *,
+        policy: CallLoopPolicy | None = None,
     ) -> CallDecision:
         """The guard's decision (no I/O: it never waits)."""
-        return self.guard.check(circuit=circuit, fingerprint=fingerprint, fields=fields)
+        return self.guard.check(
+            circuit=circuit, fingerprint=fingerprint, fields=fields, policy=policy
+        )
 
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +22,7 @@ import pytest
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
 from gateway.calls.store import CallLogEntry, CallStore, MemoryCallStore
+from gateway.errors import StateError
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
@@ -44,6 +46,7 @@ def fp(text: str, model: str = MODEL) -> str:
 
 A = fp("Check order 12345 at 10:00")
 B = fp("Check order 12345, what is its status?")
+C = fp("Summarise the invoice")
 
 
 class Clock:
@@ -177,6 +180,32 @@ async def test_issue6_a_call_60_001_s_after_the_first_of_five_is_allowed(
         assert (await send(store, clock, A, 100.0 + i * 10)).allowed
     assert (await send(store, clock, A, 160.001)).allowed
     assert (await send(store, clock, A, 160.002)).code == "loop_detected"
+
+
+async def test_issue10_a_call_is_decided_under_the_policy_it_carries(
+    make: MakeStore, clock: Clock
+) -> None:
+    # A room's `policy.call_loop` travels with each call; the store's own is the default.
+    store = await make()
+    three = CallLoopPolicy(max_repeats=3, window_seconds=600.0, pause_seconds=30.0)
+    for _ in range(3):
+        assert (await store.decide(SESSION, A, policy=three)).allowed
+    clock.at(100.0)
+    refused = await store.decide(SESSION, A, policy=three)
+    assert (refused.code, refused.count, refused.retry_after) == ("loop_detected", 4, 30.0)
+    # The calls already counted stay counted when the policy changes mid-window: under a
+    # budget of 5 in 600 s a circuit with 3 counted calls has two more.
+    other = circuit_key("billing-bot", "run-2")
+    five = CallLoopPolicy(max_repeats=5, window_seconds=600.0)
+    for i in range(3):
+        clock.at(200.0 + i)
+        assert (await store.decide(other, A, policy=three)).allowed
+    clock.at(300.0)  # past the store's own 60 s window, inside the carried 600 s one
+    assert [(await store.decide(other, A, policy=five)).allowed for _ in range(3)] == [
+        True,
+        True,
+        False,
+    ]
 
 
 async def test_the_window_is_half_open(make: MakeStore, clock: Clock) -> None:
@@ -389,6 +418,8 @@ def _comparable(decision: CallDecision) -> tuple[object, ...]:
         decision.circuit,
         decision.message,
         decision.rule,
+        decision.rule,
+        decision.paused_group,
     )
 
 
@@ -448,6 +479,256 @@ async def test_every_decision_agrees_with_the_guard_on_a_random_script(
 
 def _paused_view(paused: list[PausedCircuit]) -> list[tuple[str, float, str, int]]:
     return [(p.circuit, round(p.remaining, 6), p.reason, p.count) for p in paused]
+
+
+# ---------------------------------------------------------------------------------------
+# One step, three backends (issue 10): what the copies of the decision could get wrong
+# ---------------------------------------------------------------------------------------
+
+
+async def decide(
+    store: CallStore,
+    clock: Clock,
+    at: float,
+    fingerprint: str = A,
+    circuit: str = SESSION,
+    *,
+    policy: CallLoopPolicy | None = None,
+    fields: Mapping[str, str] | None = None,
+) -> CallDecision:
+    clock.at(at)
+    return await store.decide(circuit, fingerprint, fields or {}, policy=policy)
+
+
+async def test_issue10_repeats_count_occurrences_and_the_refusal_names_what_it_paused(
+    make: MakeStore, clock: Clock
+) -> None:
+    store = await make()
+    decisions = [await decide(store, clock, 10.0 + i, f) for i, f in enumerate([A, A, B, A, A, A])]
+    assert [(d.code, d.count, d.paused_group) for d in decisions] == [
+        ("ok", 1, None),
+        ("ok", 2, None),
+        ("ok", 1, None),
+        ("ok", 3, None),
+        ("ok", 4, None),
+        ("ok", 5, None),
+    ]
+    sixth = await decide(store, clock, 16.0)
+    assert (sixth.code, sixth.count, sixth.paused_group) == ("loop_detected", 6, SESSION)
+    paused = await decide(store, clock, 17.0, B)
+    assert (paused.code, paused.count, paused.paused_group) == ("loop_paused", 2, None)
+
+
+async def test_issue10_a_pause_and_its_reopen(make: MakeStore, clock: Clock) -> None:
+    store = await make(CallLoopPolicy(max_repeats=2, window_seconds=60.0, pause_seconds=30.0))
+    for at in (0.0, 1.0):
+        assert (await decide(store, clock, at)).allowed
+    assert (await decide(store, clock, 2.0)).code == "loop_detected"
+    assert [
+        (d.code, d.count) for d in [await decide(store, clock, 3.0 + i, B) for i in range(2)]
+    ] == [
+        ("loop_paused", 2),
+        ("loop_paused", 3),
+    ]
+    clock.at(5.0)
+    assert await store.reopen(SESSION)
+    assert not await store.reopen(SESSION)  # not paused any more: nothing lifted
+    # The counts before the reopen are forgotten; the ones after it count as usual.
+    assert [(await decide(store, clock, 6.0 + i)).code for i in range(3)] == [
+        "ok",
+        "ok",
+        "loop_detected",
+    ]
+    assert (await decide(store, clock, 37.999, B)).code == "loop_paused"
+    assert (await decide(store, clock, 38.0, B)).allowed  # the pause ends at exactly now
+
+
+async def test_issue10_rule_groups_pause_and_reject(make: MakeStore, clock: Clock) -> None:
+    per_customer = rule(
+        name="per-customer", fields=["customer"], max_calls=2, window_seconds=60, action="pause"
+    )
+    per_step = rule(name="per-step", fields=["session", "step"], max_calls=1, window_seconds=60)
+    store = await make(CallLoopPolicy(pause_seconds=20.0), [per_customer, per_step])
+    one = {"customer": "c1", "session": "s1", "step": "p1"}
+    assert (await decide(store, clock, 0.0, fp("q1"), fields=one)).allowed
+    rejected = await decide(store, clock, 1.0, fp("q2"), fields=one)
+    assert (rejected.code, rejected.rule, rejected.paused_group) == (
+        "duplicate_call",
+        "per-step",
+        None,
+    )
+    assert rejected.retry_after == pytest.approx(59.0)
+    assert (await decide(store, clock, 2.0, fp("q3"), fields={**one, "step": "p2"})).allowed
+    tripped = await decide(store, clock, 3.0, fp("q4"), fields={**one, "step": "p3"})
+    group = "rule=per-customer/customer=c1"
+    assert (tripped.code, tripped.rule, tripped.count) == ("duplicate_call", "per-customer", 3)
+    assert (tripped.paused_group, tripped.retry_after) == (group, 20.0)
+    later = await decide(store, clock, 4.0, fp("q5"), fields={"customer": "c1"})
+    assert (later.code, later.rule, later.count, later.paused_group) == (
+        "loop_paused",
+        "per-customer",
+        2,
+        None,
+    )
+    assert (await decide(store, clock, 4.0, fp("q5"), fields={"customer": "c2"})).allowed
+    assert (await decide(store, clock, 22.999, fp("q6"), fields={"customer": "c1"})).code == (
+        "loop_paused"
+    )
+    # The pause ends at exactly 23; the group's two counted calls (at 0 and 2) still count.
+    assert (await decide(store, clock, 23.0, fp("q7"), fields={"customer": "c1"})).code == (
+        "duplicate_call"
+    )
+
+
+async def test_issue10_a_provider_failure_is_uncounted(make: MakeStore, clock: Clock) -> None:
+    store = await make(rules=[rule(name="per-session", fields=["session"], max_calls=5)])
+    fields = {"session": "s1"}
+    decisions = [await decide(store, clock, float(i), fields=fields) for i in range(5)]
+    assert await store.record_outcome(decisions[2], 503)
+    assert not await store.record_outcome(decisions[2], 503)  # once only
+    assert not await store.record_outcome(decisions[3], 400)  # the caller's fault counts
+    sixth = await decide(store, clock, 6.0, fields=fields)
+    assert (sixth.code, sixth.count) == ("ok", 5)
+    assert (await decide(store, clock, 7.0, fields=fields)).code == "loop_detected"
+
+
+async def test_issue10_max_repeats_down_and_up_mid_window(make: MakeStore, clock: Clock) -> None:
+    store = await make()
+    five, three, seven = CallLoopPolicy(), CallLoopPolicy(max_repeats=3), CallLoopPolicy(7)
+    for i in range(4):
+        assert (await decide(store, clock, float(i), policy=five)).allowed
+    down = await decide(store, clock, 4.0, policy=three)
+    assert (down.code, down.count) == ("loop_detected", 5)
+
+    other = circuit_key("billing-bot", "run-2")
+    for i in range(5):
+        assert (await decide(store, clock, float(i), circuit=other, policy=five)).allowed
+    up = [await decide(store, clock, 5.0 + i, circuit=other, policy=seven) for i in range(3)]
+    assert [(d.code, d.count) for d in up] == [("ok", 6), ("ok", 7), ("loop_detected", 8)]
+
+
+async def test_issue10_window_shorter_and_longer_mid_window(make: MakeStore, clock: Clock) -> None:
+    store = await make()
+    wide, narrow = CallLoopPolicy(window_seconds=60.0), CallLoopPolicy(window_seconds=20.0)
+    for at in (0.0, 10.0, 20.0, 25.0):
+        await decide(store, clock, at, policy=wide)
+    # Under a 20 s window at 30 only the calls of 20 and 25 still count (10 + 20 <= 30).
+    assert (await decide(store, clock, 30.0, policy=narrow)).count == 3
+    # The shorter window dropped the calls of 0 and 10: a wider one does not bring them back.
+    assert (await decide(store, clock, 31.0, policy=wide)).count == 4
+
+    longer = circuit_key("billing-bot", "run-2")
+    short = CallLoopPolicy(window_seconds=10.0)
+    for at in (0.0, 1.0, 2.0):
+        await decide(store, clock, at, circuit=longer, policy=short)
+    # Still counted at 11.999 (the last call's 10 s window is open): they count in 60 s.
+    assert (await decide(store, clock, 11.999, circuit=longer, policy=wide)).count == 4
+
+    idle = circuit_key("billing-bot", "run-3")
+    for at in (0.0, 1.0, 2.0):
+        await decide(store, clock, at, circuit=idle, policy=short)
+    # At exactly 12 the last call left the window it was counted in: the record is idle,
+    # forgotten (or as good as) on every backend, whatever the window is now.
+    assert (await decide(store, clock, 12.0, circuit=idle, policy=wide)).count == 1
+
+
+async def test_issue10_pause_seconds_changed_during_a_pause(make: MakeStore, clock: Clock) -> None:
+    store = await make(CallLoopPolicy(max_repeats=1))
+    quick = CallLoopPolicy(max_repeats=1, pause_seconds=10.0)
+    await decide(store, clock, 0.0)
+    assert (await decide(store, clock, 1.0)).retry_after == 300.0
+    # The running pause keeps the end it was opened with.
+    during = await decide(store, clock, 100.0, B, policy=quick)
+    assert during.code == "loop_paused"
+    assert during.retry_after == pytest.approx(201.0)
+    assert (await decide(store, clock, 300.999, B, policy=quick)).code == "loop_paused"
+    assert (await decide(store, clock, 301.0, B, policy=quick)).allowed
+    # The next pause is the new length.
+    assert (await decide(store, clock, 302.0, B, policy=quick)).retry_after == 10.0
+    assert (await decide(store, clock, 312.0, A, policy=quick)).allowed
+
+
+async def test_issue10_exact_boundaries(make: MakeStore, clock: Clock) -> None:
+    store = await make(
+        CallLoopPolicy(max_repeats=2, window_seconds=10.0, pause_seconds=5.0),
+        [rule(name="per-session", fields=["session"], max_calls=3, window_seconds=20)],
+    )
+    fields = {"session": "s1"}
+    await decide(store, clock, 0.0, fields=fields)
+    await decide(store, clock, 5.0, fields=fields)
+    # The call of 0 leaves its window at exactly 10: one repeat counted, not two.
+    assert (await decide(store, clock, 10.0, fields=fields)).count == 2
+    over = await decide(store, clock, 15.0, B, fields=fields)
+    assert (over.code, over.count, over.retry_after) == ("duplicate_call", 4, 5.0)
+    assert (await decide(store, clock, 20.0, B, fields=fields)).allowed  # 0 + 20 = now
+
+    other = circuit_key("billing-bot", "run-2")
+    for at in (0.0, 5.0, 10.0):
+        assert (await decide(store, clock, at, circuit=other)).allowed
+    tripped = await decide(store, clock, 14.0, circuit=other)
+    assert (tripped.code, tripped.count) == ("loop_detected", 3)
+    assert (await decide(store, clock, 18.999, C, circuit=other)).code == "loop_paused"
+    assert (await decide(store, clock, 19.0, C, circuit=other)).allowed  # the pause ends now
+
+
+@pytest.mark.parametrize("fingerprints", ["identical", "distinct"])
+async def test_issue10_64_concurrent_decisions_on_one_circuit(
+    make: MakeStore, clock: Clock, fingerprints: str
+) -> None:
+    # Identical calls: the repeat budget (5) holds exactly; distinct ones: a rule's (10).
+    store = await make(rules=[rule(name="per-session", fields=["session"], max_calls=10)])
+    prints = [A] * 64 if fingerprints == "identical" else [fp(f"q{i}") for i in range(64)]
+    clock.at(10.0)
+    decisions = await asyncio.gather(*(store.decide(SESSION, f, {"session": "s1"}) for f in prints))
+    codes = sorted(d.code for d in decisions)
+    if fingerprints == "identical":
+        assert codes == ["loop_detected"] + ["loop_paused"] * 58 + ["ok"] * 5
+    else:
+        assert codes == ["duplicate_call"] * 54 + ["ok"] * 10
+    counts = sorted(d.count for d in decisions if d.allowed)
+    assert counts == ([1, 2, 3, 4, 5] if fingerprints == "identical" else [1] * 10)
+
+
+async def test_issue10_policy_changes_agree_with_the_guard_on_a_random_script(
+    make: MakeStore, clock: Clock
+) -> None:
+    policies = [
+        CallLoopPolicy(max_repeats=r, window_seconds=w, pause_seconds=p)
+        for r, w, p in [(2, 10.0, 5.0), (3, 20.0, 15.0), (5, 5.0, 0.0), (1, 30.0, 8.0)]
+    ]
+    rules = [
+        rule(name="per-step", fields=["session", "step"], max_calls=2, window_seconds=15),
+        rule(
+            name="per-customer", fields=["customer"], max_calls=3, window_seconds=25, action="pause"
+        ),
+    ]
+    store = await make(policies[0], rules)
+    guard = CallLoopGuard(policies[0], rules, clock=clock)
+    rng = random.Random(10)
+    allowed: list[tuple[CallDecision, CallDecision]] = []
+    for step in range(500):
+        clock.now += rng.choice([0.0, 0.5, 1.0, 2.5, 6.0])
+        roll = rng.random()
+        if roll < 0.08 and allowed:
+            ours, theirs = rng.choice(allowed)
+            await store.record_outcome(ours, 503)
+            guard.record_outcome(theirs, status=503)
+            continue
+        if roll < 0.11:
+            target = rng.choice([SESSION, "rule=per-customer/customer=c1"])
+            assert await store.reopen(target) == guard.reopen(target), step
+            continue
+        policy = rng.choice(policies)
+        fields = {"session": "s1", "customer": rng.choice(["c1", "c2"])}
+        if rng.random() < 0.5:
+            fields["step"] = rng.choice(["p1", "p2"])
+        fingerprint = rng.choice([A, B])
+        ours = await store.decide(SESSION, fingerprint, fields, policy=policy)
+        theirs = guard.check(circuit=SESSION, fingerprint=fingerprint, fields=fields, policy=policy)
+        assert _comparable(ours) == _comparable(theirs), step
+        if ours.allowed:
+            allowed.append((ours, theirs))
+    assert _paused_view(await store.paused()) == _paused_view(guard.paused())
 
 
 # ---------------------------------------------------------------------------------------
@@ -530,6 +811,57 @@ async def test_sqlite_pauses_and_the_log_survive_a_restart(tmp_path: Path, clock
         assert [e.session for e in await second.calls_since(3_600.0)] == ["run-1"]
     finally:
         await second.aclose()
+
+
+async def test_issue10_sqlite_refuses_a_malformed_record_and_serves_the_next_call(
+    tmp_path: Path, clock: Clock
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    store = SqliteCallStore(path, clock=clock, wall_clock=clock)
+    await store.start()
+    try:
+        await send(store, clock, A, 1.0)
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE call_windows SET times = ?", (b"\x00" * 7,))
+        with pytest.raises(StateError, match="malformed record of counted calls"):
+            await send(store, clock, A, 2.0)
+        assert (await send(store, clock, B, 3.0)).allowed
+    finally:
+        await store.aclose()
+
+
+async def test_issue10_sqlite_upgrades_a_schema_1_file_keeping_its_pauses(
+    tmp_path: Path, clock: Clock
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE call_meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        db.execute("INSERT INTO call_meta VALUES ('schema', 1)")
+        db.execute(
+            "CREATE TABLE call_holds (key TEXT PRIMARY KEY, paused_until REAL NOT NULL, "
+            "fresh_from REAL, expires_at REAL NOT NULL, reason TEXT NOT NULL, rule TEXT, "
+            "count INTEGER NOT NULL)"
+        )
+        until = clock.now + 100.0
+        db.execute(
+            "INSERT INTO call_holds VALUES (?, ?, NULL, ?, 'loop_detected', NULL, 1)",
+            (SESSION, until, until),
+        )
+        db.execute(
+            "CREATE TABLE call_events (id INTEGER PRIMARY KEY, key TEXT NOT NULL, "
+            "at REAL NOT NULL, expires_at REAL NOT NULL)"
+        )
+    store = SqliteCallStore(path, clock=clock, wall_clock=clock)
+    await store.start()
+    try:
+        assert (await send(store, clock, B, 1.0)).code == "loop_paused"
+        assert (await send(store, clock, B, 1.0, circuit_key("billing-bot", "run-2"))).allowed
+    finally:
+        await store.aclose()
+    with sqlite3.connect(path) as db:
+        tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
+        assert "call_events" not in tables
+        assert db.execute("SELECT value FROM call_meta").fetchone() == (2,)
 
 
 @pytest.mark.redis
