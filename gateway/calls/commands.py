@@ -27,8 +27,9 @@ from gateway.calls.export import write_csv
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import Config
-from gateway.errors import ConfigError, StateError
+from gateway.errors import ConfigError, LoopwardenError, StateError
 from gateway.messages import format_duration
+from gateway.safeyaml import YamlLimitError, load_yaml
 from guards.call_loop import CallLoopPolicy, UniquenessRule, preview_rule
 
 NEEDS_SHARED_STATE = (
@@ -41,7 +42,7 @@ DEFAULT_SINCE = 7 * 86_400.0
 T = TypeVar("T")
 
 
-class NoSharedState(Exception):
+class NoSharedState(LoopwardenError):
     """The command needs a state backend other processes can open (sqlite or redis)."""
 
 
@@ -107,12 +108,14 @@ def resolve_rule(config: Config, text: str) -> UniquenessRule:
         if rule.name == text:
             return rule
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
+        data = load_yaml(text)
+    except (yaml.YAMLError, YamlLimitError):
         data = None
     if not isinstance(data, Mapping):
         known = ", ".join(rule.name for rule in rules) or "none configured"
-        raise ConfigError("--rule", f"no rule named {text!r} (rules: {known}), nor a rule mapping")
+        raise ConfigError(
+            "--rule", f"no rule named {text[:60]!r} (rules: {known}), nor a rule mapping"
+        )
     try:
         return UniquenessRule.from_dict({str(key): value for key, value in data.items()})
     except ValueError as exc:
