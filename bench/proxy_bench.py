@@ -14,7 +14,7 @@ client, the proxy and the provider share one event loop (one CPU), so requests/s
 the proxy also pay for the provider's and the client's work twice over: the ratio is a
 floor, the added latency the figure to watch.
 
-Target: <= 1 ms added latency at p50 (memory state).
+Targets: <= 1 ms added latency at p50 with memory state, <= 0.5 ms with sqlite state.
 
 Run: `.venv/bin/python -m bench.proxy_bench [--quick]` (--quick: a fifth of the requests).
 """
@@ -40,6 +40,7 @@ from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM
 
 TARGET_ADDED_P50_MS = 1.0
+TARGET_SQLITE_ADDED_P50_MS = 0.5
 CONCURRENCY = 32
 PROXY_KEY = "lw-bench-key"
 SYSTEM = "You are a careful billing assistant. " * 12
@@ -160,7 +161,7 @@ async def _measure(state: str, label: str, requests: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure with memory and sqlite state; print figures, ratios and the target."""
+    """Measure with memory and sqlite state; print figures, ratios and the targets."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="a fifth of the requests")
     args, _ = parser.parse_known_args(argv)
@@ -171,9 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     added = asyncio.run(_measure("{backend: memory}", "memory state", requests))
     with tempfile.TemporaryDirectory(prefix="lw-proxy-bench-") as workdir:
         path = Path(workdir) / "state.sqlite3"
-        asyncio.run(_measure(f"{{backend: sqlite, path: '{path}'}}", "sqlite state", requests))
-    verdict = "met" if added <= TARGET_ADDED_P50_MS else "NOT met"
-    print(f"\ntarget <= {TARGET_ADDED_P50_MS:.1f} ms added at p50 (memory state): {verdict}")
+        sqlite = asyncio.run(
+            _measure(f"{{backend: sqlite, path: '{path}'}}", "sqlite state", requests)
+        )
+    print()
+    for state, figure, target in (
+        ("memory", added, TARGET_ADDED_P50_MS),
+        ("sqlite", sqlite, TARGET_SQLITE_ADDED_P50_MS),
+    ):
+        verdict = "met" if figure <= target else "NOT met"
+        print(f"target <= {target:.1f} ms added at p50 ({state} state): {verdict}")
     return 0
 
 

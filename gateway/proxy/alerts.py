@@ -30,6 +30,7 @@ import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_exponential
 
+from gateway.errors import LoopwardenError
 from gateway.proxy.config import AlertsConfig, EmailAlert, TelegramAlert, WebhookAlert
 
 log = logging.getLogger("loopwarden.proxy.alerts")
@@ -51,7 +52,7 @@ class Alert:
     text: str
 
 
-class AlertDeliveryError(Exception):
+class AlertDeliveryError(LoopwardenError):
     """A channel refused or could not take an alert; the text never holds a secret."""
 
 

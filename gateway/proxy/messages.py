@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from gateway.messages import format_duration
 
+NOT_STARTED = "loopwarden: the proxy is not started."
 UNKNOWN_KEY = (
     "loopwarden: missing or unknown proxy key (send a loopwarden proxy key as your SDK's api_key)."
 )
@@ -21,6 +22,7 @@ BAD_PATH = (
     "under the {provider} upstream."
 )
 BAD_BODY = "loopwarden: request body refused: {reason}."
+BAD_FIELD = "loopwarden: request refused: {reason}."
 UPSTREAM_UNREADABLE = (
     "loopwarden: the {provider} upstream answered with a body the proxy cannot check for "
     "keys ({reason}), so it was not relayed."

@@ -1,4 +1,4 @@
-"""What differs between providers, behind one protocol: keys, URLs, calls, usage, error bodies.
+"""What differs between providers, behind one protocol: keys, URLs, calls, usage, errors.
 
 Each provider module (openai, anthropic, gemini) is a `Provider`: how a client presents
 its proxy key, how the upstream wants its key, which requests are LLM calls (and their
@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
 from gateway.jsonbody import parse_json
@@ -138,6 +139,22 @@ class Provider(Protocol):
 
     def error_body(self, kind: ErrorKind, code: str, message: str) -> Mapping[str, object]:
         """An error in the provider's own format."""
+
+
+def error_response(
+    provider: Provider,
+    kind: ErrorKind,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    """An error answer in the provider's own format; a client error is never retried."""
+    extra = dict(headers or {})
+    if kind in ("bad_request", "unauthorized", "not_found"):
+        extra.setdefault("x-should-retry", "false")
+    return web.json_response(
+        provider.error_body(kind, code, message), status=provider.status(kind), headers=extra
+    )
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:

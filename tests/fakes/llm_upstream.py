@@ -21,13 +21,20 @@ provider might; `echo_encoded` also echoes it percent-encoded and base64-encoded
 escapes every `/` in JSON bodies as `\\/` (as PHP does); `encoding` ("gzip",
 "deflate", or any other name, sent as a label on a plain body) compresses every answer
 whatever the request's Accept-Encoding says.
+
+Scripted answers, for tests of an agent's own loop: `enqueue(*responses)` queues answers
+to OpenAI chat completions, served in order before the default reply, and `responder`,
+when set, answers every one of them (`text_response`, `tool_call_response`,
+`error_response` and `hang_response` build them); the failure hooks above come first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -43,6 +50,7 @@ Json = dict[str, Any]
 
 INPUT_TOKENS = 11
 OUTPUT_TOKENS = 7
+_ids = itertools.count(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,79 @@ class Received:
         data: Json = json.loads(self.body) if self.body else {}
         return data
 
+    @property
+    def messages(self) -> list[Json]:
+        """The chat messages of the request."""
+        messages: list[Json] = self.json().get("messages", [])
+        return messages
+
+    @property
+    def tool_messages(self) -> list[Json]:
+        """The `role: tool` messages (the tool results fed back to the model)."""
+        return [m for m in self.messages if m.get("role") == "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class FakeResponse:
+    """One scripted answer: a status, a JSON body and headers; `hang` never answers."""
+
+    status: int = 200
+    body: Mapping[str, Any] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    hang: bool = False
+
+
+Responder = Callable[[Received], FakeResponse]
+
+
+def text_response(content: str | None, *, finish_reason: str = "stop") -> FakeResponse:
+    """A completion whose message is plain text."""
+    message: Json = {"role": "assistant", "content": content}
+    return _completion(message, finish_reason)
+
+
+def tool_call_response(*calls: tuple[str, Mapping[str, Any] | str]) -> FakeResponse:
+    """A completion asking for tool calls, each `(name, arguments)`, with fresh call ids."""
+    tool_calls = [
+        {
+            "id": f"call_{next(_ids):024x}",
+            "type": "function",
+            "function": {
+                "name": name,
+                "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+            },
+        }
+        for name, arguments in calls
+    ]
+    message: Json = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    return _completion(message, "tool_calls")
+
+
+def error_response(
+    status: int, *, retry_after: float | None = None, message: str = "fake error"
+) -> FakeResponse:
+    """An OpenAI-format error, with a Retry-After header when given."""
+    headers = {} if retry_after is None else {"Retry-After": f"{retry_after:g}"}
+    body = {"error": {"message": message, "type": "fake_error", "code": str(status)}}
+    return FakeResponse(status=status, body=body, headers=headers)
+
+
+def hang_response() -> FakeResponse:
+    """An answer that never comes (the client's timeout must fire)."""
+    return FakeResponse(hang=True)
+
+
+def _completion(message: Json, finish_reason: str) -> FakeResponse:
+    body = {
+        "id": f"chatcmpl-{next(_ids)}",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "fake-model",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+    return FakeResponse(body=body)
+
 
 @dataclass
 class FakeLLM:
@@ -72,8 +153,10 @@ class FakeLLM:
     echo_encoded: bool = False
     encoding: str | None = None
     gate: asyncio.Event | None = None
+    responder: Responder | None = None
     requests: list[Received] = field(default_factory=list)
     url: str = ""
+    _script: deque[FakeResponse] = field(default_factory=deque)
     _failures: list[tuple[int, float | None, str | None]] = field(default_factory=list)
     _drops: int = 0
     _breaks: int = 0
@@ -94,6 +177,11 @@ class FakeLLM:
         port = await serve_loopback(self._runner)
         self.url = f"http://{LOOPBACK_HOST}:{port}"
         return self
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style base URL (`…/v1`) to configure an agent or SDK with."""
+        return f"{self.url}/v1"
 
     async def __aexit__(
         self,
@@ -119,6 +207,10 @@ class FakeLLM:
     ) -> None:
         """Answer the next `count` LLM calls with `status` (and `reason` as its phrase)."""
         self._failures.extend([(status, retry_after, reason)] * count)
+
+    def enqueue(self, *responses: FakeResponse) -> None:
+        """Queue scripted answers to chat completions, served in order."""
+        self._script.extend(responses)
 
     def drop_next(self, count: int = 1) -> None:
         """Close the connection of the next `count` LLM calls without an answer."""
@@ -273,6 +365,8 @@ class FakeLLM:
         scripted = await self._scripted(request, received, error)
         if scripted is not None:
             return scripted
+        if self.responder is not None or self._script:
+            return await self._script_answer(received)
         body = received.json()
         model = body.get("model", "gpt-4o-mini")
         usage = {
@@ -316,6 +410,16 @@ class FakeLLM:
             yield b"data: [DONE]\n\n"
 
         return await self._stream(request, received, events())
+
+    async def _script_answer(self, received: Received) -> web.Response:
+        """The responder's answer, else the next queued one; a hang waits for shutdown."""
+        answer = self.responder(received) if self.responder is not None else self._script.popleft()
+        if answer.hang:
+            await self._released.wait()
+            return web.json_response({"error": {"message": "shutting down"}}, status=503)
+        return web.json_response(
+            dict(answer.body), status=answer.status, headers=dict(answer.headers)
+        )
 
     # Anthropic
 

@@ -1,4 +1,4 @@
-"""The openai agent against a local fake chat-completions server (real HTTP on loopback)."""
+"""The openai agent against the local fake LLM provider (real HTTP on loopback)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from gateway.messages import SILENCE_NOTICE, format_duration
 from gateway.types import Halt
 from guards.call_loop import CallLoopGuard, CallLoopPolicy
 from tests.fakes.inmemory import PipelineRig, rig_config
-from tests.fakes.openai_server import (
-    FakeChatServer,
+from tests.fakes.llm_upstream import (
+    FakeLLM,
     FakeResponse,
-    RecordedRequest,
+    Received,
     error_response,
     hang_response,
     text_response,
@@ -44,8 +44,8 @@ class SleepRecorder:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[FakeChatServer]:
-    async with FakeChatServer() as fake:
+async def server() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM() as fake:
         yield fake
 
 
@@ -54,7 +54,12 @@ def sleep() -> SleepRecorder:
     return SleepRecorder()
 
 
-def _config(server: FakeChatServer, *tools: str, **fields: object) -> OpenAIAgentConfig:
+def _call_loop(**fields: object) -> Policy:
+    """The default policy with these `call_loop` fields."""
+    return Policy.model_validate({"call_loop": fields})
+
+
+def _config(server: FakeLLM, *tools: str, **fields: object) -> OpenAIAgentConfig:
     data: dict[str, object] = {
         "kind": "openai",
         "base_url": server.base_url,
@@ -86,13 +91,13 @@ async def _agent(
         await agent.aclose()
 
 
-def _last_tool_content(request: RecordedRequest) -> str:
+def _last_tool_content(request: Received) -> str:
     content = request.tool_messages[-1]["content"]
     assert isinstance(content, str)
     return content
 
 
-async def test_plain_answer(server: FakeChatServer, sleep: SleepRecorder) -> None:
+async def test_plain_answer(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.enqueue(text_response("Hello Alice!"))
     config = _config(server, api_key="sk-test-key", system_prompt="Be brief.", temperature=0.2)
     async with _agent(config, sleep) as agent:
@@ -103,16 +108,16 @@ async def test_plain_answer(server: FakeChatServer, sleep: SleepRecorder) -> Non
     (request,) = server.requests
     assert request.path == "/v1/chat/completions"
     assert request.headers["Authorization"] == "Bearer sk-test-key"
-    assert request.body["model"] == "test-model"
-    assert request.body["temperature"] == 0.2
-    assert "tools" not in request.body
+    assert request.json()["model"] == "test-model"
+    assert request.json()["temperature"] == 0.2
+    assert "tools" not in request.json()
     assert request.messages == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Alice: hello"},
     ]
 
 
-async def test_no_key_sends_no_authorization(server: FakeChatServer, sleep: SleepRecorder) -> None:
+async def test_no_key_sends_no_authorization(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.enqueue(text_response("ok"))
     async with _agent(_config(server), sleep) as agent:
         await agent.respond(make_turn("hi"))
@@ -120,7 +125,7 @@ async def test_no_key_sends_no_authorization(server: FakeChatServer, sleep: Slee
 
 
 async def test_model_answering_no_reply_is_returned_as_is(
-    server: FakeChatServer, sleep: SleepRecorder
+    server: FakeLLM, sleep: SleepRecorder
 ) -> None:
     server.enqueue(text_response("NO_REPLY"))
     async with _agent(_config(server), sleep) as agent:
@@ -148,13 +153,11 @@ def test_tool_schema_from_signature() -> None:
     }
 
 
-async def test_tools_are_described_to_the_model(
-    server: FakeChatServer, sleep: SleepRecorder
-) -> None:
+async def test_tools_are_described_to_the_model(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.enqueue(text_response("nothing to look up"))
     async with _agent(_config(server, "search_orders", "lookup_order"), sleep) as agent:
         await agent.respond(make_turn("hi"))
-    tools = server.requests[0].body["tools"]
+    tools = server.requests[0].json()["tools"]
     assert [t["function"]["name"] for t in tools] == ["search_orders", "lookup_order"]
     assert tools[1] == {
         "type": "function",
@@ -170,16 +173,16 @@ async def test_tools_are_described_to_the_model(
     }
 
 
-def test_missing_tool_is_a_config_error(server: FakeChatServer) -> None:
+def test_missing_tool_is_a_config_error(server: FakeLLM) -> None:
     with pytest.raises(ConfigError, match="has no attribute 'nope'") as caught:
         OpenAIAgent("helper", _config(server, "get_status", "nope"))
     assert caught.value.path == "agents.helper.tools.1"
 
 
 async def test_polling_tool_that_progresses_is_never_blocked(
-    server: FakeChatServer, sleep: SleepRecorder
+    server: FakeLLM, sleep: SleepRecorder
 ) -> None:
-    def responder(request: RecordedRequest) -> FakeResponse:
+    def responder(request: Received) -> FakeResponse:
         tools = request.tool_messages
         if tools and tools[-1]["content"] == "COMPLETE":
             return text_response("Job 7 is complete.")
@@ -198,7 +201,7 @@ async def test_polling_tool_that_progresses_is_never_blocked(
 
 
 async def test_stuck_tool_warns_then_blocks_then_halts(
-    server: FakeChatServer, sleep: SleepRecorder
+    server: FakeLLM, sleep: SleepRecorder
 ) -> None:
     server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
     config = _config(server, "get_status", max_tool_rounds=20)
@@ -222,9 +225,7 @@ async def test_stuck_tool_warns_then_blocks_then_halts(
     assert "loop_blocked" in _last_tool_content(server.requests[-1])
 
 
-async def test_tool_loop_policy_comes_from_the_turn(
-    server: FakeChatServer, sleep: SleepRecorder
-) -> None:
+async def test_tool_loop_policy_comes_from_the_turn(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
     policy = Policy.model_validate({"tool_loop": {"no_progress_warn": 2, "no_progress_halt": 3}})
     async with _agent(_config(server, "get_status"), sleep) as agent:
@@ -234,7 +235,7 @@ async def test_tool_loop_policy_comes_from_the_turn(
     assert [c.action for c in result.tool_calls] == ["allow", "warn", "halt"]
 
 
-async def test_turn_time_limit_ends_the_turn(server: FakeChatServer, sleep: SleepRecorder) -> None:
+async def test_turn_time_limit_ends_the_turn(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.responder = lambda _: tool_call_response(("get_job_status", {"job_id": "slow-1"}))
     policy = Policy.model_validate({"tool_loop": {"max_time_per_turn": 5}})
     ticks = iter(range(0, 1000, 3))
@@ -245,9 +246,7 @@ async def test_turn_time_limit_ends_the_turn(server: FakeChatServer, sleep: Slee
     assert result.tool_calls[-1].code == "time_exceeded"
 
 
-async def test_tool_errors_go_back_to_the_model(
-    server: FakeChatServer, sleep: SleepRecorder
-) -> None:
+async def test_tool_errors_go_back_to_the_model(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.enqueue(
         tool_call_response(
             ("read_broken", {"path": "/etc/x"}),
@@ -275,7 +274,7 @@ async def test_tool_errors_go_back_to_the_model(
     ]
 
 
-async def test_tool_rounds_are_bounded(server: FakeChatServer, sleep: SleepRecorder) -> None:
+async def test_tool_rounds_are_bounded(server: FakeLLM, sleep: SleepRecorder) -> None:
     counter = iter(range(1000))
     server.responder = lambda _: tool_call_response(("lookup_order", {"order_id": next(counter)}))
     async with _agent(_config(server, "lookup_order", max_tool_rounds=2), sleep) as agent:
@@ -286,21 +285,18 @@ async def test_tool_rounds_are_bounded(server: FakeChatServer, sleep: SleepRecor
     assert len(result.tool_calls) == 2
 
 
-async def test_429_is_retried_after_retry_after(
-    server: FakeChatServer, sleep: SleepRecorder
-) -> None:
+async def test_429_is_retried_after_retry_after(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.enqueue(error_response(429, retry_after=7), text_response("made it"))
     # max_repeats=1: had the failed attempt been counted, the retry would be refused.
-    guard = CallLoopGuard(CallLoopPolicy(max_repeats=1))
-    async with _agent(_config(server), sleep, call_guard=guard) as agent:
-        result = await agent.respond(make_turn("hi"))
+    async with _agent(_config(server), sleep) as agent:
+        result = await agent.respond(make_turn("hi", policy=_call_loop(max_repeats=1)))
     assert result.text == "made it"
     assert len(server.requests) == 2
     assert sleep.waits == [7.0]
 
 
 async def test_5xx_retried_with_backoff_then_apology_without_the_key(
-    server: FakeChatServer, sleep: SleepRecorder, caplog: pytest.LogCaptureFixture
+    server: FakeLLM, sleep: SleepRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     key = "sk-secret-do-not-log"
     server.responder = lambda _: error_response(500, message=f"upstream broke for key {key}")
@@ -315,7 +311,7 @@ async def test_5xx_retried_with_backoff_then_apology_without_the_key(
     assert key not in caplog.text
 
 
-async def test_other_4xx_is_not_retried(server: FakeChatServer, sleep: SleepRecorder) -> None:
+async def test_other_4xx_is_not_retried(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.enqueue(error_response(400, message="bad request"))
     async with _agent(_config(server), sleep) as agent:
         result = await agent.respond(make_turn("hi"))
@@ -325,7 +321,7 @@ async def test_other_4xx_is_not_retried(server: FakeChatServer, sleep: SleepReco
 
 
 async def test_retry_after_too_long_is_not_waited_for(
-    server: FakeChatServer, sleep: SleepRecorder
+    server: FakeLLM, sleep: SleepRecorder
 ) -> None:
     server.enqueue(error_response(429, retry_after=3600))
     async with _agent(_config(server), sleep) as agent:
@@ -335,7 +331,7 @@ async def test_retry_after_too_long_is_not_waited_for(
     assert sleep.waits == []
 
 
-async def test_timeout_is_retried(server: FakeChatServer, sleep: SleepRecorder) -> None:
+async def test_timeout_is_retried(server: FakeLLM, sleep: SleepRecorder) -> None:
     server.enqueue(hang_response(), text_response("late but fine"))
     async with _agent(_config(server, timeout=0.2), sleep) as agent:
         result = await agent.respond(make_turn("hi"))
@@ -345,7 +341,7 @@ async def test_timeout_is_retried(server: FakeChatServer, sleep: SleepRecorder) 
 
 
 async def test_identical_calls_are_stopped_before_the_provider(
-    server: FakeChatServer, sleep: SleepRecorder
+    server: FakeLLM, sleep: SleepRecorder
 ) -> None:
     server.responder = lambda _: text_response("hi!")
     now = [0.0]
@@ -376,12 +372,11 @@ async def test_identical_calls_are_stopped_before_the_provider(
 
 
 async def test_repeated_requests_inside_one_turn_are_stopped(
-    server: FakeChatServer, sleep: SleepRecorder
+    server: FakeLLM, sleep: SleepRecorder
 ) -> None:
     server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
-    guard = CallLoopGuard(CallLoopPolicy(max_repeats=2))
-    async with _agent(_config(server, "get_status"), sleep, call_guard=guard) as agent:
-        result = await agent.respond(make_turn("is the db up?"))
+    async with _agent(_config(server, "get_status"), sleep) as agent:
+        result = await agent.respond(make_turn("is the db up?", policy=_call_loop(max_repeats=2)))
     # Requests 2 and 3 carry the same last two messages; the third such one is refused.
     assert len(server.requests) == 3
     assert result.halt == Halt("call_loop", "loop_detected")
@@ -389,7 +384,7 @@ async def test_repeated_requests_inside_one_turn_are_stopped(
     assert [c.action for c in result.tool_calls] == ["allow"] * 3
 
 
-async def test_one_session_created_lazily_and_closed(server: FakeChatServer) -> None:
+async def test_one_session_created_lazily_and_closed(server: FakeLLM) -> None:
     created: list[aiohttp.ClientSession] = []
 
     def factory() -> aiohttp.ClientSession:
@@ -421,15 +416,15 @@ def test_parse_retry_after(headers: dict[str, str], expected: float | None) -> N
     assert parse_retry_after(headers) == expected
 
 
-async def _hosted(agent: OpenAIAgent) -> PipelineRig:
+async def _hosted(agent: OpenAIAgent, yaml_text: str = "") -> PipelineRig:
     """The real pipeline around the agent, as the hosted bot `parrot` of a room."""
-    rig = PipelineRig(rig_config(), {"parrot": agent})
+    rig = PipelineRig(rig_config(yaml_text), {"parrot": agent})
     await rig.start()
     return rig
 
 
 async def test_issue3_halt_is_a_short_message_in_the_room_and_is_counted(
-    server: FakeChatServer, sleep: SleepRecorder, caplog: pytest.LogCaptureFixture
+    server: FakeLLM, sleep: SleepRecorder, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
     async with _agent(_config(server, "get_status", max_tool_rounds=20), sleep) as agent:
@@ -448,12 +443,11 @@ async def test_issue3_halt_is_a_short_message_in_the_room_and_is_counted(
 
 
 async def test_issue3_call_loop_halt_is_counted_under_its_guard(
-    server: FakeChatServer, sleep: SleepRecorder
+    server: FakeLLM, sleep: SleepRecorder
 ) -> None:
     server.responder = lambda _: tool_call_response(("get_status", {"service": "db"}))
-    guard = CallLoopGuard(CallLoopPolicy(max_repeats=2))
-    async with _agent(_config(server, "get_status"), sleep, call_guard=guard) as agent:
-        rig = await _hosted(agent)
+    async with _agent(_config(server, "get_status"), sleep) as agent:
+        rig = await _hosted(agent, "policy: {call_loop: {max_repeats: 2}}")
         connector = rig.connector()
         await connector.push(connector.message("is the db up?"))
     assert connector.texts() == [messages.CALL_LOOP_STOP.format(pause=format_duration(300))]
@@ -462,7 +456,7 @@ async def test_issue3_call_loop_halt_is_counted_under_its_guard(
 
 @pytest.mark.parametrize(("addressed", "posted"), [(False, []), (True, [SILENCE_NOTICE])])
 async def test_issue3_model_answering_no_reply_never_reaches_the_room(
-    server: FakeChatServer, sleep: SleepRecorder, addressed: bool, posted: list[str]
+    server: FakeLLM, sleep: SleepRecorder, addressed: bool, posted: list[str]
 ) -> None:
     server.responder = lambda _: text_response("NO_REPLY")
     async with _agent(_config(server), sleep) as agent:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 import time
 from collections.abc import AsyncIterator, Callable
@@ -132,3 +133,19 @@ async def running_proxy(
             yield rig
         finally:
             await proxy.stop()
+
+
+async def raw_request(port: int, path: str, headers: bytes, body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP/1.1 request written byte for byte (headers no client would send); status, body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" % (
+        path.encode()
+    )
+    length = b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    writer.write(head + headers + length + body)
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), rest.partition(b"\r\n\r\n")[2]

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 
+import aiohttp
 import openai
 import pytest
 from aiohttp import web
@@ -17,8 +18,10 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 from pydantic import SecretStr
 
+from gateway.errors import LoopwardenError
 from gateway.proxy.alerts import (
     Alert,
+    AlertDeliveryError,
     Alerter,
     EmailChannel,
     TelegramChannel,
@@ -287,3 +290,28 @@ async def test_issue6_a_loop_through_the_proxy_alerts_all_three(
         assert "night-run" in text
         assert "6 identical calls" in text
         assert "billing-bot/session=night-run" in text
+
+
+async def test_issue10_a_failed_delivery_is_a_loopwarden_error_without_the_url() -> None:
+    """A webhook answering 500 raises AlertDeliveryError, one of loopwarden's own errors."""
+
+    async def refuse(request: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_post(HOOK_PATH, refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    url = f"http://127.0.0.1:{port}{HOOK_PATH}"
+    channel = WebhookChannel(WebhookAlert(url=SecretStr(url)))
+    try:
+        async with aiohttp.ClientSession() as http:
+            with pytest.raises(LoopwardenError) as caught:
+                await channel.deliver(ALERT, http)
+    finally:
+        await runner.cleanup()
+    assert isinstance(caught.value, AlertDeliveryError)
+    assert str(caught.value) == "webhook: HTTP 500"

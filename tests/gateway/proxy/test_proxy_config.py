@@ -11,7 +11,7 @@ from gateway.errors import ConfigError
 from gateway.jsonbody import JsonBodyError
 from gateway.logs import secret_values
 from gateway.proxy.anthropic import AnthropicProvider
-from gateway.proxy.app import client_table
+from gateway.proxy.auth import client_table
 from gateway.proxy.gemini import GeminiProvider
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.pricing import PriceTable

@@ -1,0 +1,121 @@
+"""Building a guarded call: the circuit, the rule fields and the fingerprint of one request.
+
+Rule fields come from the `X-Loopwarden-Session`, `-Step`, `-Agent`, `-Customer`,
+`-User` and `-Feature` headers (those headers are not forwarded upstream), the model from
+the body; the agent field defaults to the key's agent. The circuit is the client's root
++ session (+ step). The SDK's retry number (`x-stainless-retry-count`, sent by the OpenAI
+and Anthropic SDKs) goes to the request log: plain digits up to `MAX_RETRY`; any other
+value (a sign, a look-alike digit, a 5,000-digit number) is logged as 0. A field that is
+not valid Unicode text (a header's non-UTF-8 bytes, a lone surrogate escaped in the
+body's model name) is refused with `CallFieldError`, naming it: no store could keep it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gateway.errors import LoopwardenError
+from gateway.proxy.auth import ProxyClient
+from gateway.proxy.provider import GuardedCall, Provider
+from guards.call_loop import CallDecision, circuit_key, fingerprint_call
+
+SESSION_HEADER = "X-Loopwarden-Session"
+FIELD_HEADERS: tuple[tuple[str, str], ...] = (
+    ("step", "X-Loopwarden-Step"),
+    ("agent", "X-Loopwarden-Agent"),
+    ("customer", "X-Loopwarden-Customer"),
+    ("user", "X-Loopwarden-User"),
+    ("feature", "X-Loopwarden-Feature"),
+)
+RETRY_HEADER = "x-stainless-retry-count"
+# SDKs retry a handful of times; the bound keeps the value a small integer column.
+MAX_RETRY = 1_000
+
+
+class CallFieldError(LoopwardenError, ValueError):
+    """A call field that is not valid Unicode text; the message names the field."""
+
+
+@dataclass(slots=True)
+class ProxiedCall:
+    """One guarded call on its way through the proxy; `decision` once the store decided."""
+
+    provider: Provider
+    client: ProxyClient
+    call: GuardedCall
+    session: str
+    circuit: str
+    fingerprint: str
+    fields: dict[str, str]
+    request_bytes: int
+    retry: int
+    started: float
+    decision: CallDecision | None = None
+
+
+def rule_fields(headers: Mapping[str, str], client: ProxyClient, model: str) -> dict[str, str]:
+    """The fields uniqueness rules read: from the headers, the key's agent, the model.
+
+    Raises CallFieldError for a field that is not valid Unicode text.
+    """
+    fields = {
+        name: _text(header, value)
+        for name, header in FIELD_HEADERS
+        if (value := headers.get(header))
+    }
+    session = headers.get(SESSION_HEADER, "")
+    if session:
+        fields["session"] = _text(SESSION_HEADER, session)
+    fields.setdefault("agent", client.agent)
+    fields["model"] = _text("the model name", model)
+    return fields
+
+
+def _text(name: str, value: str) -> str:
+    """`value`, when it is valid Unicode text (aiohttp keeps a header's bad bytes as surrogates)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        raise CallFieldError(f"{name} is not valid UTF-8 text (character {exc.start})") from None
+    return value
+
+
+def retry_number(value: str | None) -> int:
+    """The SDK's retry number from its header: 0 unless plain ASCII digits up to MAX_RETRY."""
+    # isdigit alone takes "²" and "٣"; int() takes "+1", " 1" and "1_0".
+    if value is None or not (0 < len(value) <= len(str(MAX_RETRY))):
+        return 0
+    if not (value.isascii() and value.isdigit()):
+        return 0
+    number = int(value)
+    return number if number <= MAX_RETRY else 0
+
+
+def build_call(
+    provider: Provider,
+    client: ProxyClient,
+    headers: Mapping[str, str],
+    described: GuardedCall,
+    *,
+    size: int,
+    started: float,
+) -> ProxiedCall:
+    """The guarded call a request makes: its circuit, fields and fingerprint.
+
+    Raises CallFieldError for a rule field that is not valid Unicode text.
+    """
+    fields = rule_fields(headers, client, described.model)
+    session = fields.get("session", "")
+    return ProxiedCall(
+        provider=provider,
+        client=client,
+        call=described,
+        session=session,
+        circuit=circuit_key(client.root, session or None, fields.get("step")),
+        fingerprint=fingerprint_call(described.model, described.messages),
+        fields=fields,
+        request_bytes=size,
+        retry=retry_number(headers.get(RETRY_HEADER)),
+        started=started,
+    )

@@ -1,0 +1,157 @@
+"""The request log: one entry per guarded call, with its tokens and (estimated) cost.
+
+Each guarded call is logged once its response has ended (a refusal at once), with the
+SDK's retry number; requests forwarded unguarded (model lists, files) are not logged.
+The entry is built when the call ends, and written after the response by one background
+writer that takes the entries queued so far in order, so a write never delays the next
+request on the connection, and a burst of calls ending together costs one task, not one
+each. Tokens are the provider's usage; those it did not report are estimated
+(`pricing`), and the entry says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+
+from gateway.calls.store import CallLogEntry, CallOutcome, CallStore
+from gateway.proxy.calls import ProxiedCall
+from gateway.proxy.pricing import PriceTable
+from gateway.proxy.provider import Usage
+
+log = logging.getLogger("loopwarden.proxy")
+
+
+def log_entry(
+    call: ProxiedCall,
+    prices: PriceTable,
+    outcome: CallOutcome,
+    status: int | None,
+    usage: Usage | None,
+    *,
+    at: float,
+    duration_ms: float,
+    rule: str | None = None,
+) -> CallLogEntry:
+    """The call's entry: reported tokens where the provider gave them, estimates elsewhere."""
+    model = call.call.model
+    reported = usage or Usage()
+    guess_in, guess_out = prices.estimate(model, call.request_bytes)
+    input_tokens = guess_in if reported.input_tokens is None else reported.input_tokens
+    output_tokens = guess_out if reported.output_tokens is None else reported.output_tokens
+    return CallLogEntry(
+        at=at,
+        provider=call.provider.name,
+        agent=call.client.agent,
+        session=call.session,
+        circuit=call.circuit,
+        model=model,
+        outcome=outcome,
+        status=status,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost=prices.cost(model, input_tokens, output_tokens),
+        estimated=reported.input_tokens is None or reported.output_tokens is None,
+        fingerprint=call.fingerprint,
+        rule=rule,
+        retry=call.retry,
+        duration_ms=duration_ms,
+        fields=call.fields,
+    )
+
+
+class RequestLog:
+    """Builds each call's entry and writes the entries to the call store in the background."""
+
+    def __init__(
+        self,
+        store: CallStore,
+        prices: PriceTable,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._store = store
+        self._prices = prices
+        self._wall_clock = wall_clock
+        self._timer = timer
+        self._queued: deque[CallLogEntry] = deque()
+        self._writer: asyncio.Task[None] | None = None
+
+    def started(self) -> float:
+        """The time a call starts, on the timer its duration is measured with."""
+        return self._timer()
+
+    def record(
+        self,
+        call: ProxiedCall,
+        outcome: CallOutcome,
+        status: int | None,
+        usage: Usage | None,
+        *,
+        rule: str | None = None,
+    ) -> None:
+        """Queue the call's entry; a forwarded call's output size feeds later estimates."""
+        model = call.call.model
+        if outcome == "forwarded" and usage is not None and usage.output_tokens is not None:
+            self._prices.observe(model, usage.output_tokens)
+        entry = log_entry(
+            call,
+            self._prices,
+            outcome,
+            status,
+            usage,
+            at=self._wall_clock(),
+            duration_ms=round((self._timer() - call.started) * 1000, 3),
+            rule=rule,
+        )
+        log.debug(
+            "%s %s %s %s status=%s tokens=%s+%s",
+            entry.provider,
+            entry.circuit,
+            model,
+            outcome,
+            status,
+            entry.input_tokens,
+            entry.output_tokens,
+        )
+        self._queued.append(entry)
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write())
+
+    @property
+    def pending(self) -> int:
+        """Entries queued and not yet written."""
+        return len(self._queued)
+
+    async def settle(self) -> None:
+        """Wait until every entry queued so far is written."""
+        while self._writer is not None:
+            await asyncio.shield(self._writer)
+
+    async def drain(self, seconds: float) -> None:
+        """Write what is queued for up to `seconds`; entries left then are dropped, logged."""
+        writer = self._writer
+        if writer is None:
+            return
+        await asyncio.wait({writer}, timeout=seconds)
+        if not writer.done():
+            writer.cancel()
+            log.warning("%d request-log entries not written at shutdown", len(self._queued) + 1)
+            self._queued.clear()
+            await asyncio.wait({writer}, timeout=1.0)
+
+    async def _write(self) -> None:
+        """Write the queued entries in order, one at a time, until none is left."""
+        try:
+            while self._queued:
+                entry = self._queued.popleft()
+                try:
+                    await self._store.log_call(entry)
+                except Exception:  # a lost log line must never take the proxy down
+                    log.exception("request-log write for %s failed", entry.circuit)
+        finally:
+            self._writer = None

@@ -1,0 +1,216 @@
+"""Forwarding a request to its upstream and relaying the answer, chunk by chunk, as it comes.
+
+The upstream gets the canonical path (encoded once, never re-normalised by the HTTP
+client), the client's headers without credentials and our own, and the upstream's own
+key. Upstream failures (429, 408, 5xx, a timeout, a dropped connection, before or during
+a stream) are uncounted as soon as they are known, so a retry is not taken for a repeat.
+A connection failure answers 502 and a timeout 504, in the provider's format, without
+`x-should-retry` (the SDK may retry them). A stream the upstream drops midway is cut off
+for the client too (the connection is closed), never ended as if complete. Bodies are
+decoded, masked and read for usage by `relay`; the status line carries the standard
+reason phrase, never the upstream's (it may quote the key it was sent).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from gateway.calls.store import CallOutcome, CallStore
+from gateway.proxy import messages
+from gateway.proxy.calls import ProxiedCall
+from gateway.proxy.config import ProxyConfig, Upstream
+from gateway.proxy.paths import upstream_path
+from gateway.proxy.provider import (
+    ErrorKind,
+    Provider,
+    error_response,
+    forward_headers,
+    response_headers,
+)
+from gateway.proxy.relay import (
+    BodyDecoder,
+    EncodedBodyError,
+    KeyMasker,
+    UsageScanner,
+    masked_forms,
+)
+from gateway.proxy.request_log import RequestLog
+from guards.call_loop import is_provider_failure
+
+log = logging.getLogger("loopwarden.proxy")
+
+
+class Upstreams:
+    """The configured upstreams, their keys' masked forms, and one HTTP session to them."""
+
+    def __init__(self, config: ProxyConfig, store: CallStore, request_log: RequestLog) -> None:
+        self._upstreams: dict[str, Upstream] = {
+            name: upstream
+            for name, upstream in (
+                ("openai", config.upstreams.openai),
+                ("anthropic", config.upstreams.anthropic),
+                ("gemini", config.upstreams.gemini),
+            )
+            if upstream is not None
+        }
+        self._secrets = {
+            name: masked_forms(upstream.api_key.get_secret_value()) if upstream.api_key else []
+            for name, upstream in self._upstreams.items()
+        }
+        self._store = store
+        self._log = request_log
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    def get(self, provider: Provider) -> Upstream | None:
+        """The upstream configured for a provider's routes, if any."""
+        return self._upstreams.get(provider.name)
+
+    def start(self) -> None:
+        """Open the HTTP session (inside the running event loop)."""
+        # No pool limit: each stream in flight holds one upstream connection.
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            auto_decompress=False,
+            timeout=self._timeout,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP session."""
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def forward(
+        self,
+        request: web.Request,
+        provider: Provider,
+        upstream: Upstream,
+        *,
+        tail: str,
+        body: bytes,
+        call: ProxiedCall | None,
+    ) -> web.StreamResponse:
+        """Send the request upstream with the upstream's key and relay the answer."""
+        session = self._session
+        if session is None:
+            raise web.HTTPServiceUnavailable(text=messages.NOT_STARTED)
+        api_key = upstream.api_key.get_secret_value() if upstream.api_key else None
+        headers = forward_headers(request.headers)
+        headers.update(provider.upstream_auth(api_key, request.headers))
+        # Encoded already: the client must not re-normalise the canonical path.
+        url = URL(provider.upstream_url(upstream.base_url, upstream_path(tail)), encoded=True)
+        query = provider.upstream_query(request.query) if request.query else None
+        try:
+            answer = await session.request(
+                request.method,
+                url,
+                params=query,
+                data=body or None,
+                headers=headers,
+                allow_redirects=False,
+            )
+        except TimeoutError:
+            return await self._failed(provider, call, "timeout", "upstream_timeout", "timeout")
+        except aiohttp.ClientError as exc:
+            reason = type(exc).__name__
+            return await self._failed(provider, call, "unreachable", "upstream_unreachable", reason)
+        async with answer:
+            return await self._relay(request, provider, answer, call)
+
+    async def _failed(
+        self, provider: Provider, call: ProxiedCall | None, kind: ErrorKind, code: str, reason: str
+    ) -> web.Response:
+        """The upstream gave no answer: uncount the call, log it, answer 502/504."""
+        log.warning("%s upstream failed: %s", provider.name, reason)
+        if call is not None and call.decision is not None:
+            await self._store.record_outcome(call.decision, None, reason)
+            self._log.record(call, "upstream_error", None, None)
+        if kind == "timeout":
+            text = messages.UPSTREAM_TIMEOUT.format(provider=provider.name)
+        else:
+            text = messages.UPSTREAM_UNREACHABLE.format(provider=provider.name, reason=reason)
+        return error_response(provider, kind, code, text)
+
+    async def _relay(
+        self,
+        request: web.Request,
+        provider: Provider,
+        answer: aiohttp.ClientResponse,
+        call: ProxiedCall | None,
+    ) -> web.StreamResponse:
+        """Relay status, headers and body chunk by chunk, masking keys and reading usage."""
+        status = answer.status
+        if call is not None and call.decision is not None and is_provider_failure(status):
+            # Known before the body: uncount now, so a prompt retry is not a repeat.
+            await self._store.record_outcome(call.decision, status)
+        try:
+            decoder = BodyDecoder(answer.headers.get("Content-Encoding", ""))
+        except EncodedBodyError as exc:
+            return self._unreadable(provider, call, status, str(exc))
+        secrets = self._secrets[provider.name]
+        headers = response_headers(answer.headers, secrets)
+        if decoder.encoding is not None:
+            headers.popall("Content-Encoding", None)
+        response = web.StreamResponse(status=status, headers=headers)
+        if decoder.encoding is None and answer.content_length is not None:
+            response.content_length = answer.content_length
+        masker = KeyMasker(secrets)
+        scanner = (
+            UsageScanner(provider.usage, sse=answer.content_type == "text/event-stream")
+            if call is not None
+            else None
+        )
+        await response.prepare(request)
+        broken: str | None = None
+        try:
+            while True:
+                try:
+                    chunk = await answer.content.readany()
+                    plain = decoder.feed(chunk) if chunk else decoder.finish()
+                except (aiohttp.ClientError, TimeoutError, EncodedBodyError) as exc:
+                    broken = type(exc).__name__
+                    break
+                if scanner is not None:
+                    scanner.feed(plain)
+                await response.write(masker.feed(plain))
+                if not chunk:
+                    break
+            if broken is None:
+                await response.write(masker.flush())
+                await response.write_eof()
+        except ConnectionError:
+            # The client went away; the call did reach the provider and stays counted.
+            log.info("%s client disconnected during the response", provider.name)
+        if broken is not None:
+            log.warning("%s upstream response broke off midway: %s", provider.name, broken)
+            # Cut the client off too: ending the body normally would pass it as complete.
+            if request.transport is not None:
+                request.transport.close()
+        if call is not None and call.decision is not None:
+            if broken is not None and not is_provider_failure(status):
+                await self._store.record_outcome(call.decision, None, broken)
+            usage = scanner.finish() if scanner is not None else None
+            outcome: CallOutcome = (
+                "forwarded" if status < 400 and broken is None else "upstream_error"
+            )
+            self._log.record(call, outcome, status, usage)
+        return response
+
+    def _unreadable(
+        self, provider: Provider, call: ProxiedCall | None, status: int, reason: str
+    ) -> web.Response:
+        """An answer that cannot be checked for keys: a 502 instead, logged, never retried."""
+        log.warning("%s upstream answered in an unreadable encoding: %s", provider.name, reason)
+        if call is not None:
+            self._log.record(call, "upstream_error", status, None)
+        text = messages.UPSTREAM_UNREADABLE.format(provider=provider.name, reason=reason)
+        # The upstream answers every retry the same way.
+        headers = {"x-should-retry": "false"}
+        return error_response(provider, "unreachable", "upstream_unreadable", text, headers)
