@@ -14,8 +14,8 @@ Decisions where DESIGN.md is silent:
   refuse the same values. `tool_loop` refuses unknown keys like every other section.
   `call_loop.max_repeats` is at most a million (`MAX_CALL_REPEATS`).
 - No number is inf or nan; every duration is at most 366 days and chosen secrets
-  (`http.admin_token`, a Telegram `webhook_secret`) at least 16 characters
-  (`gateway.limits`). The file must be UTF-8 and stay within `gateway.safeyaml`'s
+  (`http.admin_token`, a Telegram `webhook_secret`, an `http` agent's `secret`) at least
+  16 characters (`gateway.limits`). The file must be UTF-8 and stay within `gateway.safeyaml`'s
   bounds (nesting, alias expansion, digits); such errors name the file.
 - A stored runtime override that today's policy refuses is ignored with a warning by
   `resolve_policy`: the room keeps working on the config's value for that field.
@@ -31,6 +31,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -135,6 +136,90 @@ class PythonAgentConfig(_Frozen):
     function: str = Field(pattern=r"^[\w.]+:[\w]+$")
 
 
+MCP_SERVER_NAME_MAX = 32
+"""Leaves at least 30 of an OpenAI function name's 64 characters for the tool's own name."""
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+class McpServerConfig(_Frozen):
+    """An MCP server of an `openai` agent: a stdio `command` to start or a streamable-HTTP `url`."""
+
+    name: str
+    command: tuple[str, ...] | None = None
+    env: dict[str, SecretStr] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not re.fullmatch(rf"[A-Za-z0-9_-]{{1,{MCP_SERVER_NAME_MAX}}}", value):
+            raise ValueError(
+                f"must be 1 to {MCP_SERVER_NAME_MAX} ASCII letters, digits, '-' or '_' "
+                "(it prefixes the tool names offered to the model)"
+            )
+        if "__" in value or value.startswith("_") or value.endswith("_"):
+            raise ValueError(
+                "must not contain '__' nor start or end with '_' "
+                "('__' separates server and tool in <server>__<tool>)"
+            )
+        return value
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and (not value or not value[0].strip()):
+            raise ValueError("must start with the program to run, e.g. [uvx, mcp-server-time]")
+        if value is not None and any("\x00" in part for part in value):
+            raise ValueError("must not contain NUL characters")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for key, secret in value.items():
+            if not _ENV_NAME.fullmatch(key):
+                raise ValueError(f"{key[:40]!r} is not an environment variable name")
+            if "\x00" in secret.get_secret_value():
+                raise ValueError(f"the value of {key} must not contain NUL characters")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if urlsplit(_http_url(value)).username is not None:
+            raise ValueError("must not carry credentials: send them in headers")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _header_lines(cls, value: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for key, secret in value.items():
+            if not _HEADER_NAME.fullmatch(key):
+                raise ValueError(f"{key[:40]!r} is not an HTTP header name")
+            if any(char in secret.get_secret_value() for char in "\r\n\x00"):
+                raise ValueError(f"the value of {key} must not contain line breaks or NUL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if self.command is None and self.url is None:
+            raise _FieldError(
+                "command", "give command (a stdio server to start) or url (a streamable-HTTP one)"
+            )
+        if self.command is not None and self.url is not None:
+            raise _FieldError("url", "give either command (stdio) or url (HTTP), not both")
+        if self.env and self.command is None:
+            raise _FieldError("env", "env is for stdio servers (command); send headers to a url")
+        if self.headers and self.url is None:
+            raise _FieldError("headers", "headers are for HTTP servers (url); give a command env")
+        return self
+
+
 class OpenAIAgentConfig(_Frozen):
     """Any OpenAI-compatible chat-completions endpoint, with tools as `module:function`."""
 
@@ -147,6 +232,7 @@ class OpenAIAgentConfig(_Frozen):
     max_tool_rounds: int = Field(default=8, ge=1)
     timeout: Duration = Field(default=60.0, gt=0)
     temperature: float | None = None
+    mcp_servers: tuple[McpServerConfig, ...] = ()
 
     @field_validator("tools")
     @classmethod
@@ -156,9 +242,57 @@ class OpenAIAgentConfig(_Frozen):
                 raise ValueError(f"tool {ref!r} must be written module:function")
         return value
 
+    @model_validator(mode="after")
+    def _mcp_names_apart(self) -> OpenAIAgentConfig:
+        seen: set[str] = set()
+        for index, server in enumerate(self.mcp_servers):
+            if server.name in seen:
+                raise _FieldError(
+                    f"mcp_servers.{index}.name", f"duplicate MCP server name {server.name!r}"
+                )
+            seen.add(server.name)
+            for tool_index, ref in enumerate(self.tools):
+                if ref.partition(":")[2].startswith(f"{server.name}__"):
+                    raise _FieldError(
+                        f"tools.{tool_index}",
+                        f"the name is taken by MCP server {server.name!r}'s tools; rename it",
+                    )
+        return self
+
+
+MAX_HTTP_ATTEMPTS = 10
+"""The most `max_attempts` an `http` agent takes: every attempt may wait `timeout`, in one turn."""
+
+
+def _http_url(value: str) -> str:
+    """`value` when it is an absolute http(s) URL with a host and a usable port, else ValueError."""
+    if any(char.isspace() or not char.isprintable() for char in value):
+        raise ValueError("must not contain spaces or control characters")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # not a number, or beyond 65535
+        port_ok = False
+    if not port_ok:
+        raise ValueError("must have a port from 1 to 65535")
+    return value
+
+
+class HttpAgentConfig(_Frozen):
+    """Any service that answers a signed JSON POST of the turn (`gateway.agents.http`)."""
+
+    kind: Literal["http"]
+    url: Annotated[str, AfterValidator(_http_url)]
+    secret: Annotated[Token, AfterValidator(long_enough)]
+    timeout: Duration = Field(default=30.0, gt=0)
+    max_attempts: int = Field(default=3, ge=1, le=MAX_HTTP_ATTEMPTS)
+
 
 AgentConfig = Annotated[
-    ScriptedAgentConfig | PythonAgentConfig | OpenAIAgentConfig, Field(discriminator="kind")
+    ScriptedAgentConfig | PythonAgentConfig | OpenAIAgentConfig | HttpAgentConfig,
+    Field(discriminator="kind"),
 ]
 
 
@@ -635,7 +769,7 @@ def first_error(exc: ValidationError) -> tuple[str, str]:
 
 _UNIONS = {
     "bots": "'discord', 'telegram', 'slack', 'room'",
-    "agents": "'scripted', 'python', 'openai'",
+    "agents": "'scripted', 'python', 'openai', 'http'",
 }
 
 

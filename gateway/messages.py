@@ -34,6 +34,8 @@ CALL_LOOP_STOP = (
 )
 CALL_PAUSED = "I'm paused in this conversation for another {pause} after repeating myself."
 PROVIDER_DOWN = "Sorry, I couldn't reach my model just now. Please try again in a moment."
+# The http agent's notice when its service fails, times out or answers something unreadable.
+HTTP_AGENT_DOWN = "Sorry, I couldn't get an answer from my service just now. Please try again."
 
 
 def format_duration(seconds: float) -> str:

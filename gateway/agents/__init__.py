@@ -1,1 +1,1 @@
-"""Agents: what produces a reply for a turn (scripted, python, openai)."""
+"""Agents: what produces a reply for a turn (scripted, python, openai, http)."""

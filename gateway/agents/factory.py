@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 from gateway.agents.base import Agent
+from gateway.agents.http import HttpAgent
 from gateway.agents.openai import OpenAIAgent
 from gateway.agents.python_fn import PythonAgent
 from gateway.agents.scripted import ScriptedAgent
 from gateway.calls.store import CallStore
-from gateway.config import AgentConfig, OpenAIAgentConfig, PythonAgentConfig, ScriptedAgentConfig
+from gateway.config import (
+    AgentConfig,
+    HttpAgentConfig,
+    OpenAIAgentConfig,
+    PythonAgentConfig,
+    ScriptedAgentConfig,
+)
 
 
 def build_agent(name: str, config: AgentConfig, *, calls: CallStore | None = None) -> Agent:
@@ -21,4 +28,6 @@ def build_agent(name: str, config: AgentConfig, *, calls: CallStore | None = Non
         return PythonAgent(config, name=name)
     if isinstance(config, OpenAIAgentConfig):
         return OpenAIAgent(name, config, calls=calls)
+    if isinstance(config, HttpAgentConfig):
+        return HttpAgent(name, config)
     raise TypeError(f"unknown agent config {type(config).__name__}")
