@@ -21,6 +21,11 @@ Decisions where DESIGN.md is silent:
   guard, and its thread is left to finish on its own). A tool's failure, an unknown tool
   or unreadable arguments go back to the model as `{"error": "..."}` and count for the
   guard like any failed call.
+- MCP tools (`mcp_servers`, `gateway.agents.mcp`) are offered beside the Python tools as
+  `<server>__<tool>`, from the servers connected when the turn starts (the servers start on
+  the agent's first turn); each is registered with the turn's LoopGuard by its MCP
+  annotations, then its name, and called under the same check → run → record → check and
+  `timeout`. A result with `isError`, or a server gone during the call, is a failed call.
 - `max_tool_rounds` rounds of tool calls are run; if the model still asks for tools after
   that, the turn ends with a short message and `halt=Halt("agent", "max_tool_rounds")`.
 - Provider failures (429, 408, 5xx, timeouts, dropped connections) are retried up to
@@ -39,6 +44,14 @@ Decisions where DESIGN.md is silent:
 - A call refused with `loop_detected` ends the turn with a short notice. While the circuit
   stays paused (`loop_paused`) a human still gets a short notice, a bot gets silence, so
   the notices themselves cannot feed a bot-to-bot loop.
+- `stream: true` asks for a streamed completion (`gateway.agents.completion_stream`)
+  where the platform edits messages (`turn.stream`, gateway.streaming; elsewhere the
+  request is not streamed and the reply is sent whole). Every round is streamed and its
+  tool-call deltas are assembled, so tools work as without streaming; each request starts
+  the stream afresh (`restart`), so a round that ends in tool calls, or an attempt that is
+  retried, leaves no text of its own: the next round's text replaces it in the same
+  message. A stream is bounded by `timeout` between two reads, not in total (the turn
+  timeout bounds the whole turn); a stream cut short is retried like a dropped connection.
 """
 
 from __future__ import annotations
@@ -62,6 +75,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from tenacity.wait import wait_exponential
 
 from gateway import messages
+from gateway.agents.completion_stream import CompletionStreamError, read_completion
 from gateway.agents.python_fn import import_callable
 from gateway.calls.store import CallStore, MemoryCallStore
 from gateway.config import OpenAIAgentConfig
@@ -79,7 +93,9 @@ from guards.loop_guard import GuardAction, LoopGuard, LoopGuardDecision
 from guards.tool_wrapper import guarded_call, settling_decision
 
 if TYPE_CHECKING:
+    from gateway.agents.mcp import McpTool, McpToolbox
     from gateway.context import TurnContext
+    from gateway.streaming import ReplyStream
 
 log = logging.getLogger("loopwarden.agents.openai")
 
@@ -143,14 +159,23 @@ class ToolSpec:
 
     def to_wire(self) -> WireMessage:
         """The `tools` entry of a chat-completions request."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.description,
-                "parameters": self.parameters,
-            },
-        }
+        return function_tool(self.name, self.description, self.parameters)
+
+    async def call(self, arguments: dict[str, object]) -> object:
+        """Run the function (a sync one in a worker thread) with the model's arguments."""
+        if inspect.iscoroutinefunction(self.function):
+            result: object = await self.function(**arguments)
+        else:
+            result = await asyncio.to_thread(self.function, **arguments)
+        return result
+
+
+def function_tool(name: str, description: str, parameters: Mapping[str, object]) -> WireMessage:
+    """One `tools` entry of a chat-completions request: a function and its JSON schema."""
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
 
 
 def json_type(annotation: object) -> str | None:
@@ -205,6 +230,20 @@ def load_tools(agent_name: str, refs: Sequence[str]) -> dict[str, ToolSpec]:
             raise ConfigError(field, f"a tool named {spec.name!r} is already configured")
         tools[spec.name] = spec
     return tools
+
+
+def mcp_toolbox(agent_name: str, config: OpenAIAgentConfig) -> McpToolbox | None:
+    """The agent's MCP servers (None without any); only then is the `mcp` extra needed."""
+    if not config.mcp_servers:
+        return None
+    try:
+        from gateway.agents.mcp import McpToolbox
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"agents.{agent_name}.mcp_servers",
+            f"MCP servers need the {exc.name} package: pip install 'loopwarden[mcp]'",
+        ) from None
+    return McpToolbox(agent_name, config.mcp_servers)
 
 
 def parse_retry_after(headers: Mapping[str, str]) -> float | None:
@@ -264,6 +303,7 @@ class OpenAIAgent:
         clock: Callable[[], float] | None = None,
         max_attempts: int = 4,
         max_retry_wait: float = 30.0,
+        mcp: McpToolbox | None = None,
     ) -> None:
         self.name = name
         self._config = config
@@ -278,6 +318,7 @@ class OpenAIAgent:
         self._max_attempts = max_attempts
         self._max_retry_wait = max_retry_wait
         self._secret = config.api_key.get_secret_value() if config.api_key else ""
+        self._mcp = mcp if mcp is not None else mcp_toolbox(name, config)
 
     @property
     def tools(self) -> Mapping[str, ToolSpec]:
@@ -291,6 +332,13 @@ class OpenAIAgent:
         circuit = circuit_key(self.name, session)
         resolved = turn.resolved
         guard = LoopGuard(resolved.tool_loop, clock=self._clock)
+        remote = await self._mcp_tools()
+        for tool in remote.values():
+            guard.register_tool(tool.wire_name, idempotent=tool.idempotent)
+        offered = self._wire_tools + [
+            function_tool(tool.wire_name, tool.description, tool.parameters)
+            for tool in remote.values()
+        ]
         policy = resolved.call_loop
         conversation: list[WireMessage] = []
         if self._config.system_prompt:
@@ -298,10 +346,18 @@ class OpenAIAgent:
         conversation.append({"role": "user", "content": f"{msg.sender_name}: {msg.text}"})
         calls: list[ToolCall] = []
         rounds = self._config.max_tool_rounds
+        stream = turn.stream if self._config.stream else None
+        if stream is not None:
+            stream.begin(self._config.stream_edit_seconds)
         try:
             for round_no in range(rounds + 1):
                 answer = await self._complete(
-                    circuit, policy, conversation, sender_is_bot=msg.sender_is_bot
+                    circuit,
+                    policy,
+                    conversation,
+                    offered,
+                    sender_is_bot=msg.sender_is_bot,
+                    stream=stream,
                 )
                 if not answer.tool_calls:
                     return AgentResult(text=answer.content, tool_calls=tuple(calls))
@@ -309,7 +365,7 @@ class OpenAIAgent:
                     break
                 conversation.append(_assistant_message(answer))
                 for call in answer.tool_calls:
-                    conversation.append(await self._run_tool(guard, call, calls))
+                    conversation.append(await self._run_tool(guard, call, calls, remote))
         except _TurnEnded as ended:
             return AgentResult(text=ended.text, tool_calls=tuple(calls), halt=ended.halt)
         log.info("agent %s: stopped after %d tool rounds", self.name, rounds)
@@ -319,33 +375,44 @@ class OpenAIAgent:
         )
 
     async def aclose(self) -> None:
-        """Close the HTTP session (a later turn opens a new one)."""
+        """Close the HTTP session and the MCP servers (a later turn opens them again)."""
         session, self._session = self._session, None
         if session is not None:
             await session.close()
+        if self._mcp is not None:
+            await self._mcp.aclose()
+
+    async def _mcp_tools(self) -> dict[str, McpTool]:
+        """The MCP tools of the servers connected now (they start on the first turn)."""
+        if self._mcp is None:
+            return {}
+        await self._mcp.start()
+        return self._mcp.tools()
 
     async def _run_tool(
-        self, guard: LoopGuard, call: _WireToolCall, calls: list[ToolCall]
+        self,
+        guard: LoopGuard,
+        call: _WireToolCall,
+        calls: list[ToolCall],
+        remote: Mapping[str, McpTool],
     ) -> WireMessage:
         """Run one tool call under the turn's LoopGuard; the tool message for the model."""
         name = call.function.name
         raw_args = call.function.arguments
         args = _parse_arguments(raw_args)
         spec = self._tools.get(name)
+        mcp_tool = remote.get(name)
+        invoke = spec.call if spec is not None else mcp_tool.call if mcp_tool is not None else None
         timeout = self._config.timeout
 
         async def run(**kwargs: object) -> object:
-            if spec is None:
-                known = ", ".join(self._tools) or "none"
+            if invoke is None:
+                known = ", ".join([*self._tools, *remote]) or "none"
                 raise LookupError(f"unknown tool {name!r} (available: {known})")
             if not isinstance(args, dict):
                 raise TypeError(f"arguments must be a JSON object, got {raw_args!r}")
             async with asyncio.timeout(timeout):
-                if inspect.iscoroutinefunction(spec.function):
-                    result: object = await spec.function(**kwargs)
-                else:
-                    result = await asyncio.to_thread(spec.function, **kwargs)
-                return result
+                return await invoke(kwargs)
 
         guard_args: dict[str, object] = args if isinstance(args, dict) else {"_raw": raw_args}
         decisions: list[LoopGuardDecision] = []  # the guard's, for the ToolCall record
@@ -374,15 +441,19 @@ class OpenAIAgent:
         circuit: str,
         policy: CallLoopPolicy,
         conversation: list[WireMessage],
+        tools: list[WireMessage],
         *,
         sender_is_bot: bool,
+        stream: ReplyStream | None = None,
     ) -> _WireMessage:
         """One model answer, retried on provider failures; guard refusals end the turn."""
         payload: dict[str, object] = {"model": self._config.model, "messages": conversation}
-        if self._wire_tools:
-            payload["tools"] = self._wire_tools
+        if tools:
+            payload["tools"] = tools
         if self._config.temperature is not None:
             payload["temperature"] = self._config.temperature
+        if stream is not None:
+            payload["stream"] = True
         fingerprint = fingerprint_call(self._config.model, conversation)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts),
@@ -393,7 +464,7 @@ class OpenAIAgent:
         )
         try:
             completion: _Completion = await retrying(
-                self._attempt, circuit, policy, fingerprint, payload, sender_is_bot
+                self._attempt, circuit, policy, fingerprint, payload, sender_is_bot, stream=stream
             )
         except _ProviderError as exc:
             log.warning(
@@ -415,13 +486,15 @@ class OpenAIAgent:
         fingerprint: str,
         payload: Mapping[str, object],
         sender_is_bot: bool,
+        *,
+        stream: ReplyStream | None,
     ) -> _Completion:
         """One HTTP request, if the call guard allows it; a provider failure is uncounted."""
         decision = await self.calls.decide(circuit, fingerprint, policy=policy)
         if not decision.allowed:
             raise self._refused(decision, sender_is_bot=sender_is_bot)
         try:
-            return await self._post(payload)
+            return await self._post(payload, stream)
         except _ProviderError as exc:
             await self.calls.record_outcome(decision, exc.status, exc.reason)
             raise
@@ -449,10 +522,20 @@ class OpenAIAgent:
             self._session = self._session_factory()
         return self._session
 
-    async def _post(self, payload: Mapping[str, object]) -> _Completion:
-        """POST /chat/completions; HTTP errors, timeouts and bad bodies become _ProviderError."""
+    async def _post(
+        self, payload: Mapping[str, object], stream: ReplyStream | None = None
+    ) -> _Completion:
+        """POST /chat/completions; HTTP errors, timeouts and bad bodies become _ProviderError.
+
+        With `stream` the answer is read as it comes, its text written into `stream`.
+        """
         headers = {"Authorization": f"Bearer {self._secret}"} if self._secret else {}
-        timeout = aiohttp.ClientTimeout(total=self._config.timeout)
+        limit = self._config.timeout
+        timeout = (
+            aiohttp.ClientTimeout(total=limit)
+            if stream is None
+            else aiohttp.ClientTimeout(sock_connect=limit, sock_read=limit)
+        )
         try:
             async with self._client().post(
                 self._url, json=payload, headers=headers, timeout=timeout
@@ -461,11 +544,19 @@ class OpenAIAgent:
                     detail = _error_detail(await response.text())
                     retry_after = parse_retry_after(response.headers)
                     raise _ProviderError(response.status, detail, retry_after)
-                body = await response.json(content_type=None)
+                if stream is None:
+                    body = await response.json(content_type=None)
+                else:
+                    stream.restart()
+                    body = await read_completion(response.content, stream.write)
         except TimeoutError:
             raise _ProviderError(None, "timeout") from None
         except aiohttp.ClientError as exc:
             raise _ProviderError(None, f"connection failed ({type(exc).__name__})") from None
+        except CompletionStreamError as exc:
+            reason = "stream cut short" if exc.retryable else "invalid response"
+            log.info("agent %s: streamed answer unreadable: %s", self.name, self._redact(str(exc)))
+            raise _ProviderError(None, reason) from None
         except ValueError:
             raise _ProviderError(None, "invalid response") from None
         try:
