@@ -80,6 +80,7 @@ from gateway.agents.python_fn import import_callable
 from gateway.calls.store import CallStore, MemoryCallStore
 from gateway.config import OpenAIAgentConfig
 from gateway.errors import ConfigError, LoopwardenError
+from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.types import AgentResult, Halt, ToolCall
 from guards.call_loop import (
     CallDecision,
@@ -545,7 +546,7 @@ class OpenAIAgent:
                     retry_after = parse_retry_after(response.headers)
                     raise _ProviderError(response.status, detail, retry_after)
                 if stream is None:
-                    body = await response.json(content_type=None)
+                    body = parse_json(await response.read())
                 else:
                     stream.restart()
                     body = await read_completion(response.content, stream.write)
@@ -586,8 +587,8 @@ class OpenAIAgent:
 def _parse_arguments(raw: str) -> object:
     """The model's JSON arguments; None when they are not JSON (the call then fails)."""
     try:
-        return json.loads(raw) if raw.strip() else {}
-    except ValueError:
+        return parse_json(raw) if raw.strip() else {}
+    except JsonBodyError:
         return None
 
 
@@ -624,8 +625,8 @@ def _tool_content(result: object) -> str:
 def _error_detail(text: str) -> str:
     """The provider's error message from an error body, shortened for the log."""
     try:
-        body = json.loads(text)
-    except ValueError:
+        body = parse_json(text)
+    except JsonBodyError:
         return text[:_ERROR_DETAIL_MAX]
     error = body.get("error") if isinstance(body, dict) else None
     message = error.get("message") if isinstance(error, dict) else None

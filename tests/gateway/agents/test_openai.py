@@ -465,3 +465,17 @@ async def test_issue3_model_answering_no_reply_never_reaches_the_room(
         await connector.push(connector.message("thanks all", mentions_bot=addressed))
     assert len(server.requests) == 1
     assert connector.texts() == posted
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ["[" * 50_000 + "]" * 50_000, '{"order_id": ' + "9" * 5_000 + "}", '{"x": NaN}', "{"],
+)
+async def test_issue9_hostile_tool_arguments_fail_the_call_not_the_turn(
+    server: FakeLLM, sleep: SleepRecorder, arguments: str
+) -> None:
+    server.enqueue(tool_call_response(("lookup_order", arguments)), text_response("sorted"))
+    async with _agent(_config(server, "lookup_order"), sleep) as agent:
+        result = await agent.respond(make_turn("where is my order?"))
+    assert result.text == "sorted"
+    assert "arguments" in _last_tool_content(server.requests[-1])
