@@ -1,7 +1,8 @@
 """Pure decision logic for loopwarden: stdlib only, no I/O, no asyncio, injected clocks.
 
 - `BotLoopGuard`: a per-room, direction-independent budget for bot-to-bot exchanges.
-- `is_silent` / `apply_silence`: keep `NO_REPLY` and silence narration out of chat.
+- `is_silent` / `apply_silence`: keep `NO_REPLY`, silence narration and reasoning out of
+  chat (`strip_reasoning` removes `<think>` blocks on its own).
 - `LoopGuard`: per-turn tool-call counts, no-progress streaks and cycles.
 - `CallLoopGuard`: repeated LLM calls on a circuit (key + session [+ step]).
 """
@@ -23,6 +24,7 @@ from guards.loop_guard import (
     ToolExecutionError,
     apply_decision,
 )
+from guards.reasoning import ReasoningFilter, strip_reasoning
 from guards.silence import NO_REPLY, SilencePolicy, SilenceStreamFilter, apply_silence, is_silent
 from guards.tool_wrapper import guarded_call, guarded_call_sync, settling_decision
 
@@ -39,6 +41,7 @@ __all__ = [
     "LoopGuardDecision",
     "PairDecision",
     "PairSnapshot",
+    "ReasoningFilter",
     "SilencePolicy",
     "SilenceStreamFilter",
     "ToolExecutionError",
@@ -52,4 +55,5 @@ __all__ = [
     "is_silent",
     "pair_key",
     "settling_decision",
+    "strip_reasoning",
 ]

@@ -1,12 +1,23 @@
 """Per-turn tool-call guard: stop an agent that calls the same tool forever.
 
-Four signals, checked before a call runs and again after it is recorded:
+Five signals, checked before a call runs and again after it is recorded:
 - per-tool counts against the thresholds of the tool's bucket (idempotent or mutating);
 - the no-progress streak: the trailing run of identical fingerprints (tool, canonical
-  arguments, hash of the whole result), kept as a counter plus the last fingerprint;
+  arguments, the whole result), kept as a counter plus the last fingerprint;
+- the failure streak: per tool, its calls that failed since its last success, whatever
+  their arguments; WARN at `failure_warn` (3), HALT at `failure_halt` (8). A success of
+  that tool or `mark_progress` ends it (so does `reset_turn`); another tool's calls in
+  between do not;
 - short cycles: the same 2-4 fingerprints repeating, kept as one match counter per
   period over a ring of the last four fingerprints;
 - the turn timer (`max_time_per_turn`).
+
+Results are compared after the volatile-token normalisation of `fingerprint_call`
+(dates, times, UUIDs, hex and provider ids, numbers of 5+ digits): identical
+`send_message` calls whose results differ only by a fresh message id are a no-progress
+streak, while a changed status is progress. A counter whose only change is a number of
+5+ digits (bytes downloaded) therefore looks stuck: report progress in words as well, or
+call `mark_progress`.
 
 A count BLOCK or HALT only happens when the streak this call would extend is at least
 `no_progress_warn`; a busy tool whose results keep changing gets WARN at most.
@@ -21,18 +32,27 @@ Decisions the design left open:
   twice; recorded without such a pre-check, it is counted. Either way `record()` answers
   BLOCK with code `blocked` (the call did not run; the next pre-check decides).
 - A failure and a success with the same text are different results.
-- Severity picks the decision; among equals: time, then no-progress, then cycle, then count.
+- Severity picks the decision; among equals: time, then no-progress, then failure, then
+  cycle, then count.
+- A failed call is one recorded with `success=False`; a blocked call is none (it did
+  not run), so it neither extends nor ends a failure streak.
 - `record()` reuses the canonical arguments that the `check()` just before it computed
   for the same tool and the same args object, so arguments are canonicalised once per
   call; args changed in place between the two record the call that was checked.
 - Results are hashed with Python's keyed SipHash (see `result_hash`), not blake2b: it
   covers the whole result as well and costs a fraction, which the 5 us budget needs.
+  Normalising costs more than a whole call, so it only runs when a call made in the
+  last four returns a result that differs from its earlier one as recorded.
 - WARN annotates dict and string results only; other results are returned unchanged.
 - Results count as equal when their JSON with sorted keys is, except that 1 and 1.0
   differ there (a result that changed type changed); in arguments they are equal.
 - Non-JSON values are fingerprinted by `repr`; an object whose `repr` fails or recurses
   too deep gets its identity, so it can never build a streak (fail open, not closed).
-- At most 1,024 tool names are counted separately per turn; further names share one count.
+- At most 1,024 tool names are counted separately per turn (counts and failure streaks);
+  further names share one count.
+- `get_stats()` is a read-only mapping as well as an object: PraisonAI's `get_stats()`
+  returns a dict (`stats["turn_elapsed"]`, `stats["tool_counts"]`, `stats["config"]`),
+  so code written for theirs reads ours.
 - `from_dict` treats a key whose value is None as absent and accepts numeric strings,
   because admin commands and environment variables deliver text.
 """
@@ -47,10 +67,12 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 from typing import Any, Final, Literal
+
+from guards.call_loop import normalise_text
 
 Bucket = Literal["idempotent", "mutating"]
 
@@ -134,6 +156,8 @@ _INT_FIELDS: Final = (
     "no_progress_halt",
     "cycle_warn_laps",
     "cycle_halt_laps",
+    "failure_warn",
+    "failure_halt",
 )
 _ORDERED_FIELDS: Final = (
     ("idempotent_warn_threshold", "idempotent_block_threshold"),
@@ -142,12 +166,13 @@ _ORDERED_FIELDS: Final = (
     ("mutating_block_threshold", "mutating_halt_threshold"),
     ("no_progress_warn", "no_progress_halt"),
     ("cycle_warn_laps", "cycle_halt_laps"),
+    ("failure_warn", "failure_halt"),
 )
 
 
 @dataclass(frozen=True, slots=True)
 class LoopGuardConfig:
-    """Thresholds of the tool-call guard: per-tool counts, stuck streaks, cycles, turn time."""
+    """Thresholds of the tool-call guard: counts, stuck and failure streaks, cycles, time."""
 
     enabled: bool = True
     idempotent_warn_threshold: int = 5
@@ -161,6 +186,8 @@ class LoopGuardConfig:
     no_progress_halt: int = 8
     cycle_warn_laps: int = 3
     cycle_halt_laps: int = 5
+    failure_warn: int = 3
+    failure_halt: int = 8
 
     def __post_init__(self) -> None:
         if type(self.enabled) is not bool:
@@ -300,9 +327,14 @@ class ToolExecutionError(Exception):
         )
 
 
-@dataclass(frozen=True, slots=True)
-class LoopGuardStats:
-    """A snapshot of the current turn, for status commands and dashboards."""
+@dataclass(frozen=True, slots=True, eq=False)
+class LoopGuardStats(Mapping[str, object]):
+    """A snapshot of the current turn, for status commands and dashboards.
+
+    Read it by attribute or as a read-only mapping (`stats["tool_counts"]`), as
+    PraisonAI's `get_stats()` dict is read: `turn_elapsed`, `tool_counts` and `config`
+    (with its `idempotent_thresholds` and `mutating_thresholds`) are among the keys.
+    """
 
     enabled: bool
     turn_elapsed: float
@@ -311,6 +343,42 @@ class LoopGuardStats:
     laps: int
     progress_marks: int
     last_progress: str | None
+    failures: Mapping[str, int]
+    config: Mapping[str, object]
+
+    def __getitem__(self, key: str) -> object:
+        if key not in _STATS_KEYS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_STATS_ORDER)
+
+    def __len__(self) -> int:
+        return len(_STATS_ORDER)
+
+
+_STATS_ORDER: Final = tuple(spec.name for spec in fields(LoopGuardStats))
+_STATS_KEYS: Final = frozenset(_STATS_ORDER)
+
+
+def _stats_config(cfg: LoopGuardConfig) -> Mapping[str, object]:
+    """The config as `get_stats()` shows it: every field, and PraisonAI's threshold lists."""
+    return MappingProxyType(
+        {
+            **{spec.name: getattr(cfg, spec.name) for spec in fields(cfg)},
+            "idempotent_thresholds": (
+                cfg.idempotent_warn_threshold,
+                cfg.idempotent_block_threshold,
+                cfg.idempotent_halt_threshold,
+            ),
+            "mutating_thresholds": (
+                cfg.mutating_warn_threshold,
+                cfg.mutating_block_threshold,
+                cfg.mutating_halt_threshold,
+            ),
+        }
+    )
 
 
 def _split_words(name: str) -> list[str]:
@@ -453,23 +521,45 @@ def _result_text(result: object) -> str:
         return _encode_json(_normalise_or_repr(result))
 
 
-def result_hash(result: object, *, success: bool = True) -> int:
-    """A hash of the whole result (falsy ones too) and of whether the call failed.
+# A recorded result as it is compared: (success, kind, text or bytes).
+_Result = tuple[bool, str, str | bytes]
 
-    Text and bytes are hashed as they are, anything else as canonical JSON, by Python's
-    str/bytes hash: SipHash with a per-process random key, over the whole input, several
-    times cheaper than blake2b for typical results. A collision (2**-64 per pair) could
-    only make two different results look alike, never hide a repeated one.
-    """
+
+def _result_of(result: object, success: bool) -> _Result:
+    """What a result is compared by: the outcome, its kind and its text (bytes as they are)."""
     # The kind keeps "x" as text, b"x" as bytes and '"x"' as JSON text apart.
     if type(result) is str:
-        return hash((success, "s", result))
+        return success, "s", result
     if type(result) is bytes:
-        return hash((success, "b", result))
-    return hash((success, "j", _result_text(result)))
+        return success, "b", result
+    return success, "j", _result_text(result)
+
+
+def _normal_hash(recorded: _Result) -> int:
+    """The hash of a recorded result after the volatile-token normalisation."""
+    success, kind, text = recorded
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "surrogateescape")
+    return hash((success, kind, normalise_text(text)))
+
+
+def result_hash(result: object, *, success: bool = True) -> int:
+    """A hash of the whole result (falsy ones too), after normalisation, and of the outcome.
+
+    Text and bytes are hashed as they are, anything else as canonical JSON, once dates,
+    times, UUIDs, hex and provider ids and numbers of 5+ digits are replaced (as
+    `fingerprint_call` does), by Python's str/bytes hash: SipHash with a per-process
+    random key, over the whole input, several times cheaper than blake2b for typical
+    results. A collision (2**-64 per pair) could only make two different results look
+    alike, never hide a repeated one.
+    """
+    return _normal_hash(_result_of(result, success))
 
 
 _CallKey = tuple[str, Hashable]
+# (call, label of the result): the label is the raw hash of the first of a run of results
+# that are equal after normalisation (see LoopGuard._label), so plain tuple comparison
+# tells same calls with same results apart.
 _Fingerprint = tuple[_CallKey, int | str]
 # runs[i]: how many trailing fingerprints equal the one _PERIODS[i] places before them.
 _NO_RUNS: Final = (0,) * len(_PERIODS)
@@ -491,6 +581,25 @@ def _advance_cycles(
         if laps >= 2 and laps > best[0]:
             best = (laps, period)
     return tuple(advanced), best
+
+
+def _tally(counts: dict[str, int], tool: str) -> None:
+    """Count one more for `tool`; past the cap on names, in the count they share."""
+    count = counts.get(tool)
+    if count is not None:
+        counts[tool] = count + 1
+    elif len(counts) < _MAX_TRACKED_TOOLS:
+        counts[tool] = 1
+    else:
+        counts[_OTHER_TOOLS] = counts.get(_OTHER_TOOLS, 0) + 1
+
+
+def _tallied(counts: dict[str, int], tool: str) -> int:
+    """The count of `tool` (the shared one for a name past the cap)."""
+    count = counts.get(tool)
+    if count is None:
+        return counts.get(_OTHER_TOOLS, 0) if len(counts) >= _MAX_TRACKED_TOOLS else 0
+    return count
 
 
 class LoopGuard:
@@ -517,16 +626,26 @@ class LoopGuard:
             ),
         }
         self._registered: dict[str, Bucket] = {}
+        # Per tool name, the thresholds of its bucket: looked up twice per call.
+        self._tool_thresholds: dict[str, tuple[int, int, int]] = {}
         # The last pre-checked call's args object and key; holding the object keeps its
         # identity from being reused by another object.
         self._checked: tuple[object, _CallKey] = (_NOTHING, ("", ""))
         # The call the last pre-check blocked (and counted), until the next record.
         self._pending_block: _CallKey | None = None
         self._counts: dict[str, int] = {}
+        # Per tool, how many of its calls failed since its last success.
+        self._failures: dict[str, int] = {}
+        self._stats_config = _stats_config(cfg)
         self._turn_start: float | None = None
         self._last: _Fingerprint | None = None
         self._streak = 0
         self._ring: deque[_Fingerprint] = deque(maxlen=_LONGEST_PERIOD)
+        # Beside the ring: each fingerprint's call and recorded result (None if blocked).
+        self._ring_keys: deque[_CallKey] = deque(maxlen=_LONGEST_PERIOD)
+        self._ring_results: deque[_Result | None] = deque(maxlen=_LONGEST_PERIOD)
+        # The last normalised hash computed, by the identity of its recorded result.
+        self._normal: tuple[_Result | None, int] = (None, 0)
         self._runs = _NO_RUNS
         self._cycle = _NO_CYCLE
         self._marks = 0
@@ -540,11 +659,19 @@ class LoopGuard:
     def register_tool(self, name: str, *, idempotent: bool) -> None:
         """Classify a tool explicitly; this wins over the built-in sets and the name."""
         self._registered[name] = "idempotent" if idempotent else "mutating"
+        self._tool_thresholds.pop(name, None)
 
     def classify(self, tool_name: str) -> Bucket:
         """The tool's bucket: registered, else built-in sets, else the verbs of its name."""
         bucket = self._registered.get(tool_name)
         return bucket if bucket is not None else classify_tool_name(tool_name)
+
+    def _thresholds_of(self, tool_name: str) -> tuple[int, int, int]:
+        """The thresholds of the tool's bucket, remembered for up to 1,024 names."""
+        thresholds = self._thresholds[self.classify(tool_name)]
+        if len(self._tool_thresholds) < _MAX_TRACKED_TOOLS:
+            self._tool_thresholds[tool_name] = thresholds
+        return thresholds
 
     def check(
         self, tool_name: str, args: object, *, pre: bool = True, now: float | None = None
@@ -556,16 +683,16 @@ class LoopGuard:
         if pre:
             # record() of this same call reuses the canonical arguments (set atomically).
             self._checked = (args, key)
-        bucket = self._registered.get(tool_name) or classify_tool_name(tool_name)
+        thresholds = self._tool_thresholds.get(tool_name) or self._thresholds_of(tool_name)
         with self._lock:
             t = self._clock() if now is None else now
             if self._turn_start is None:
                 self._turn_start = t
-            decision = self._decide(key, self._thresholds[bucket], pre, t - self._turn_start)
+            decision = self._decide(key, thresholds, pre, t - self._turn_start)
             if pre and decision.action is GuardAction.BLOCK:
                 # The blocked call counts as made, whether or not the caller records it:
                 # an agent that just skips it and retries escalates to HALT.
-                self._count_call(tool_name)
+                _tally(self._counts, tool_name)
                 self._repeat_last(key)
                 self._pending_block = key
             return decision
@@ -587,8 +714,10 @@ class LoopGuard:
             key = (tool_name, canonical_args(args))
         if type(result) is dict and result.get("loop_blocked") is True:
             return self._record_blocked(key, now)
-        outcome = result_hash(result, success=success)
-        bucket = self._registered.get(tool_name) or classify_tool_name(tool_name)
+        # Text, the usual result, without a call.
+        recorded = (success, "s", result) if type(result) is str else _result_of(result, success)
+        raw = hash(recorded)
+        thresholds = self._tool_thresholds.get(tool_name) or self._thresholds_of(tool_name)
         with self._lock:
             t = self._clock() if now is None else now
             if self._turn_start is None:
@@ -597,31 +726,37 @@ class LoopGuard:
             counts = self._counts
             count = counts.get(tool_name)
             if count is None:
-                self._count_call(tool_name)
+                _tally(counts, tool_name)
             else:
                 counts[tool_name] = count + 1
-            self._push((key, outcome))
-            return self._decide(key, self._thresholds[bucket], False, t - self._turn_start)
+            if not success:
+                _tally(self._failures, tool_name)
+            elif self._failures:
+                self._end_failures(tool_name)
+            self._push(key, raw, recorded)
+            return self._decide(key, thresholds, False, t - self._turn_start)
 
     def mark_progress(self, label: str) -> None:
-        """Mark a real checkpoint: only later calls can build a streak or a cycle."""
+        """Mark a real checkpoint: only later calls can build a streak, cycle or failure run."""
         with self._lock:
             self._forget_tail()
+            self._failures = {}
             self._marks += 1
             self._last_mark = label
 
     def reset_turn(self) -> None:
-        """Start a new turn: counts, streak, cycle, progress marks and the timer are cleared."""
+        """Start a new turn: counts, streaks, cycle, progress marks and the timer are cleared."""
         with self._lock:
             self._forget_tail()
             self._pending_block = None
             self._counts = {}
+            self._failures = {}
             self._turn_start = None
             self._marks = 0
             self._last_mark = None
 
     def get_stats(self, *, now: float | None = None) -> LoopGuardStats:
-        """A snapshot of this turn: elapsed time, per-tool counts, current streak and laps."""
+        """A snapshot of this turn: elapsed time, counts, streaks and laps (also a mapping)."""
         with self._lock:
             start = self._turn_start
             elapsed = 0.0 if start is None else (self._clock() if now is None else now) - start
@@ -633,12 +768,17 @@ class LoopGuard:
                 laps=self._cycle[0],
                 progress_marks=self._marks,
                 last_progress=self._last_mark,
+                failures=MappingProxyType(dict(self._failures)),
+                config=self._stats_config,
             )
 
     def _forget_tail(self) -> None:
         self._last = None
         self._streak = 0
         self._ring.clear()
+        self._ring_keys.clear()
+        self._ring_results.clear()
+        self._normal = (None, 0)
         self._runs = _NO_RUNS
         self._cycle = _NO_CYCLE
 
@@ -650,42 +790,83 @@ class LoopGuard:
             pending, self._pending_block = self._pending_block, None
             if pending != key:
                 # A block result that no pre-check counted (none ran, or one for another call).
-                self._count_call(key[0])
+                _tally(self._counts, key[0])
                 self._repeat_last(key)
             return self._blocked(key)
 
-    def _count_call(self, tool: str) -> None:
-        """Count one call of `tool` in this turn (lock held)."""
-        counts = self._counts
-        count = counts.get(tool)
-        if count is not None:
-            counts[tool] = count + 1
-        elif len(counts) < _MAX_TRACKED_TOOLS:
-            counts[tool] = 1
-        else:
-            counts[_OTHER_TOOLS] = counts.get(_OTHER_TOOLS, 0) + 1
+    def _end_failures(self, tool: str) -> None:
+        """A success of `tool` ends its failure run (lock held)."""
+        failures = self._failures
+        if failures.pop(tool, None) is None and len(failures) >= _MAX_TRACKED_TOOLS:
+            failures.pop(_OTHER_TOOLS, None)  # its failures were in the shared count
 
     def _repeat_last(self, key: _CallKey) -> None:
         """Push a blocked call: a repeat of its call's last fingerprint, so retrying escalates."""
         last = self._last
-        self._push(last if last is not None and last[0] == key else (key, _BLOCKED_RESULT))
+        if last is not None and last[0] == key:
+            self._push(key, last[1], self._ring_results[-1])
+        else:
+            self._push(key, _BLOCKED_RESULT, None)
 
-    def _push(self, fp: _Fingerprint) -> None:
-        """Append a recorded fingerprint: update the streak and the per-period cycle runs."""
-        streak = self._streak + 1 if fp == self._last else 1
+    def _push(self, key: _CallKey, label: int | str, recorded: _Result | None) -> None:
+        """Append a recorded call: update the streak and the per-period cycle runs."""
         ring = self._ring
-        # Usually nothing repeats and every cycle run ends. Inside a streak as long as the
-        # ring, no cycle can show and the runs restart from zero once the streak breaks.
-        # Two laps of period p with the last p calls identical would be a streak of 2p >= 4,
-        # so a tail of identical calls is never taken for a cycle: it is a streak.
-        if streak >= _LONGEST_PERIOD or fp not in ring:
+        last = self._last
+        fp = (key, label)
+        if fp == last:
+            streak, fresh = self._streak + 1, False  # the same call and result: stuck
+        elif key in self._ring_keys:
+            fp = (key, self._label(key, label, recorded))
+            streak = self._streak + 1 if fp == last else 1
+            fresh = fp not in ring
+        else:
+            streak, fresh = 1, True  # usually: a call unlike the last four
+        # A fresh fingerprint ends every cycle run. Inside a streak as long as the ring, no
+        # cycle can show and the runs restart from zero once the streak breaks. Two laps of
+        # period p with the last p calls identical would be a streak of 2p >= 4, so a tail
+        # of identical calls is never taken for a cycle: it is a streak.
+        if fresh or streak >= _LONGEST_PERIOD:
             self._runs = _NO_RUNS
             self._cycle = _NO_CYCLE
         else:
             self._runs, self._cycle = _advance_cycles(ring, self._runs, fp)
         ring.append(fp)
+        self._ring_keys.append(key)
+        self._ring_results.append(recorded)
         self._last = fp
         self._streak = streak
+
+    def _label(self, key: _CallKey, raw: int | str, recorded: _Result | None) -> int | str:
+        """The label of a result of a call in the ring: an equal earlier result's label.
+
+        Results are equal when they are after normalisation. Normalising costs more than
+        the rest of a call, so it happens only here: for a call made in the last four
+        whose result differs from every earlier result of it as recorded.
+        """
+        if recorded is None or (key, raw) in self._ring:
+            return raw
+        normal = None
+        # Newest first: in a streak the last call matches. Each earlier result is
+        # normalised before this one, so that this one is remembered for the next call.
+        for (earlier_key, label), earlier in zip(
+            reversed(self._ring), reversed(self._ring_results), strict=True
+        ):
+            if earlier is None or earlier_key != key:
+                continue
+            earlier_normal = self._normal_of(earlier)
+            if normal is None:
+                normal = self._normal_of(recorded)
+            if earlier_normal == normal:
+                return label
+        return raw
+
+    def _normal_of(self, recorded: _Result) -> int:
+        """`_normal_hash(recorded)`, remembering the last one: the next call compares with it."""
+        cached, normal = self._normal
+        if cached is not recorded:
+            normal = _normal_hash(recorded)
+            self._normal = (recorded, normal)
+        return normal
 
     def _decide(
         self, key: _CallKey, thresholds: tuple[int, int, int], pre: bool, elapsed: float
@@ -694,9 +875,10 @@ class LoopGuard:
         tool = key[0]
         count = self._counts.get(tool)
         if count is None:
-            count = self._count(tool)
+            count = _tallied(self._counts, tool)
         if pre:
             count += 1
+        failures = _tallied(self._failures, tool) if self._failures else 0
         last = self._last
         extends = last is not None and last[0] == key
         streak = self._streak if extends else 0
@@ -708,6 +890,7 @@ class LoopGuard:
             count < thresholds[0]
             and streak < cfg.no_progress_warn
             and laps < cfg.cycle_warn_laps
+            and (not failures or failures < cfg.failure_warn)
             and elapsed <= cfg.max_time_per_turn
         ):
             return _decision(
@@ -720,6 +903,8 @@ class LoopGuard:
             return _time_exceeded(tool, count, streak, elapsed, cfg.max_time_per_turn)
         if streak >= cfg.no_progress_halt:
             return _no_progress(GuardAction.HALT, tool, count, streak, cfg.no_progress_halt)
+        if failures >= cfg.failure_halt:
+            return self._failure_decision(GuardAction.HALT, tool, count, failures)
         if laps >= cfg.cycle_halt_laps:
             return self._cycle_decision(GuardAction.HALT, tool, count, laps, period)
         _, block_at, halt_at = thresholds
@@ -729,20 +914,15 @@ class LoopGuard:
             if count >= block_at:
                 return _count_decision(GuardAction.BLOCK, tool, count, streak, block_at, pre=pre)
             return _no_progress(GuardAction.WARN, tool, count, streak, cfg.no_progress_warn)
+        if failures >= cfg.failure_warn:
+            return self._failure_decision(GuardAction.WARN, tool, count, failures)
         if laps >= cfg.cycle_warn_laps:
             return self._cycle_decision(GuardAction.WARN, tool, count, laps, period)
         return _count_warn(tool, count, streak, thresholds)
 
-    def _count(self, tool: str) -> int:
-        counts = self._counts
-        count = counts.get(tool)
-        if count is None:
-            return counts.get(_OTHER_TOOLS, 0) if len(counts) >= _MAX_TRACKED_TOOLS else 0
-        return count
-
     def _blocked(self, key: _CallKey) -> LoopGuardDecision:
         tool = key[0]
-        count = self._count(tool)
+        count = _tallied(self._counts, tool)
         streak = self._streak
         return _decision(
             GuardAction.BLOCK,
@@ -751,6 +931,34 @@ class LoopGuard:
             f"result {streak} times in a row). Retrying it the same way will stop the turn: "
             "change the arguments, use another tool, or answer with what you have.",
             {"tool": tool, "tool_count": count, "streak": streak},
+        )
+
+    def _failure_decision(
+        self, action: GuardAction, tool: str, count: int, failures: int
+    ) -> LoopGuardDecision:
+        cfg = self._config
+        if action is GuardAction.HALT:
+            code = "failure_halt"
+            threshold = cfg.failure_halt
+            tail = "the turn is stopped because the tool keeps failing."
+        else:
+            code = "failure_warn"
+            threshold = cfg.failure_warn
+            tail = (
+                f"the turn stops at {cfg.failure_halt} failures in a row. Read the error "
+                "before retrying: change the arguments, use another tool, or answer with "
+                "what you have."
+            )
+        return _decision(
+            action,
+            code,
+            f"{tool} failed {failures} times in a row (threshold {threshold}); {tail}",
+            {
+                "tool": tool,
+                "tool_count": count,
+                "failures": failures,
+                "threshold": threshold,
+            },
         )
 
     def _cycle_decision(

@@ -1,12 +1,22 @@
 """Silence: a reply that means "say nothing" (NO_REPLY, narration) never reaches the chat.
 
-A reply is normalised before it is compared with the silence tokens: zero-width
-characters removed, case folded, surrounding whitespace (NBSP included), Markdown
-wrapping (`**`, `_`, `~~`, backticks, code fences with a language), brackets, quotes,
+Reasoning blocks (`<think>`, `<thinking>`, `<reasoning>`; see guards.reasoning) are
+removed from every reply first; a reply that was only reasoning is silence.
+
+A reply is normalised before it is compared with the silence tokens: folded as it reads
+(guards.lookalike.fold: every format character such as zero-width and bidi marks
+dropped, NFKC so full-width letters are plain ones, Cyrillic/Greek look-alikes and
+Unicode dashes mapped to ASCII, case folded), surrounding whitespace, Markdown wrapping
+(`**`, `_`, `~~`, backticks, code fences with a language), brackets, quotes,
 heading/list/quote markers and punctuation stripped from both ends, and runs of spaces,
 `-` and `_` between words made one space. Tokens are normalised the same way, so
-`NO_REPLY`, `no-reply`, `NO REPLY` and `[no_reply]` are one token, and `[SILENT]`
-matches a configured `[silent]` or `SILENT`.
+`NO_REPLY`, `no-reply`, `NO REPLY`, `ＮＯ＿ＲＥＰＬＹ` and `[no_reply]` are one token, and
+`[SILENT]` matches a configured `[silent]` or `SILENT`. Only the comparison uses the
+folded form: what is sent is the reply as written.
+
+Also silence: the token repeated (`NO_REPLY NO_REPLY`), a token whose only company is
+emoji, symbols or punctuation (`😄 NO_REPLY`), and Hermes' envelope `{"action":
+"NO_REPLY"}` (that one key, any whitespace, its value a token).
 
 Decisions the design left open:
 - An empty or whitespace-only reply is never sent (`apply_silence` returns None): every
@@ -14,8 +24,14 @@ Decisions the design left open:
 - Narration is silence only when it is marked as narration: wrapped in `*`/`_` or
   brackets (`*stays silent*`, `(no reply)`, `[no response]`), or nothing but
   punctuation or a mute emoji (`.`, `…`, `🔇`). A bare "Silent" is an answer, not narration.
+- "Emoji, symbols or punctuation" means no letter and no digit of any script: a token
+  next to a word or a number (`NO_REPLY 2`, `NO_REPLY です`) is prose and is sent.
+- The envelope's value is matched like a token (`{"action": "no_reply"}` is silence),
+  the rest of it exactly (no code fence, no other key); one longer than 256 characters
+  is not one, and a streamed reply that starts with `{` is held until its first `}` or
+  until it is longer than that.
 - Only the blank lines next to a stripped token line are removed; a reply with nothing
-  stripped is sent byte for byte.
+  stripped is sent byte for byte (reasoning aside).
 - A non-string is never silent: `is_silent` returns False and `apply_silence` hands it
   back unchanged.
 """
@@ -25,32 +41,42 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from guards.lookalike import fold, is_blank
+from guards.reasoning import ReasoningFilter, strip_reasoning
+
 NO_REPLY = "NO_REPLY"
 
-# Zero-width characters, the soft hyphen and the emoji variation selector.
+# Zero-width characters, the soft hyphen and the emoji variation selector: a held-back
+# tail of a line may end in them.
 _INVISIBLE = "\u200b\u200c\u200d\u2060\ufeff\u00ad\ufe0f"
-# Invisible characters vanish; curly quotes become straight ones so `doesn’t` and
-# `doesn't` normalise alike.
-_TRANSLATION: dict[int, int | None] = {
-    **dict.fromkeys(map(ord, _INVISIBLE), None),
-    **{ord(curly): ord(straight) for curly, straight in zip("‘’“”", "''\"\"", strict=True)},
-}
+# Curly quotes become straight ones so `doesn’t` and `doesn't` normalise alike.
+_STRAIGHT_QUOTES = {"‘": "'", "’": "'", "“": '"', "”": '"'}
+_CURLY_QUOTES = re.compile("[‘’“”]")
 _SPACES = "".join(ch for ch in map(chr, range(0x3001)) if ch.isspace())
 _BLANKS = _SPACES + _INVISIBLE
-# str.translate looks every character up in a dict; a regex scan finds the rare reply
-# that needs it far faster.
-_TRANSLATED = re.compile("[" + "".join(map(chr, _TRANSLATION)) + "]")
 _WRAPPERS = _SPACES + "*_~`#>-|\"'„«»‹›()[]{}<>" + ".,!?;:…"
 _FENCE = re.compile(r"(?P<fence>`{3,}|~{3,})[^\n]*\n(?P<body>.*?)\n?[ \t]*(?P=fence)", re.DOTALL)
 _FENCE_OPENERS = ("```", "~~~")
 _SEPARATORS = re.compile("[" + re.escape(_SPACES.replace("\n", "") + "-_") + "]+")
 _NARRATION_OPENERS = "*_([{<"
 _NARRATION_CLOSERS = "*_)]}>"
+# A letter or digit of any script: what makes the company of a token prose.
+_LETTER_OR_DIGIT = re.compile(r"[^\W_]")
+_ENVELOPE_MAX = 256
+_ENVELOPE_START = re.compile(r"\s*\{")
+_ENVELOPE = re.compile(r'\{\s*"action"\s*:\s*"(?P<value>[^"\\]*)"\s*\}')
 
 
 def _visible(text: str) -> str:
-    """The text without invisible characters and with straight quotes."""
-    return text.translate(_TRANSLATION) if _TRANSLATED.search(text) else text
+    """The text as it reads (see guards.lookalike.fold), case folded, with straight quotes."""
+    if text.isascii():
+        return text.casefold()
+    return _CURLY_QUOTES.sub(_straight_quote, fold(text))
+
+
+def _straight_quote(curly: re.Match[str]) -> str:
+    """The straight quote for a curly one."""
+    return _STRAIGHT_QUOTES[curly[0]]
 
 
 def _core(text: str, *, written_so_far: bool = False) -> str:
@@ -60,7 +86,7 @@ def _core(text: str, *, written_so_far: bool = False) -> str:
     fence may still be open, and an unfinished fence opening line yields "" (anything
     may follow).
     """
-    core = _visible(text).casefold()
+    core = _visible(text)
     while True:
         inner = core.strip(_SPACES)
         fenced = _FENCE.fullmatch(inner)
@@ -112,8 +138,8 @@ _MUTE_EMOJI = frozenset({"🔇", "🔕", "🤐", "🤫", "😶", "🙊"})
 
 
 def _is_blank(text: str) -> bool:
-    """True when nothing but whitespace and zero-width characters is left."""
-    return not _visible(text).strip()
+    """True when nothing but whitespace and invisible characters is left."""
+    return not text.strip() if text.isascii() else is_blank(text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +151,8 @@ class SilencePolicy:
     drop_narration: bool = True
     _token_cores: frozenset[str] = field(init=False, repr=False, compare=False)
     _silent_cores: frozenset[str] = field(init=False, repr=False, compare=False)
+    # Longest first, so a token inside a longer one is not taken out of it.
+    _ordered_cores: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A config list (or a lone string) becomes a tuple, so the policy stays hashable.
@@ -139,28 +167,96 @@ class SilencePolicy:
         object.__setattr__(self, "_token_cores", cores)
         extra = _NARRATION | _MUTE_EMOJI if self.drop_narration else frozenset()
         object.__setattr__(self, "_silent_cores", cores | extra)
+        object.__setattr__(self, "_ordered_cores", tuple(sorted(cores, key=len, reverse=True)))
 
     def may_become_token(self, line: str) -> bool:
-        """True when a line being written may still turn out to be a silence token."""
-        so_far = _core(line, written_so_far=True)
-        return any(core.startswith(so_far) for core in self._token_cores)
+        """True when a line being written (no reasoning in it) may still be a token line."""
+        return self._may_become_token_form(_core(line, written_so_far=True)) or (
+            _may_become_envelope(line)
+        )
 
     def may_become_silent(self, text: str) -> bool:
-        """True when a reply being written may still turn out to be silence as a whole."""
+        """True when a reply being written (no reasoning in it) may still be all silence."""
         if _is_blank(text):
             return True
         so_far = _core(text, written_so_far=True)
-        return any(core.startswith(so_far) for core in self._silent_cores)
+        return (
+            any(core.startswith(so_far) for core in self._silent_cores)
+            or self._may_become_token_form(so_far)
+            or _may_become_envelope(text)
+        )
+
+    def _is_token_form(self, core: str) -> bool:
+        """True for a token, repeated or not, whose only company is emoji or punctuation."""
+        if core in self._token_cores:
+            return True
+        rest = self._without_tokens(core)
+        # Usually no token is in it at all: then `rest` is `core` itself.
+        return rest is not core and _LETTER_OR_DIGIT.search(rest) is None
+
+    def _may_become_token_form(self, so_far: str) -> bool:
+        """True when the start `so_far` of a core may still become a token form."""
+        rest = self._without_tokens(so_far)
+        first = _LETTER_OR_DIGIT.search(rest)
+        if first is None:
+            return True
+        # The letters may be the start of one more token, after emoji and punctuation only.
+        longest = len(self._ordered_cores[0])
+        return any(
+            token.startswith(rest[cut:])
+            for cut in range(max(0, len(rest) - longest), first.start() + 1)
+            for token in self._ordered_cores
+        )
+
+    def _without_tokens(self, core: str) -> str:
+        """`core` with every token in it made a space (itself when it holds none)."""
+        for token in self._ordered_cores:
+            if token in core:
+                core = core.replace(token, " ")
+        return core
 
 
 _DEFAULT_POLICY = SilencePolicy()
 
 
+def _is_envelope(text: str, policy: SilencePolicy) -> bool:
+    """True for Hermes' `{"action": "NO_REPLY"}`: exactly that JSON, its value a token."""
+    if not _ENVELOPE_START.match(text):
+        return False
+    envelope = text.strip()
+    if len(envelope) > _ENVELOPE_MAX:
+        return False
+    found = _ENVELOPE.fullmatch(envelope)
+    return found is not None and _core(found["value"]) in policy._token_cores
+
+
+def _may_become_envelope(text: str) -> bool:
+    """True while a reply being written may still become an envelope (held until `}`)."""
+    if "{" not in text or not _ENVELOPE_START.match(text):
+        return False
+    head = text.strip()
+    return len(head) <= _ENVELOPE_MAX and ("}" not in head or bool(_ENVELOPE.fullmatch(head)))
+
+
+def _is_silence(text: str, policy: SilencePolicy, core: str | None = None) -> bool:
+    """True when reasoning-free text (whose core may be given) is a token form or envelope."""
+    if core is None:
+        core = _core(text)
+    return policy._is_token_form(core) or ("{" in text and _is_envelope(text, policy))
+
+
 def is_silent(text: str, policy: SilencePolicy | None = None) -> bool:
-    """True when the whole reply is a silence token once normalised; never for a non-string."""
+    """True when the whole reply is a silence token once normalised; never for a non-string.
+
+    Reasoning does not count: a reply that is only reasoning, or reasoning and a token, is
+    silent.
+    """
     if not isinstance(text, str):
         return False
-    return _core(text) in (policy or _DEFAULT_POLICY)._token_cores
+    visible = strip_reasoning(text) if "<" in text else text
+    return _is_silence(visible, policy or _DEFAULT_POLICY) or (
+        visible != text and _is_blank(visible)
+    )
 
 
 def _is_narration(text: str, core: str) -> bool:
@@ -174,19 +270,24 @@ def _is_narration(text: str, core: str) -> bool:
 
 
 def _says_nothing(text: str, policy: SilencePolicy) -> bool:
-    """True when the reply as a whole must not be sent."""
+    """True when the reasoning-free reply as a whole must not be sent."""
     core = _core(text)
     if not core:
         # Nothing but whitespace (never sent), or only punctuation and markup (narration).
         return policy.drop_narration or _is_blank(text)
-    return core in policy._token_cores or (policy.drop_narration and _is_narration(text, core))
+    return _is_silence(text, policy, core) or (policy.drop_narration and _is_narration(text, core))
 
 
 def apply_silence(text: str, policy: SilencePolicy | None = None) -> str | None:
-    """The reply to send, or None to send nothing; token lines at either end are stripped."""
+    """The reply to send, or None to send nothing; reasoning and end token lines stripped."""
     if not isinstance(text, str):
         return text
-    policy = policy or _DEFAULT_POLICY
+    visible = strip_reasoning(text) if "<" in text else text
+    return _without_silence(visible, policy or _DEFAULT_POLICY)
+
+
+def _without_silence(text: str, policy: SilencePolicy) -> str | None:
+    """`apply_silence` of a reply that holds no reasoning."""
     if _says_nothing(text, policy):
         return None
     if not policy.strip_trailing:
@@ -195,7 +296,7 @@ def apply_silence(text: str, policy: SilencePolicy | None = None) -> str | None:
     start, stop = 0, len(lines)
     while True:
         head = _first_content(lines, start)
-        if not is_silent(lines[head], policy):
+        if not _is_silence(lines[head], policy):
             break
         start = head + 1
         while start < stop and _is_blank(lines[start]):
@@ -204,7 +305,7 @@ def apply_silence(text: str, policy: SilencePolicy | None = None) -> str | None:
             return None
     while True:
         tail = _last_content(lines, stop)
-        if tail == head or not is_silent(lines[tail], policy):
+        if tail == head or not _is_silence(lines[tail], policy):
             break
         stop = tail
         while _is_blank(lines[stop - 1]):
@@ -237,11 +338,14 @@ class SilenceStreamFilter:
     or None when the whole reply was silence (and `feed` never returned any text). What
     is sent in total equals `apply_silence` of the whole reply: the start is held until
     it cannot become a token or narration (`N`, `NO`, `NO_`, `*(sil` …), and a last line
-    that may be a token is held with the blank lines before it.
+    that may be a token is held with the blank lines before it. Reasoning blocks are
+    taken out first (guards.reasoning.ReasoningFilter), so none of them is ever sent.
     """
 
     def __init__(self, policy: SilencePolicy | None = None) -> None:
         self._policy = policy or _DEFAULT_POLICY
+        self._reasoning = ReasoningFilter()
+        # The reply without its reasoning, as far as it is decided.
         self._parts: list[str] = []
         self._pending = ""
         self._sent = 0
@@ -250,6 +354,9 @@ class SilenceStreamFilter:
 
     def feed(self, chunk: str) -> str:
         """Take the next piece of the reply; return what may be sent now (often "")."""
+        chunk = self._reasoning.feed(chunk)
+        if not chunk:
+            return ""
         self._parts.append(chunk)
         self._pending += chunk
         if not self._head_done and not self._settle_head():
@@ -266,7 +373,8 @@ class SilenceStreamFilter:
 
     def finish(self) -> str | None:
         """The text still to send once the reply is complete; None when it was all silence."""
-        result = apply_silence("".join(self._parts), self._policy)
+        self._parts.append(self._reasoning.finish())
+        result = _without_silence("".join(self._parts), self._policy)
         if result is None:
             return None if self._sent == 0 else ""
         return result[self._sent :]
@@ -282,7 +390,7 @@ class SilenceStreamFilter:
                 break
             lines = pending.split("\n")
             head = _first_content(lines, 0)
-            if head == len(lines) - 1 or not is_silent(lines[head], policy):
+            if head == len(lines) - 1 or not _is_silence(lines[head], policy):
                 break
             rest = head + 1
             while rest < len(lines) - 1 and _is_blank(lines[rest]):
@@ -307,7 +415,7 @@ class SilenceStreamFilter:
             elif end == len(pending):
                 is_content = not self._policy.may_become_token(line)
             else:
-                is_content = not is_silent(line, self._policy)
+                is_content = not _is_silence(line, self._policy)
             if is_content:
                 return newline + 1 + len(line.rstrip(_BLANKS))
             if newline < 0:

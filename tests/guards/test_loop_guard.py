@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import pytest
@@ -37,7 +37,13 @@ QUIET = LoopGuardConfig(
     no_progress_halt=10_000,
     cycle_warn_laps=9_999,
     cycle_halt_laps=10_000,
+    failure_warn=10_000,
+    failure_halt=10_000,
 )
+
+
+# The defaults without the failure streak, for the rules that predate it.
+NO_FAILURE_STREAK = replace(LoopGuardConfig(), failure_warn=10_000, failure_halt=10_000)
 
 
 class FakeClock:
@@ -117,8 +123,9 @@ def test_issue2_stuck_read_warns_from_5th_blocks_at_8th_halts_at_9th(
 ) -> None:
     # Defaults: idempotent 5/8/12, no_progress 4/8. Calls 1-7 run and fail identically
     # (streak 7); the 8th is blocked (count 8, streak 7 >= 4) and still counts, so the
-    # 9th pre-check sees streak 8 = no_progress_halt.
-    guard = LoopGuard()
+    # 9th pre-check sees streak 8 = no_progress_halt. The failure streak (issue 9, which
+    # warns from the 4th call) is out of the way here.
+    guard = LoopGuard(NO_FAILURE_STREAK)
     runs: list[int] = []
 
     def fail(n: int) -> tuple[bool, object]:
@@ -524,6 +531,17 @@ def test_registered_bucket_sets_the_thresholds() -> None:
     assert guard.check("frobnicate", {"n": 4}).code == "count_warn"  # idempotent: 5th call
 
 
+def test_registering_a_tool_already_called_changes_its_thresholds() -> None:
+    guard = LoopGuard()
+    for n in range(2):
+        guard.record("frobnicate", {"n": n}, success=True, result=n)
+    assert guard.check("frobnicate", {"n": 2}).code == "count_warn"  # mutating: 3rd call
+
+    guard.register_tool("frobnicate", idempotent=True)
+
+    assert guard.check("frobnicate", {"n": 2}).code == "ok"
+
+
 @pytest.fixture
 def fast_switching() -> Iterator[None]:
     """Switch threads as often as possible so that an unlocked update would lose counts."""
@@ -925,3 +943,225 @@ def test_issue2_a_stuck_call_always_ends_in_halt(
     actions = pre_actions(steps)
     if BLOCK in actions:
         assert set(actions[actions.index(BLOCK) :]) <= {BLOCK, HALT}
+
+
+# --- issue 9: results after normalisation, the failure streak, get_stats as a mapping ------
+
+STREAK_ONLY = replace(QUIET, no_progress_warn=4, no_progress_halt=8)
+FAILURES_ONLY = replace(QUIET, failure_warn=3, failure_halt=8)
+
+
+def sent_message(n: int) -> dict[str, object]:
+    """What a chat platform answers to one send_message: fresh ids and a timestamp."""
+    return {
+        "ok": True,
+        "message_id": 1_234_567_890_123_456_000 + n,  # a Discord-style snowflake
+        "request_id": f"req_{n:04d}A7fQ9zK2",
+        "trace": f"5f0c6b1e-0c1d-4a8e-9b7a-{n:012x}",
+        "ts": f"2026-11-30T10:{n % 60:02d}:33Z",
+        "channel": "C123",
+    }
+
+
+def test_issue9_identical_sends_whose_results_differ_only_by_ids_are_a_streak() -> None:
+    guard = LoopGuard(STREAK_ONLY)
+    args = {"channel": "C123", "text": "Still waiting for the deploy"}
+    posts = [
+        guard.record("send_message", args, success=True, result=sent_message(n))
+        for n in range(1, 9)
+    ]
+
+    assert [post.action for post in posts] == [ALLOW] * 3 + [WARN] * 4 + [HALT]
+    assert (posts[3].code, posts[-1].code) == ("no_progress_warn", "no_progress_halt")
+    assert guard.get_stats().streak == 8
+
+
+def test_issue9_a_real_status_change_is_still_progress() -> None:
+    guard = LoopGuard(STREAK_ONLY)
+    for n, status in enumerate(["queued", "running", "running", "done"]):
+        result = {"job": "5f0c6b1e-0c1d-4a8e-9b7a-000000000001", "status": status, "at": n}
+        guard.record("get_status", {"job": 1}, success=True, result={**result, "id": n * 99_991})
+
+    # "running" twice is a run of two; the change to "done" ends it.
+    assert guard.get_stats().streak == 1
+
+
+@pytest.mark.parametrize(
+    "results",
+    [
+        [f"Posted message {n * 7_919_191} at 2026-01-0{n}T10:00:00Z" for n in range(1, 6)],
+        [f"ok id=call_{n}Zx81Qw3Lm".encode() for n in range(1, 6)],
+        [b"\xff\xfe binary " + str(10_000 + n).encode() for n in range(1, 6)],
+        [[n * 100_003, "sent"] for n in range(1, 6)],
+    ],
+    ids=["text", "bytes", "non-utf8", "json"],
+)
+def test_issue9_every_kind_of_result_is_compared_after_normalisation(
+    results: list[object],
+) -> None:
+    guard = LoopGuard(QUIET)
+    for result in results:
+        guard.record("send_message", {"to": "x"}, success=True, result=result)
+    assert guard.get_stats().streak == len(results)
+
+
+def test_issue9_a_cycle_with_fresh_ids_is_caught() -> None:
+    guard = LoopGuard(replace(QUIET, cycle_warn_laps=3, cycle_halt_laps=5))
+    decisions = []
+    for n in range(10):
+        tool = "send_message" if n % 2 == 0 else "get_reply"
+        decisions.append(guard.record(tool, {"to": "x"}, success=True, result=sent_message(n)))
+
+    assert [d.code for d in decisions[5:]] == ["cycle_warn"] * 4 + ["cycle_halt"]
+
+
+def test_issue9_the_same_result_for_another_call_is_still_not_a_streak() -> None:
+    guard = LoopGuard(QUIET)
+    guard.record("send_message", {"to": "a"}, success=True, result=sent_message(1))
+    guard.record("send_message", {"to": "b"}, success=True, result=sent_message(2))
+    assert guard.get_stats().streak == 1
+
+
+def test_issue9_result_hash_normalises_volatile_tokens() -> None:
+    assert result_hash(sent_message(1)) == result_hash(sent_message(2))
+    assert result_hash({"status": "queued"}) != result_hash({"status": "sent"})
+    assert result_hash("id 123456") != result_hash("id 123456", success=False)
+    assert result_hash("page 2") != result_hash("page 3")
+
+
+# The shared normaliser (guards.call_loop) misses a UUID whose first group has no digit.
+uuids_with_a_leading_digit = st.uuids().filter(lambda u: not str(u)[:8].isalpha())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(uuids_with_a_leading_digit, st.integers(10_000, 10**18)), min_size=1, max_size=12
+    )
+)
+def test_issue9_results_differing_only_in_volatile_tokens_always_build_a_streak(
+    ids: list[tuple[object, int]],
+) -> None:
+    guard = LoopGuard(QUIET)
+    for uuid, number in ids:
+        result = {"id": str(uuid), "n": number, "status": "sent"}
+        guard.record("send_message", {"to": "x"}, success=True, result=result)
+    assert guard.get_stats().streak == len(ids)
+
+
+def test_issue9_failures_of_one_tool_with_any_args_warn_at_3_and_halt_at_8() -> None:
+    guard = LoopGuard(FAILURES_ONLY)
+    steps = drive_failures(guard, "fetch_url", 9)
+
+    assert [pre.action for pre, _ in steps] == [ALLOW] * 3 + [WARN] * 5 + [HALT]
+    assert [post.action for _, post in steps[:8]] == [ALLOW] * 2 + [WARN] * 5 + [HALT]
+    assert (steps[2][1].code, steps[7][1].code, steps[8][0].code) == (
+        "failure_warn",
+        "failure_halt",
+        "failure_halt",
+    )
+    assert steps[7][1].metadata["failures"] == 8
+    assert "fetch_url failed 8 times in a row (threshold 8)" in steps[7][1].message
+    assert guard.get_stats().failures == {"fetch_url": 9}  # the 9th ran despite the HALT
+
+
+def drive_failures(
+    guard: LoopGuard, tool: str, calls: int
+) -> list[tuple[LoopGuardDecision, LoopGuardDecision]]:
+    """Call `tool` with new arguments each time; every call fails with a new error."""
+    steps = []
+    for n in range(calls):
+        args = {"url": f"https://example.invalid/{n}"}
+        pre = guard.check(tool, args)
+        post = guard.record(tool, args, success=False, result=f"ConnectionError: attempt {n}")
+        steps.append((pre, post))
+    return steps
+
+
+def test_issue9_a_success_of_the_tool_ends_its_failure_streak() -> None:
+    guard = LoopGuard(FAILURES_ONLY)
+    drive_failures(guard, "fetch_url", 5)
+    guard.record("search_docs", {"q": "x"}, success=True, result="hits")
+    assert guard.check("fetch_url", {"url": "u"}).code == "failure_warn"  # another tool's success
+    guard.record("fetch_url", {"url": "u"}, success=True, result="<html>")
+
+    assert guard.check("fetch_url", {"url": "v"}).action is ALLOW
+    assert guard.get_stats().failures == {}
+
+
+@pytest.mark.parametrize("end", ["mark_progress", "reset_turn"])
+def test_issue9_mark_progress_and_a_new_turn_end_the_failure_streak(end: str) -> None:
+    guard = LoopGuard(FAILURES_ONLY)
+    drive_failures(guard, "fetch_url", 7)
+    assert guard.check("fetch_url", {"url": "u"}).code == "failure_warn"
+    getattr(guard, end)(*(["page fetched"] if end == "mark_progress" else []))
+    assert guard.check("fetch_url", {"url": "u"}).action is ALLOW
+
+
+def test_issue9_failure_streaks_are_per_tool() -> None:
+    guard = LoopGuard(FAILURES_ONLY)
+    drive_failures(guard, "fetch_url", 2)
+    drive_failures(guard, "read_file", 2)
+    assert guard.check("fetch_url", {"url": "u"}).action is ALLOW
+    assert dict(guard.get_stats().failures) == {"fetch_url": 2, "read_file": 2}
+
+
+def test_issue9_a_blocked_call_is_no_failure() -> None:
+    guard = LoopGuard(FAILURES_ONLY)
+    drive_failures(guard, "fetch_url", 2)
+    block = {"error": "[loop-guard] blocked elsewhere", "loop_blocked": True}
+    guard.record("fetch_url", {"url": "u"}, success=False, result=block)
+    assert guard.get_stats().failures == {"fetch_url": 2}
+
+
+def test_issue9_a_failing_stuck_read_now_warns_from_its_4th_call_by_default() -> None:
+    steps = drive(LoopGuard(), "read_file", {"path": "missing.yaml"}, same_error, 20)
+    assert pre_actions(steps) == [ALLOW] * 3 + [WARN] * 4 + [BLOCK, HALT]
+    assert steps[3].pre.code == "failure_warn"
+
+
+def test_issue9_failure_thresholds_are_config_fields() -> None:
+    config = LoopGuardConfig()
+    assert (config.failure_warn, config.failure_halt) == (3, 8)
+    assert LoopGuardConfig.from_dict({"failure_warn": "2", "failure_halt": 4.0}) == replace(
+        config, failure_warn=2, failure_halt=4
+    )
+    with pytest.raises(ValueError, match="failure_halt must be at least failure_warn"):
+        LoopGuardConfig(failure_warn=5, failure_halt=4)
+    for bad in (0, -1, True, 1e308, "many"):
+        with pytest.raises(ValueError, match="failure_warn"):
+            LoopGuardConfig.from_dict({"failure_warn": bad})
+
+
+def test_issue9_get_stats_reads_as_a_read_only_mapping() -> None:
+    clock = FakeClock()
+    guard = LoopGuard(clock=clock)
+    guard.record("read_file", {"path": "a"}, success=True, result="x")
+    guard.record("fetch_url", {"url": "u"}, success=False, result="timeout")
+    clock.now = 1.5
+
+    stats = guard.get_stats()
+
+    assert isinstance(stats, Mapping)
+    assert stats["turn_elapsed"] == 1.5
+    assert "tool_counts" in stats
+    counts = stats["tool_counts"]
+    assert isinstance(counts, Mapping)
+    assert dict(counts) == {"read_file": 1, "fetch_url": 1}
+    assert stats["streak"] == stats.streak == 1
+    assert stats["failures"] == {"fetch_url": 1}
+    assert stats.get("missing") is None
+    with pytest.raises(KeyError):
+        stats["missing"]
+    config = stats["config"]
+    assert isinstance(config, Mapping)
+    assert config["idempotent_thresholds"] == (5, 8, 12)
+    assert config["mutating_thresholds"] == (3, 5, 7)
+    assert config["enabled"] is True
+    assert config["failure_halt"] == 8
+    assert set(stats) >= {"enabled", "turn_elapsed", "tool_counts", "streak", "config"}
+    assert len(stats) == len(list(stats.keys()))
+    with pytest.raises(TypeError):
+        stats["streak"] = 0  # type: ignore[index]
+    with pytest.raises(TypeError):
+        config["enabled"] = False  # type: ignore[index]

@@ -252,6 +252,17 @@ def test_stream_char_by_char_equals_apply_silence(text: str) -> None:
 PIECES = st.sampled_from(
     [
         "NO_REPLY",
+        "NO_REPLY NO_REPLY",
+        "ＮＯ＿ＲＥＰＬＹ",
+        "NО_REPLY",
+        "\u200f",
+        "😄",
+        '{"action": "NO_REPLY"}',
+        "{",
+        "}",
+        "<think>",
+        "</think>",
+        "<reasoning>plan</reasoning>",
         "no reply",
         "**NO_REPLY**",
         "`NO_REPLY`",
@@ -308,3 +319,332 @@ def test_stream_equals_apply_silence_for_any_mix(
     text: str, cuts: list[int], policy: SilencePolicy
 ) -> None:
     assert _stream(text, cuts, policy) == apply_silence(text, policy)
+
+
+# --- issue 9: look-alikes, repeats, emoji, Hermes' envelope, reasoning ---------------------
+
+# Every character that renders as nothing: the format characters (Cf) used to hide text,
+# CGJ and variation selectors.
+INVISIBLE = [
+    "\u200b",  # zero-width space
+    "\u200c",  # zero-width non-joiner
+    "\u200d",  # zero-width joiner
+    "\u200e",  # left-to-right mark
+    "\u200f",  # right-to-left mark
+    "\u2060",  # word joiner
+    "\u2061",  # function application
+    "\u2062",  # invisible times
+    "\u2063",  # invisible separator
+    "\u2064",  # invisible plus
+    "\ufeff",  # byte order mark
+    "\u00ad",  # soft hyphen
+    "\u061c",  # Arabic letter mark
+    "\u180e",  # Mongolian vowel separator
+    "\u202a",  # left-to-right embedding
+    "\u202b",  # right-to-left embedding
+    "\u202c",  # pop directional formatting
+    "\u202d",  # left-to-right override
+    "\u202e",  # right-to-left override
+    "\u2066",  # left-to-right isolate
+    "\u2067",  # right-to-left isolate
+    "\u2068",  # first strong isolate
+    "\u2069",  # pop directional isolate
+    "\u206b",  # activate symmetric swapping
+    "\U000e0001",  # language tag
+    "\U000e0041",  # tag latin capital A
+    "\u034f",  # combining grapheme joiner
+    "\ufe00",  # variation selector-1
+    "\ufe0f",  # variation selector-16
+    "\U000e0100",  # variation selector-17
+]
+LOOKALIKE_VARIANTS = [
+    *(f"NO_{mark}REPLY" for mark in INVISIBLE),
+    "\u2067NO_REPLY\u2069",
+    "\u202bNO_REPLY\u202c",
+    "\u200fNO_REPLY",
+    "NO_REPLY\u200e",
+    "ＮＯ＿ＲＥＰＬＹ",  # full-width
+    "ｎｏ＿ｒｅｐｌｙ",
+    "ＮＯ_ＲＥＰＬＹ",
+    "𝐍𝐎_𝐑𝐄𝐏𝐋𝐘",  # mathematical bold
+    "ⓃⓄ_ⓇⒺⓅⓁⓎ",  # circled
+    "NO\u3000REPLY",  # ideographic space
+    "NO\u00a0REPLY",
+    "NO\u202fREPLY",
+    "NО_REPLY",  # Cyrillic О
+    "NO_RЕPLY",  # Cyrillic Е
+    "NO_REРLY",  # Cyrillic Р
+    "NO_REPLУ",  # Cyrillic У
+    "NO_REPLҮ",  # Cyrillic Ү
+    "nо_rеply",  # Cyrillic о, е
+    "ΝO_REPLY",  # Greek Ν
+    "NΟ_REPLY",  # Greek Ο
+    "NO_RΕPLY",  # Greek Ε
+    "NO_REΡLY",  # Greek Ρ
+    "NO_REPLΥ",  # Greek Υ
+    "ΝΟ_RΕΡLΥ",
+    *(f"NO{dash}REPLY" for dash in "\u2010\u2011\u2012\u2013\u2014\u2015\u2212"),
+    "\u200f**ＮＯ＿ＲЕＰＬＹ**\u200e",
+    "`NО\u200b_REPLY`",
+    "[NO\u2011REPLY]",
+]
+
+
+def test_issue9_the_variant_table_is_large() -> None:
+    assert len(LOOKALIKE_VARIANTS) >= 47
+    assert len(set(LOOKALIKE_VARIANTS)) == len(LOOKALIKE_VARIANTS)
+
+
+@pytest.mark.parametrize("text", LOOKALIKE_VARIANTS)
+def test_issue9_invisible_and_lookalike_variants_are_silent(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert _stream(text, list(range(len(text)))) is None
+    assert apply_silence(f"Here is the answer.\n\n{text}") == "Here is the answer."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Reply with NО_REPLY when unsure",
+        "ＮＯ＿ＲＥＰＬＹ means stay quiet",
+        "The token is NO\u200b_REPLY.",
+        "\u202eNO_REPLY is a token\u202c",
+        "НЕТ ОТВЕТА",
+        "Νο reply today?",
+        "NO_REPLY\u2014I mean, here is the answer",
+        "𝐍𝐎_𝐑𝐄𝐏𝐋𝐘 2",
+    ],
+)
+def test_issue9_prose_with_lookalikes_is_sent_as_written(text: str) -> None:
+    assert not is_silent(text)
+    assert apply_silence(text) == text
+    assert _stream(text, list(range(len(text)))) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "NO_REPLY NO_REPLY",
+        "NO_REPLY NO_REPLY NO_REPLY",
+        "NO_REPLY, NO_REPLY.",
+        "no_reply no-reply",
+        "**NO_REPLY** **NO_REPLY**",
+        "NO_REPLYNO_REPLY",
+        "NO_REPLY\tNO_REPLY",
+        "NO_REPLY ＮＯ＿ＲＥＰＬＹ",
+    ],
+)
+def test_issue9_the_token_repeated_on_one_line_is_silent(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert apply_silence(f"Done.\n{text}") == "Done."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "😄 NO_REPLY",
+        "NO_REPLY 🙏",
+        "👍👍 NO_REPLY!!",
+        "— NO_REPLY —",
+        "NO_REPLY 🇺🇸",
+        "NO_REPLY ❤️",
+        "🧑\u200d💻 NO_REPLY",
+        "NO_REPLY 👍🏽",
+        "NO_REPLY \U0001fae8",  # newer than this Unicode database: unassigned here
+        "NO_REPLY ✨✨",
+        "(NO_REPLY) 😶",
+        "NO_REPLY :)",
+        "~ NO_REPLY ~",
+        "😄 NO_REPLY 😄 NO_REPLY",
+    ],
+)
+def test_issue9_a_token_with_only_emoji_or_punctuation_is_silent(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert apply_silence(text, SilencePolicy(drop_narration=False)) is None
+    assert _stream(text, list(range(len(text)))) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["NO_REPLY 2", "NO_REPLY です", "😄 NO_REPLY means quiet", "Ok 👍 NO_REPLY", "NO_REPLY x"],
+)
+def test_issue9_a_token_next_to_a_word_or_number_is_sent(text: str) -> None:
+    assert not is_silent(text)
+    assert apply_silence(text) == text
+    assert _stream(text, list(range(len(text)))) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"action": "NO_REPLY"}',
+        '{"action":"NO_REPLY"}',
+        ' {\n  "action" : "NO_REPLY"\n}\n',
+        '{ "action": "no_reply" }',
+        '\u00a0{"action":\t"NO_REPLY"}',
+    ],
+)
+def test_issue9_hermes_envelope_is_silent(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert _stream(text, list(range(len(text)))) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"action": "NO_REPLY", "reason": "nothing to add"}',
+        '{"action": "reply", "text": "hi"}',
+        '{"action": "reply"}',
+        '[{"action": "NO_REPLY"}]',
+        '{"action": ["NO_REPLY"]}',
+        '{"action": "NO_REPLY"} ok',
+        '{"Action": "NO_REPLY"}',
+        '{"action": "NO\\u005fREPLY"}',
+        '{"action": "' + "NO_REPLY " * 40 + '"}',
+        '{"action": 1' + "1" * 5000 + "}",
+        '{"action": ' * 2000,
+    ],
+)
+def test_issue9_other_json_is_sent(text: str) -> None:
+    assert not is_silent(text)
+    assert apply_silence(text) == text
+    assert _stream(text, [7, 9, 30, 200]) == text
+
+
+def test_issue9_envelope_value_is_a_configured_token() -> None:
+    policy = SilencePolicy(tokens=("[SILENT]",))
+    assert apply_silence('{"action": "SILENT"}', policy) is None
+    assert apply_silence('{"action": "NO_REPLY"}', policy) == '{"action": "NO_REPLY"}'
+
+
+def test_issue9_an_envelope_line_after_prose_is_stripped() -> None:
+    assert apply_silence('Answer.\n{"action": "NO_REPLY"}') == "Answer."
+    assert _stream('Answer.\n{"action": "NO_REPLY"}', [9, 12, 20]) == "Answer."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<think>nothing to add</think>",
+        "<thinking>\nThey were talking to each other.\n</thinking>\n",
+        "<reasoning>a</reasoning>",
+        "<THINK>x</THINK>",
+        "  <think>cut short, never closed",
+        "<think>x</think>NO_REPLY",
+        "<think>x</think>\n\n**NO_REPLY**",
+        "<think>a</think><reasoning>b</reasoning> 😄 NO_REPLY",
+    ],
+)
+def test_issue9_reasoning_alone_or_with_the_token_is_silent(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert _stream(text, list(range(len(text)))) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "sent"),
+    [
+        ("<think>plan</think>\n\nHello", "Hello"),
+        ("Hello <think>x</think> world", "Hello world"),
+        ("Answer.\n<reasoning>r</reasoning>\nMore.", "Answer.\nMore."),
+        ("<thinking>a</thinking>Here.\n<think>b</think>", "Here.\n"),
+        ("Hi.\n<think>cut short, never closed", "Hi.\n"),
+        ("NO_REPLY\n<think>cut short", None),
+        ("Use <b>bold</b>", "Use <b>bold</b>"),
+    ],
+)
+def test_issue9_reasoning_is_removed_before_sending(text: str, sent: str | None) -> None:
+    assert apply_silence(text) == sent
+    assert apply_silence(text, SilencePolicy(strip_trailing=False, drop_narration=False)) == sent
+    assert _stream(text, list(range(len(text)))) == sent
+
+
+def test_issue9_a_token_line_after_reasoning_is_stripped() -> None:
+    text = "Answer.\n<reasoning>r</reasoning>\nNO_REPLY"
+    assert apply_silence(text) == "Answer."
+    assert _stream(text, list(range(len(text)))) == "Answer."
+
+
+def test_issue9_a_stream_of_reasoning_and_the_token_emits_nothing() -> None:
+    stream = SilenceStreamFilter()
+    chunks = ["<thi", "nk>The bots are", " talking to each other", "</think>", "\n", "NO_", "REPLY"]
+    assert [stream.feed(chunk) for chunk in chunks] == [""] * len(chunks)
+    assert stream.finish() is None
+
+
+def test_issue9_a_stream_never_emits_reasoning() -> None:
+    stream = SilenceStreamFilter()
+    chunks = [
+        "Hello ",
+        "<thi",
+        "nk>secret",
+        " plan</thi",
+        "nk>\n",
+        "world.",
+        " <reasoning>mo",
+        "re",
+    ]
+    sent = [stream.feed(chunk) for chunk in chunks]
+    rest = stream.finish()
+    assert rest is not None
+    assert "".join(sent) + rest == "Hello world. "
+    assert not any(word in piece for piece in [*sent, rest] for word in ("secret", "plan", "mo"))
+
+
+def test_issue9_hostile_replies_are_decided_quickly_and_sanely() -> None:
+    assert apply_silence("(" * 100_000 + "NO_REPLY" + ")" * 100_000) is None
+    assert apply_silence("😄" * 100_000 + "NO_REPLY") is None
+    assert apply_silence("<think>" * 50_000) is None
+    assert apply_silence("x " + "<think>" * 50_000) == "x "
+    assert apply_silence("x " + "<think></think>" * 50_000) == "x "
+    assert apply_silence("\ud800 hi") == "\ud800 hi"
+    stream = SilenceStreamFilter()
+    assert stream.feed("<think>") == ""
+    for _ in range(20_000):
+        assert stream.feed("plan ") == ""
+    assert stream.finish() is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(INVISIBLE), max_size=3).map("".join), min_size=9, max_size=9)
+)
+def test_issue9_format_characters_anywhere_in_the_token_are_silent(gaps: list[str]) -> None:
+    text = "".join(gap + char for gap, char in zip(gaps, [*NO_REPLY, ""], strict=True))
+    assert is_silent(text)
+    assert apply_silence(text) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([NO_REPLY, " ", *INVISIBLE]), min_size=1, max_size=8))
+def test_issue9_only_format_characters_and_tokens_are_silent(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    assert apply_silence(text) is None
+    if NO_REPLY in pieces:
+        assert is_silent(text)
+
+
+SECRET = "SECRET"
+reasoning_blocks = st.builds(
+    lambda tag, body: f"<{tag}>{body}{SECRET}{body}</{tag}>",
+    st.sampled_from(["think", "thinking", "reasoning", "THINK"]),
+    st.text(st.characters(blacklist_characters="<"), max_size=8),
+)
+with_reasoning = st.builds(
+    lambda opening, pieces: opening + "".join(pieces),
+    st.sampled_from(["", f"<think>{SECRET}", f"  <reasoning>{SECRET} cut"]),
+    st.lists(PIECES | reasoning_blocks, max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(with_reasoning, cut_lists, silence_policies)
+def test_issue9_reasoning_never_survives(text: str, cuts: list[int], policy: SilencePolicy) -> None:
+    sent = apply_silence(text, policy)
+    assert SECRET not in (sent or "")
+    streamed = _stream(text, cuts, policy)
+    assert streamed == sent

@@ -265,3 +265,27 @@ def test_settling_decision_is_a_pre_check_block_or_halt_else_the_last() -> None:
     warn = LoopGuardDecision(GuardAction.WARN, "count_warn", "careful", {})
     allow = LoopGuardDecision(GuardAction.ALLOW, "ok", "", {})
     assert settling_decision([warn, allow]) is allow
+
+
+def test_issue9_a_tool_failing_with_new_errors_and_arguments_halts_at_failure_halt() -> None:
+    # Different arguments and a different error each time: no streak, no count BLOCK; only
+    # the failure streak sees that the tool never works.
+    guard = LoopGuard(
+        LoopGuardConfig(
+            idempotent_warn_threshold=100,
+            idempotent_block_threshold=100,
+            idempotent_halt_threshold=100,
+        )
+    )
+    notes: list[list[str]] = []
+    for n in range(1, 8):
+        with pytest.raises(ConnectionError) as raised:
+            guarded_call_sync(
+                guard, "fetch_url", Tool(error=ConnectionError(f"refused {n}")), {"n": n}
+            )
+        notes.append(getattr(raised.value, "__notes__", []))
+
+    with pytest.raises(ToolExecutionError, match="fetch_url failed 8 times in a row"):
+        guarded_call_sync(guard, "fetch_url", Tool(error=ConnectionError("refused 8")), {"n": 8})
+    assert notes[:2] == [[], []]
+    assert all("failed" in note[0] for note in notes[2:])
