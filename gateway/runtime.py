@@ -34,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, cast
 
 from gateway.admin import AdminService
-from gateway.agents.base import Agent
+from gateway.agents.base import Agent, StartingAgent
 from gateway.agents.factory import build_agent
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
@@ -168,6 +169,11 @@ class Gateway:
         )
 
     @property
+    def agents(self) -> Mapping[str, Agent]:
+        """The configured agents by name (read-only)."""
+        return MappingProxyType(self._agents)
+
+    @property
     def ready(self) -> bool:
         """True once started, while every configured bot is connected and not stopping."""
         return self.readiness().ready
@@ -186,6 +192,9 @@ class Gateway:
                 task = asyncio.create_task(self._keep_connecting(each))
                 self._retries.add(task)
                 task.add_done_callback(self._retries.discard)
+        await asyncio.gather(
+            *(agent.start() for agent in self._agents.values() if isinstance(agent, StartingAgent))
+        )
 
     async def _connect(self, hosted: HostedBot, *, attempt: int) -> bool:
         """One bounded attempt to start a connector; False (logged) when it failed."""

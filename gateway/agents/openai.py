@@ -383,8 +383,18 @@ class OpenAIAgent:
         if self._mcp is not None:
             await self._mcp.aclose()
 
+    @property
+    def mcp(self) -> McpToolbox | None:
+        """The agent's MCP servers, None without any."""
+        return self._mcp
+
+    async def start(self) -> None:
+        """Connect the MCP servers when the gateway starts (a failure is retried in the back)."""
+        if self._mcp is not None:
+            await self._mcp.start()
+
     async def _mcp_tools(self) -> dict[str, McpTool]:
-        """The MCP tools of the servers connected now (they start on the first turn)."""
+        """The MCP tools of the servers connected now (started with the gateway, or here)."""
         if self._mcp is None:
             return {}
         await self._mcp.start()

@@ -366,3 +366,26 @@ async def test_issue11_a_server_answering_garbage_is_logged_and_the_turn_is_answ
         assert "agent helper: MCP server junk unavailable (attempt 1" in caplog.text
     finally:
         await toolbox.aclose()
+
+
+async def test_issue11_mcp_servers_are_listed_when_the_gateway_starts(llm: FakeLLM) -> None:
+    command = ", ".join(f"'{part}'" for part in STDIO)
+    config = parse_config(
+        "http: {host: 127.0.0.1, port: 0}\n"
+        "agents:\n"
+        f"  helper: {{kind: openai, base_url: '{llm.base_url}', model: m,\n"
+        f"           mcp_servers: [{{name: t, command: [{command}]}}]}}\n"
+        "bots: [{id: bot-a, platform: room, agent: helper}]\n",
+        env={},
+    )
+    platform = FakePlatform()
+    gateway = gateway_for(config, platform)
+    await gateway.start()
+    try:
+        agent = gateway.agents["helper"]
+        assert isinstance(agent, OpenAIAgent)
+        assert agent.mcp is not None
+        assert agent.mcp.tools(), "the tools are there before any turn"
+        assert llm.requests == []
+    finally:
+        await gateway.stop(drain_seconds=5)
