@@ -10,7 +10,13 @@ from collections.abc import Callable, Mapping
 from gateway.state import receipts
 from gateway.state.base import AuditEntry
 from gateway.state.receipts import Receipt
-from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
+from guards.bot_loop import (
+    BotLoopGuard,
+    BotLoopPolicy,
+    PairDecision,
+    PairSnapshot,
+    step_bot_turns,
+)
 
 _AUDIT_KEEP = 1000
 # Messages whose bot-turn count is remembered, so every hosted bot seeing one gets the
@@ -20,12 +26,14 @@ _TURNS_SEEN_KEEP = 4096
 
 
 class MemoryStateStore:
-    """A StateStore held in this process; one BotLoopGuard per distinct policy."""
+    """A StateStore held in this process; one BotLoopGuard serves every room's policy."""
 
     def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
         self._clock = clock or time.monotonic
         self._owner = receipts.new_owner()
-        self._guards: dict[BotLoopPolicy, BotLoopGuard] = {}
+        # One guard for every policy: each call brings the room's policy, so a `/loop set`
+        # keeps the pair's events in the window (guards/bot_loop.py `step_pair`).
+        self._pairs = BotLoopGuard(clock=self._clock)
         self._bot_turns: dict[str, int] = {}
         self._turns_seen: dict[str, int] = {}
         self._turns_order: deque[str] = deque()
@@ -42,32 +50,23 @@ class MemoryStateStore:
     async def aclose(self) -> None:
         """Nothing to close."""
 
-    def _guard(self, policy: BotLoopPolicy) -> BotLoopGuard:
-        guard = self._guards.get(policy)
-        if guard is None:
-            guard = self._guards[policy] = BotLoopGuard(policy, clock=self._clock)
-        return guard
-
     async def pair_decide(
         self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
     ) -> PairDecision:
-        """Decide with the guard that holds this policy's budgets."""
-        return self._guard(policy).decide(
-            self_bot_id=self_bot_id, sender_bot_id=sender_bot_id, scope=scope
+        """Step the pair's record under the room's policy."""
+        return self._pairs.decide(
+            self_bot_id=self_bot_id, sender_bot_id=sender_bot_id, scope=scope, policy=policy
         )
 
     async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
-        """Reset in every guard; count what was dropped."""
-        dropped = 0
-        for guard in self._guards.values():
-            before = len(guard)
-            guard.reset(scope=scope, bot_id=bot_id)
-            dropped += before - len(guard)
-        return dropped
+        """Forget pairs; count what was dropped."""
+        before = len(self._pairs)
+        self._pairs.reset(scope=scope, bot_id=bot_id)
+        return before - len(self._pairs)
 
     async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
-        """Pairs of every guard, optionally in one room."""
-        return [snap for guard in self._guards.values() for snap in guard.snapshot(scope)]
+        """The live pairs, optionally in one room."""
+        return self._pairs.snapshot(scope)
 
     async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
         """Count consecutive bot turns; a human resets; a message key counts once."""
@@ -75,10 +74,10 @@ class MemoryStateStore:
             seen = self._turns_seen.get(message_key)
             if seen is not None:
                 return seen
-        if is_bot:
-            count = self._bot_turns[scope] = self._bot_turns.get(scope, 0) + 1
+        count = step_bot_turns(self._bot_turns.get(scope, 0), is_bot=is_bot)
+        if count:
+            self._bot_turns[scope] = count
         else:
-            count = 0
             self._bot_turns.pop(scope, None)
         if message_key is not None:
             self._turns_seen[message_key] = count

@@ -10,9 +10,11 @@ Needs Redis 5 or later (scripts call TIME before writing, which needs effects
 replication, the default since 5 and the only mode since 7).
 
 Keys, under `key_prefix` (default `lw:`):
-- `pair:{room␟a␟b}`: list of the instants the pair's admitted events stop counting, oldest
-  first; `pair:{room␟a␟b}:cd`: the end of the pair's cooldown (␟ is U+001F; the braces
-  are a hash tag, so both keys of a pair live in one cluster slot).
+- `budget:{room␟a␟b}`: the pair's `PairRecord` (guards/bot_loop.py) as one string of
+  space-separated numbers, `idle_at cooldown_until window times…` (`-` for no cooldown
+  opened in the window; the admitted events' times oldest first), one GET and one SET a
+  decision; it expires at `idle_at` (␟ is U+001F; in the room and the ids, `%` is
+  written `%25` and ␟ `%1F`, so any name reads back as it was).
 - `turns:{room}`: consecutive bot turns; `turns:{room}:seen:<message key>`: the count a
   message produced, so every hosted bot (and replica) that sees it gets the same one.
 - `claim:<key>`: once-only claims (admin commands, cooldown notices).
@@ -39,9 +41,12 @@ Decisions where DESIGN.md is silent:
   whether the store is in an outage. While degraded, one call per `probe_interval` (1 s)
   goes to Redis and the rest fail fast, so an unreachable host does not add a connect
   timeout to every message; the first probe that succeeds ends the outage.
-- A pair is kept without its policy (events are stored as the instants they stop
-  counting): after `/loop set` the events already in the window count against the new
-  budget, and a running cooldown is kept.
+- The pair script is the one sanctioned second version of `step_pair`, held to it event
+  by event by the conformance suite: after `/loop set` the events already in the window
+  count against the new budget and in the new window, and a running cooldown keeps its
+  end. The keys of earlier versions (`pair:{…}`, a list of the instants events stop
+  counting, and `pair:{…}:cd`) are not read: they expire by themselves within a window
+  or cooldown, and a pair starts a fresh window after the upgrade.
 - A dedupe receipt in flight under another replica is honoured while that replica's
   liveness key lives (`OWNER_SECONDS`, 10 s, after its last refresh): concurrent
   duplicates at two replicas are answered once, and after a replica was killed mid-turn
@@ -62,13 +67,22 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Literal, cast
+from urllib.parse import unquote
 
 from gateway.errors import StateError
 from gateway.state import receipts
 from gateway.state.base import AuditEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
-from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
+from guards.bot_loop import (
+    BotLoopPolicy,
+    PairDecision,
+    PairRecord,
+    PairSnapshot,
+    pair_key,
+    pair_view,
+    step_pair,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +91,6 @@ _SEP = "\x1f"
 _TURNS_SEEN_MS = 600_000
 _TURNS_IDLE_MS = 86_400_000
 _AUDIT_CHUNK = 200
-_DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
 # Seconds a replica's liveness key lasts without a refresh (refreshed every third of it):
 # a receipt in flight under a replica whose key is gone is taken over by a redelivery.
 OWNER_SECONDS = 10.0
@@ -85,67 +98,55 @@ OWNER_SECONDS = 10.0
 _PRELUDE = (
     LUA_CLOCK
     + """
-local function ms(seconds) return math.max(1, math.ceil(seconds * 1000)) end
+-- Milliseconds for PEXPIRE/PX, capped at about 300 years: Lua writes a number of 1e14 or
+-- more with an exponent, which Redis refuses as an expiry.
+local function ms(seconds) return math.min(1e13, math.max(1, math.ceil(seconds * 1000))) end
 """
 )
 
-# KEYS: events, cooldown. ARGV: now, budget, window, cooldown.
+# `step_pair` over the pair's record. KEYS: record. ARGV: now, budget, window, cooldown.
 # Returns {code, retry_after, count}: code 0 ok, 1 budget exceeded, 2 cooldown.
-_PAIR_DECIDE = (
+_PAIR_STEP = (
     _PRELUDE
     + """
 local now = clock(ARGV[1])
 local budget, window, cooldown = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local until_at = redis.call('GET', KEYS[2])
-if until_at then
-  until_at = tonumber(until_at)
-  if now < until_at then
-    local live = 0
-    for _, ends in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-      if tonumber(ends) > now then live = live + 1 end
+-- The record, expiring when idle: idle_at, cooldown_until ('-': none), window (as the
+-- caller wrote it, exact), times.
+local function save(idle_at, until_at, times, first)
+  local record = num(idle_at) .. ' ' .. (until_at and num(until_at) or '-') .. ' '
+    .. ARGV[3] .. ' ' .. table.concat(times, ' ', first)
+  redis.call('SET', KEYS[1], record, 'PX', ms(idle_at - now))
+end
+local held = redis.call('GET', KEYS[1])
+if held then
+  local fields = {}
+  for field in string.gmatch(held, '%S+') do fields[#fields + 1] = field end
+  local idle_at = tonumber(fields[1])
+  if now < idle_at then
+    -- Skip the events that left the window, oldest first: an event at t counts in
+    -- [t, t + window). The times start at the fourth field.
+    local first = 4
+    while fields[first] and tonumber(fields[first]) + window <= now do first = first + 1 end
+    local count = #fields - first + 1
+    local until_at = tonumber(fields[2])
+    if until_at then
+      -- A running cooldown: refused, not recorded, not extended.
+      save(idle_at, until_at, fields, first)
+      return {2, num(until_at - now), count}
     end
-    return {2, num(until_at - now), live}
+    if count < budget then
+      fields[#fields + 1] = num(now)
+      save(now + window, nil, fields, first)
+      return {0, '0', count + 1}
+    end
+    save(now + cooldown, now + cooldown, fields, first)
+    return {1, num(cooldown), count}
   end
-  redis.call('DEL', KEYS[1], KEYS[2])
 end
-while true do
-  local oldest = redis.call('LINDEX', KEYS[1], 0)
-  if not oldest or tonumber(oldest) > now then break end
-  redis.call('LPOP', KEYS[1])
-end
-local count = redis.call('LLEN', KEYS[1])
-if count < budget then
-  count = redis.call('RPUSH', KEYS[1], num(now + window))
-  redis.call('PEXPIRE', KEYS[1], ms(window))
-  return {0, '0', count}
-end
--- The cooldown marker lives as long as the events: a zero cooldown still means the next
--- event starts a fresh window.
-local cooldown_end = now + cooldown
-local keep = math.max(tonumber(redis.call('LINDEX', KEYS[1], -1)), cooldown_end) - now
-redis.call('SET', KEYS[2], num(cooldown_end), 'PX', ms(keep))
-redis.call('PEXPIRE', KEYS[1], ms(keep))
-return {1, num(cooldown_end - now), count}
-"""
-)
-
-# KEYS: events, cooldown. ARGV: now. Returns {count, cooldown left} for a live pair, else nil.
-_PAIR_VIEW = (
-    _PRELUDE
-    + """
-local now = clock(ARGV[1])
-local live = 0
-for _, ends in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-  if tonumber(ends) > now then live = live + 1 end
-end
-local until_at = redis.call('GET', KEYS[2])
-if until_at then
-  until_at = tonumber(until_at)
-  if now >= until_at then return false end
-  return {live, num(until_at - now)}
-end
-if live == 0 then return false end
-return {live, '0'}
+-- No record, or an idle one: a fresh window.
+save(now + window, nil, {num(now)}, 1)
+return {0, '0', 1}
 """
 )
 
@@ -283,8 +284,7 @@ class RedisStateStore(RedisLinked):
         self._local: MemoryStateStore | None = None
         self._keep_alive: asyncio.Task[None] | None = None
         script = self._link.script
-        self._pair_decide = script(_PAIR_DECIDE)
-        self._pair_view = script(_PAIR_VIEW)
+        self._pair_step = script(_PAIR_STEP)
         self._claim = script(_CLAIM)
         self._bot_turn = script(_BOT_TURN)
         self._pause = script(_PAUSE)
@@ -345,20 +345,19 @@ class RedisStateStore(RedisLinked):
 
     # Keys
 
-    def _pair_keys(self, scope: str, a: str, b: str) -> tuple[str, str]:
-        events = f"{self._prefix}pair:{{{scope}{_SEP}{a}{_SEP}{b}}}"
-        return events, events + ":cd"
+    def _pair_key(self, scope: str, a: str, b: str) -> str:
+        return f"{self._prefix}budget:{{{_SEP.join(map(_escape, (scope, a, b)))}}}"
 
     async def _pairs(self, scope: str | None, bot_id: str | None) -> list[tuple[str, str, str]]:
         """The pairs held, by SCAN (an admin-command path, never per message)."""
-        head = f"{self._prefix}pair:{{"
-        pattern = glob_escape(head) + (glob_escape(scope + _SEP) if scope is not None else "")
+        head = f"{self._prefix}budget:{{"
+        room_part = "" if scope is None else glob_escape(_escape(scope) + _SEP)
         found: set[tuple[str, str, str]] = set()
-        async for key in self._link.scan(pattern + "*}"):
+        async for key in self._link.scan(glob_escape(head) + room_part + "*}"):
             parts = key[len(head) : -1].split(_SEP)
             if len(parts) != 3:
                 continue
-            room, a, b = parts
+            room, a, b = map(unquote, parts)
             if (scope is None or room == scope) and (bot_id is None or bot_id in (a, b)):
                 found.add((room, a, b))
         return sorted(found)
@@ -368,11 +367,12 @@ class RedisStateStore(RedisLinked):
     async def pair_decide(
         self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
     ) -> PairDecision:
-        """Record one bot-to-bot exchange and decide it in one script call."""
+        """Step the pair's record with `step_pair`'s Lua version, in one script call."""
         if not policy.enabled:
-            return _DISABLED
+            # Admitted and not recorded: `step_pair` needs no record, so no round trip.
+            return step_pair(None, policy, 0.0)[1]
         a, b = pair_key(self_bot_id, sender_bot_id)
-        keys = self._pair_keys(scope, a, b)
+        keys = [self._pair_key(scope, a, b)]
         args = (
             self._link.now(),
             policy.max_events_per_window,
@@ -381,7 +381,7 @@ class RedisStateStore(RedisLinked):
         )
         try:
             code, retry_after, count = await self._link.guarded(
-                lambda: self._pair_decide(keys=keys, args=args)
+                lambda: self._pair_step(keys=keys, args=args)
             )
         except StateError:
             if self._link.on_error == "allow":
@@ -405,7 +405,7 @@ class RedisStateStore(RedisLinked):
                 return 0
             async with self._link.client.pipeline(transaction=False) as pipe:
                 for pair in pairs:
-                    pipe.unlink(*self._pair_keys(*pair))
+                    pipe.unlink(self._pair_key(*pair))
                 deleted = await pipe.execute()
             return sum(1 for n in deleted if n)
 
@@ -418,16 +418,20 @@ class RedisStateStore(RedisLinked):
             pairs = await self._pairs(scope, None)
             if not pairs:
                 return []
-            now = self._link.now()
             async with self._link.client.pipeline(transaction=False) as pipe:
+                pipe.time()
                 for pair in pairs:
-                    await self._pair_view(keys=self._pair_keys(*pair), args=(now,), client=pipe)
-                views = await pipe.execute()
-            return [
-                PairSnapshot(room, a, b, count=int(view[0]), cooldown_remaining=float(view[1]))
-                for (room, a, b), view in zip(pairs, views, strict=True)
-                if view
-            ]
+                    pipe.get(self._pair_key(*pair))
+                server_time, *held = await pipe.execute()
+            # The scripts' clock: the injected one, or the server's TIME.
+            now = self._clock() if self._clock is not None else _seconds(server_time)
+            found = []
+            for (room, a, b), stored in zip(pairs, held, strict=True):
+                record = None if stored is None else _record(stored)
+                view = None if record is None else pair_view(record, now)
+                if view is not None:
+                    found.append(PairSnapshot(room, a, b, *view))
+            return found
 
         try:
             return await self._link.guarded(snapshot)
@@ -579,6 +583,28 @@ class RedisStateStore(RedisLinked):
             return await self._link.guarded(recent)
         except StateError:
             return []
+
+
+def _escape(name: str) -> str:
+    """A room or bot id as a part of a pair's key: `%` and the separator written as %XX."""
+    return name.replace("%", "%25").replace(_SEP, "%1F")
+
+
+def _record(stored: str) -> PairRecord:
+    """The `PairRecord` a pair's key holds (see the pair script for its layout)."""
+    idle_at, cooldown_until, window, *times = stored.split()
+    return PairRecord(
+        [float(t) for t in times],
+        None if cooldown_until == "-" else float(cooldown_until),
+        float(window),
+        float(idle_at),
+    )
+
+
+def _seconds(server_time: tuple[int, int]) -> float:
+    """A TIME answer (seconds, microseconds) as the scripts' `clock` reads it."""
+    seconds, micros = server_time
+    return seconds + micros / 1_000_000
 
 
 def _decode_audit(raw: str) -> AuditEntry:

@@ -13,10 +13,14 @@ Decisions where DESIGN.md is silent:
   the memory backend's monotonic clock: a monotonic clock restarts with the process, so
   a cooldown stored against it would be wrong after a restart. A cooldown opened at T
   for 60 s still has 60 - (now - T) seconds left when the gateway comes back.
-- A pair's events are stored as the instants they stop counting (event time + window),
-  so a pair is kept without its policy: when `/loop set` changes the budget, the events
-  already in the window count against the new budget, and a running cooldown is kept.
-  (The memory backend keeps one guard per policy, so there a policy change starts over.)
+- A pair's row is its `PairRecord` (guards/bot_loop.py): each decision loads it, applies
+  `step_pair` and saves it, so the rules are the memory backend's, including a policy
+  change mid-window (`/loop set`: the events in the window count against the new budget,
+  a running cooldown keeps its end). The row expires (`expires_at`) at the record's
+  `idle_at`, when forgetting it changes no decision.
+- Schema 3 stores event times where 1 and 2 stored the instants events stop counting,
+  under a window they did not record: opening an older file drops its pair rows (a pair
+  starts a fresh window, a running cooldown ends early) and keeps everything else.
 - A dedupe receipt in flight under another owner (store instance) is taken over at once:
   the file belongs to one gateway process, so another owner is a previous run that died
   mid-turn, and the redelivery of its message is answered (gateway/state/receipts.py).
@@ -39,17 +43,28 @@ from gateway.state import receipts
 from gateway.state.base import AuditEntry
 from gateway.state.receipts import Receipt
 from gateway.state.sqlite_db import SqliteDb, transaction
-from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot, pair_key
+from guards.bot_loop import (
+    BotLoopPolicy,
+    PairDecision,
+    PairRecord,
+    PairSnapshot,
+    pair_key,
+    pair_view,
+    step_bot_turns,
+    step_pair,
+)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+# The first schema whose pair rows are `PairRecord`s; older pair rows are dropped.
+_PAIR_RECORD_SCHEMA = 3
 _SCHEMA = (
-    # times: JSON list of the instants the pair's admitted events stop counting, oldest
-    # first; cooldown_until: NULL without a cooldown marker; expires_at: when the row is
-    # idle (no event counts and no cooldown runs) and may be swept.
+    # A `PairRecord`: times, a JSON list of the admitted events' times, oldest first;
+    # cooldown_until, NULL when no cooldown was opened in the window; window_seconds, the
+    # window the events were last counted in; expires_at, the record's idle_at.
     """CREATE TABLE IF NOT EXISTS pairs (
         scope TEXT NOT NULL, bot_a TEXT NOT NULL, bot_b TEXT NOT NULL,
-        times TEXT NOT NULL, cooldown_until REAL, expires_at REAL NOT NULL,
-        PRIMARY KEY (scope, bot_a, bot_b))""",
+        times TEXT NOT NULL, cooldown_until REAL, window_seconds REAL NOT NULL,
+        expires_at REAL NOT NULL, PRIMARY KEY (scope, bot_a, bot_b))""",
     "CREATE INDEX IF NOT EXISTS pairs_expiry ON pairs (expires_at)",
     "CREATE TABLE IF NOT EXISTS bot_turns (scope TEXT PRIMARY KEY, count INTEGER NOT NULL)",
     """CREATE TABLE IF NOT EXISTS turns_seen (
@@ -81,7 +96,6 @@ _SWEEP_PER_CALL = 2
 # How long a message's bot-turn count is remembered for the other hosted bots that see
 # it; they see it within moments, so ten minutes is plenty.
 _TURNS_SEEN_SECONDS = 600.0
-_DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
 
 
 class SqliteStateStore:
@@ -124,11 +138,12 @@ class SqliteStateStore:
     async def pair_decide(
         self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
     ) -> PairDecision:
-        """Record one bot-to-bot exchange and decide it, in one transaction."""
+        """Load the pair's record, step it and save it, in one transaction."""
         if not policy.enabled:
-            return _DISABLED
+            # Admitted and not recorded: `step_pair` needs no record, so no transaction.
+            return step_pair(None, policy, 0.0)[1]
         a, b = pair_key(self_bot_id, sender_bot_id)
-        return await self._sqlite.write(lambda db, now: _decide(db, now, (scope, a, b), policy))
+        return await self._sqlite.write(lambda db, now: _step(db, now, (scope, a, b), policy))
 
     async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
         """Drop the pairs held (all, one room's, one bot's); idle ones are not counted."""
@@ -146,13 +161,13 @@ class SqliteStateStore:
         def snapshot(db: sqlite3.Connection, now: float) -> list[PairSnapshot]:
             where, params = _pair_filter(scope, None)
             rows = db.execute(
-                "SELECT scope, bot_a, bot_b, times, cooldown_until FROM pairs"
-                f"{where} ORDER BY scope, bot_a, bot_b",
+                "SELECT scope, bot_a, bot_b, times, cooldown_until, window_seconds, expires_at "
+                f"FROM pairs{where} ORDER BY scope, bot_a, bot_b",
                 params,
             ).fetchall()
             found = []
-            for room, a, b, times, cooldown_until in rows:
-                view = _view(json.loads(times), cooldown_until, now)
+            for room, a, b, *record in rows:
+                view = pair_view(_record(*record), now)
                 if view is not None:
                     found.append(
                         PairSnapshot(room, a, b, count=view[0], cooldown_remaining=view[1])
@@ -172,16 +187,13 @@ class SqliteStateStore:
                 ).fetchone()
                 if seen is not None:
                     return int(seen[0])
-            if is_bot:
-                count = int(
-                    db.execute(
-                        "INSERT INTO bot_turns (scope, count) VALUES (?, 1) ON CONFLICT (scope) "
-                        "DO UPDATE SET count = count + 1 RETURNING count",
-                        (scope,),
-                    ).fetchone()[0]
+            held = db.execute("SELECT count FROM bot_turns WHERE scope = ?", (scope,)).fetchone()
+            count = step_bot_turns(0 if held is None else int(held[0]), is_bot=is_bot)
+            if count:
+                db.execute(
+                    "INSERT OR REPLACE INTO bot_turns (scope, count) VALUES (?, ?)", (scope, count)
                 )
             else:
-                count = 0
                 db.execute("DELETE FROM bot_turns WHERE scope = ?", (scope,))
             if message_key is not None:
                 _sweep(db, "turns_seen", now)
@@ -345,13 +357,19 @@ class SqliteStateStore:
 
 
 def _create_schema(db: sqlite3.Connection, path: str) -> None:
-    """Create the tables of this schema version (a newer file is refused, not downgraded)."""
+    """Create the tables of this schema version (a newer file is refused, not downgraded).
+
+    An older file keeps its rows, except the pairs of schemas before 3: they hold when
+    events stop counting, not when they happened, so they cannot become `PairRecord`s.
+    """
     version = db.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise StateError(
             f"{path} was written by a newer loopwarden "
             f"(schema {version}, this one knows {SCHEMA_VERSION})"
         )
+    if version < _PAIR_RECORD_SCHEMA:
+        db.execute("DROP TABLE IF EXISTS pairs")
     for statement in _SCHEMA:
         db.execute(statement)
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -387,48 +405,34 @@ def _pair_filter(scope: str | None, bot_id: str | None) -> tuple[str, tuple[str,
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
 
 
-def _decide(
+def _record(times: str, cooldown_until: float | None, window: float, idle_at: float) -> PairRecord:
+    """The `PairRecord` a pairs row holds."""
+    return PairRecord(json.loads(times), cooldown_until, window, idle_at)
+
+
+def _step(
     db: sqlite3.Connection, now: float, key: tuple[str, str, str], policy: BotLoopPolicy
 ) -> PairDecision:
-    """The pair budget of guards/bot_loop.py on one stored pair (inside a transaction)."""
+    """Load one pair's record, apply `step_pair` and save it (inside a transaction)."""
     row = db.execute(
-        "SELECT times, cooldown_until FROM pairs WHERE scope = ? AND bot_a = ? AND bot_b = ?",
+        "SELECT times, cooldown_until, window_seconds, expires_at FROM pairs "
+        "WHERE scope = ? AND bot_a = ? AND bot_b = ?",
         key,
     ).fetchone()
-    ends: list[float] = json.loads(row[0]) if row else []
-    cooldown_until: float | None = row[1] if row else None
-    if cooldown_until is not None:
-        if now < cooldown_until:
-            live = sum(1 for end in ends if end > now)
-            return PairDecision(False, "cooldown", cooldown_until - now, live)
-        # The cooldown is over: a fresh window.
-        cooldown_until = None
-        ends = []
-    while ends and ends[0] <= now:
-        del ends[0]
-    if len(ends) < policy.max_events_per_window:
-        ends.append(now + policy.window_seconds)
-        decision = PairDecision(True, "ok", 0.0, len(ends))
-    else:
-        cooldown_until = now + policy.cooldown_seconds
-        decision = PairDecision(False, "budget_exceeded", cooldown_until - now, len(ends))
-    if row is None:
-        _sweep(db, "pairs", now)
-    expires_at = max(ends[-1], cooldown_until if cooldown_until is not None else -math.inf)
-    db.execute(
-        "INSERT OR REPLACE INTO pairs (scope, bot_a, bot_b, times, cooldown_until, expires_at) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        (*key, json.dumps(ends), cooldown_until, expires_at),
-    )
+    record, decision = step_pair(None if row is None else _record(*row), policy, now)
+    if record is not None:
+        if row is None:
+            _sweep(db, "pairs", now)
+        db.execute(
+            "INSERT OR REPLACE INTO pairs "
+            "(scope, bot_a, bot_b, times, cooldown_until, window_seconds, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                *key,
+                json.dumps(list(record.times)),
+                record.cooldown_until,
+                record.window,
+                record.idle_at,
+            ),
+        )
     return decision
-
-
-def _view(ends: list[float], cooldown_until: float | None, now: float) -> tuple[int, float] | None:
-    """(events counting, cooldown left) of a live pair; None for an idle one."""
-    if cooldown_until is not None:
-        if now >= cooldown_until:
-            # A finished cooldown means a fresh window: the events before it no longer count.
-            return None
-        return sum(1 for end in ends if end > now), cooldown_until - now
-    live = sum(1 for end in ends if end > now)
-    return (live, 0.0) if live else None

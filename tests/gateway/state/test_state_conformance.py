@@ -2,8 +2,9 @@
 
 Every case runs against all three with an injected clock (the redis backend passes it to
 its scripts instead of the server's TIME), so nothing waits for wall time. The pair
-budget is also checked event by event against guards/bot_loop.py's BotLoopGuard, the
-reference the backends must agree with, on Hypothesis-generated traffic.
+budget is also checked event by event against guards/bot_loop.py's `step_pair`, the
+reference every backend must agree with exactly (the Redis Lua is its second version), on
+Hypothesis-generated traffic with policy changes between events.
 """
 
 from __future__ import annotations
@@ -23,7 +24,15 @@ from gateway.state.base import AuditEntry, StateStore
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import OWNER_SECONDS, RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
-from guards.bot_loop import BotLoopGuard, BotLoopPolicy, PairDecision, PairSnapshot
+from guards.bot_loop import (
+    BotLoopPolicy,
+    PairDecision,
+    PairRecord,
+    PairSnapshot,
+    pair_key,
+    pair_view,
+    step_pair,
+)
 
 BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 ROOM = "discord:1100"
@@ -525,46 +534,240 @@ async def test_the_audit_log_is_newest_first_with_a_limit_and_a_room_filter(
     assert await store.recent_audit(5, scope="room:none") == []
 
 
-# The reference: BotLoopGuard, event by event
+# Policy changes mid-window (`/loop set`): the pair keeps its events (issue 10)
 
-Event = tuple[int, int, float]
-"""(pair index, room index, seconds since the previous event)."""
+
+def budget(events: int, window: float = 60.0, cooldown: float = 30.0) -> BotLoopPolicy:
+    """A pair budget of `events` per `window` seconds, cooling down for `cooldown`."""
+    return BotLoopPolicy(
+        max_events_per_window=events, window_seconds=window, cooldown_seconds=cooldown
+    )
+
+
+def outcomes(decisions: list[PairDecision]) -> list[tuple[str, int]]:
+    """(reason, count) of each decision."""
+    return [(d.reason, d.count) for d in decisions]
+
+
+async def test_issue10_a_lower_budget_mid_window_counts_the_events_already_in_it(
+    store: StateStore, clock: Clock
+) -> None:
+    decisions = []
+    for policy in [budget(10)] * 5 + [budget(6)] * 3:
+        decisions.append(await decide(store, policy=policy))
+        clock.advance(1)
+    assert outcomes(decisions) == [("ok", n) for n in range(1, 7)] + [
+        ("budget_exceeded", 6),
+        ("cooldown", 6),
+    ]
+    # The cooldown opened at the seventh event (t + 6 s) and is announced once.
+    assert [d.reason for d in decisions].count("budget_exceeded") == 1
+    assert decisions[-1].retry_after == pytest.approx(29.0)
+
+
+async def test_issue10_a_higher_budget_mid_window_admits_up_to_it_but_ends_no_cooldown(
+    store: StateStore, clock: Clock
+) -> None:
+    decisions = [await decide(store, policy=budget(3)) for _ in range(3)]
+    decisions += [await decide(store, policy=budget(5)) for _ in range(3)]
+    clock.advance(10)
+    decisions.append(await decide(store, policy=budget(50)))
+    assert outcomes(decisions) == [("ok", n) for n in range(1, 6)] + [
+        ("budget_exceeded", 5),
+        ("cooldown", 5),
+    ]
+    assert decisions[-1].retry_after == pytest.approx(20.0)
+
+
+async def test_issue10_a_shorter_window_drops_the_events_that_left_it(
+    store: StateStore, clock: Clock
+) -> None:
+    start = clock.now
+    for offset in (0.0, 10.0, 20.0):
+        clock.now = start + offset
+        assert (await decide(store, policy=budget(3, window=30.0))).allowed
+    clock.now = start + 25.0
+    # Under a 10 s window the events at 0 s and 10 s have left it; the one at 20 s counts.
+    shorter = budget(3, window=10.0)
+    decisions = [await decide(store, policy=shorter) for _ in range(3)]
+    assert outcomes(decisions) == [("ok", 2), ("ok", 3), ("budget_exceeded", 3)]
+
+
+async def test_issue10_a_longer_window_keeps_counting_the_events_held(
+    store: StateStore, clock: Clock
+) -> None:
+    start = clock.now
+    for offset in (0.0, 5.0):
+        clock.now = start + offset
+        assert (await decide(store, policy=budget(3, window=10.0))).allowed
+    longer = budget(3, window=60.0)
+    clock.now = start + 8.0
+    assert outcomes([await decide(store, policy=longer)]) == [("ok", 3)]
+    # At 12 s the first event would have left a 10 s window; it counts in the 60 s one.
+    clock.now = start + 12.0
+    assert outcomes([await decide(store, policy=longer)]) == [("budget_exceeded", 3)]
+    assert [(s.count, s.cooldown_remaining) for s in await store.pair_snapshot()] == [(3, 30.0)]
+
+
+async def test_issue10_a_cooldown_changed_during_a_cooldown_keeps_its_end(
+    store: StateStore, clock: Clock
+) -> None:
+    for _ in range(2):
+        await decide(store, policy=budget(2, cooldown=20.0))
+    opened = clock.now
+    over = await decide(store, policy=budget(2, cooldown=20.0))
+    assert (over.reason, over.retry_after) == ("budget_exceeded", 20.0)
+    clock.now = opened + 5.0
+    longer = await decide(store, policy=budget(2, cooldown=100.0))
+    assert longer.reason == "cooldown"
+    assert longer.retry_after == pytest.approx(15.0)
+    clock.now = opened + 10.0
+    shorter = await decide(store, policy=budget(2, cooldown=5.0))
+    assert shorter.reason == "cooldown"
+    assert shorter.retry_after == pytest.approx(10.0)
+    clock.now = opened + 20.0
+    assert outcomes([await decide(store, policy=budget(2, cooldown=5.0))]) == [("ok", 1)]
+
+
+async def test_issue10_exact_boundaries_after_a_policy_change(
+    store: StateStore, clock: Clock
+) -> None:
+    start = clock.now
+    assert (await decide(store, policy=budget(2, window=30.0, cooldown=20.0))).allowed
+    tight = budget(2, window=10.0, cooldown=5.0)
+    # An event at t + window: the event at t has just left the (new) window.
+    clock.now = start + 10.0
+    decisions = [await decide(store, policy=tight) for _ in range(3)]
+    assert outcomes(decisions) == [("ok", 1), ("ok", 2), ("budget_exceeded", 2)]
+    assert decisions[-1].retry_after == 5.0
+    clock.now = start + 15.0 - 0.001
+    assert (await decide(store, policy=tight)).reason == "cooldown"
+    # A cooldown ending at exactly now: the pair is idle, and starts a fresh window.
+    clock.now = start + 15.0
+    assert await store.pair_snapshot() == []
+    assert outcomes([await decide(store, policy=tight)]) == [("ok", 1)]
+
+
+async def test_issue10_reset_by_room_and_by_bot_during_a_cooldown(store: StateStore) -> None:
+    first, second = budget(2), budget(5)
+    for _ in range(3):
+        await decide(store, policy=first)
+    # The cooldown holds under another policy and through a reset elsewhere.
+    assert await store.pair_reset(scope=OTHER_ROOM) == 0
+    assert (await decide(store, policy=second)).reason == "cooldown"
+    assert await store.pair_reset(scope=ROOM) == 1
+    assert outcomes([await decide(store, policy=second)]) == [("ok", 1)]
+    for _ in range(5):
+        await decide(store, policy=second)
+    assert (await decide(store, policy=first)).reason == "cooldown"
+    assert await store.pair_reset(bot_id="bot-c") == 0
+    assert (await decide(store, policy=second)).reason == "cooldown"
+    assert await store.pair_reset(bot_id="bot-b") == 1
+    assert outcomes([await decide(store, policy=first)]) == [("ok", 1)]
+
+
+async def test_issue10_64_concurrent_decisions_on_one_pair_hold_the_budget_exactly(
+    store: StateStore,
+) -> None:
+    # Two policies with one budget, as while a `/loop set` of the window reaches replicas.
+    policies = (budget(10, window=60.0), budget(10, window=45.0))
+    decisions = await asyncio.gather(*(decide(store, policy=policies[n % 2]) for n in range(64)))
+    reasons = [d.reason for d in decisions]
+    assert (reasons.count("ok"), reasons.count("budget_exceeded"), reasons.count("cooldown")) == (
+        10,
+        1,
+        53,
+    )
+    assert sorted(d.count for d in decisions if d.allowed) == list(range(1, 11))
+
+
+async def test_issue10_the_snapshot_lists_a_pair_once_after_a_policy_change(
+    store: StateStore,
+) -> None:
+    for policy in (POLICY, POLICY, budget(6)):
+        await decide(store, policy=policy)
+    assert await store.pair_snapshot() == [
+        PairSnapshot(ROOM, "bot-a", "bot-b", count=3, cooldown_remaining=0.0)
+    ]
+
+
+async def test_issue10_huge_durations_are_decided_not_failed(
+    store: StateStore, clock: Clock
+) -> None:
+    forever = budget(1, window=1e308, cooldown=1e308)
+    decisions = [await decide(store, policy=forever) for _ in range(2)]
+    clock.advance(86_400 * 365 * 1000)
+    decisions.append(await decide(store, policy=forever))
+    assert outcomes(decisions) == [("ok", 1), ("budget_exceeded", 1), ("cooldown", 1)]
+    assert decisions[1].retry_after == 1e308
+    assert [s.count for s in await store.pair_snapshot()] == [1]
+
+
+async def test_issue10_names_with_separators_and_patterns_are_kept_apart(
+    store: StateStore,
+) -> None:
+    names = ("bot\x1f", "bot\x1fb", "bot%1F", "bot%25", "b[o]t*", "b{o}t", "bоt")  # о: Cyrillic
+    room = "slack:C1\x1fbot\x1f%"
+    for name in names:
+        await decide(store, name, "bot", scope=room)
+    await decide(store, "bot\x1f", "bot", scope=room)
+    snapshot = await store.pair_snapshot(room)
+    assert sorted((s.scope, s.bot_a, s.bot_b, s.count) for s in snapshot) == sorted(
+        (room, *pair_key(name, "bot"), 2 if name == "bot\x1f" else 1) for name in names
+    )
+    assert await store.pair_snapshot("slack:C1") == []
+    assert await store.pair_reset(bot_id="bot%1F") == 1
+    assert await store.pair_reset(scope=room) == len(names) - 1
+    assert await store.pair_snapshot() == []
+
+
+# The reference: `step_pair`, event by event, through policy changes (issue 10)
+
+Event = tuple[int, int, float, int]
+"""(pair index, room index, seconds since the previous event, policy index)."""
 
 PAIRS = (("bot-a", "bot-b"), ("bot-b", "bot-a"), ("bot-a", "bot-c"))
-STEPS = (0.0, 0.5, 1.0, 4.0, 10.0, 19.5, 20.0, 30.0, 61.0)
+# 0.1 and 2.7 have no exact binary form: every backend must still keep times exactly.
+STEPS = (0.0, 0.1, 0.5, 1.0, 2.7, 4.0, 10.0, 19.5, 20.0, 30.0, 61.0)
 events = st.lists(
-    st.tuples(st.integers(0, len(PAIRS) - 1), st.integers(0, 1), st.sampled_from(STEPS)),
+    st.tuples(
+        st.integers(0, len(PAIRS) - 1),
+        st.integers(0, 1),
+        st.sampled_from(STEPS),
+        st.integers(0, 2),
+    ),
     max_size=60,
 )
 policies = st.builds(
     BotLoopPolicy,
+    enabled=st.sampled_from((True, True, True, False)),
     max_events_per_window=st.integers(1, 4),
-    window_seconds=st.sampled_from((10.0, 30.0)),
+    window_seconds=st.sampled_from((10.0, 30.0, 45.5)),
     cooldown_seconds=st.sampled_from((0.0, 5.0, 20.0)),
 )
 
 
 async def _replay(
-    store: StateStore, clock: Clock, policy: BotLoopPolicy, trace: list[Event]
+    store: StateStore, clock: Clock, chosen: list[BotLoopPolicy], trace: list[Event]
 ) -> None:
-    """Run the trace through `store` and a BotLoopGuard, comparing every decision."""
-    reference = BotLoopGuard(policy, clock=clock)
+    """Run the trace through `store` and through `step_pair`, comparing every answer."""
+    records: dict[tuple[str, str, str], PairRecord] = {}
     await store.start()
     try:
-        for pair, room, step in trace:
+        for pair, room, step, which in trace:
             clock.advance(step)
             me, sender = PAIRS[pair]
             scope = (ROOM, OTHER_ROOM)[room]
-            want = reference.decide(self_bot_id=me, sender_bot_id=sender, scope=scope)
-            got = await decide(store, me, sender, scope=scope, policy=policy)
-            assert (got.allowed, got.reason, got.count) == (want.allowed, want.reason, want.count)
-            assert got.retry_after == pytest.approx(want.retry_after)
-        want_pairs = sorted(
-            (s.scope or "", s.bot_a, s.bot_b, s.count, round(s.cooldown_remaining, 6))
-            for s in reference.snapshot()
-        )
+            policy = chosen[which % len(chosen)]
+            key = (scope, *pair_key(me, sender))
+            record, want = step_pair(records.get(key), policy, clock.now)
+            if record is not None:
+                records[key] = record
+            assert await decide(store, me, sender, scope=scope, policy=policy) == want
+        views = ((key, pair_view(record, clock.now)) for key, record in records.items())
+        want_pairs = sorted((*key, *view) for key, view in views if view is not None)
         got_pairs = sorted(
-            (s.scope or "", s.bot_a, s.bot_b, s.count, round(s.cooldown_remaining, 6))
+            (s.scope, s.bot_a, s.bot_b, s.count, s.cooldown_remaining)
             for s in await store.pair_snapshot()
         )
         assert got_pairs == want_pairs
@@ -574,12 +777,12 @@ async def _replay(
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=policies, trace=events)
-def test_every_backend_decides_like_the_guard(
-    backend: str, policy: BotLoopPolicy, trace: list[Event], request: pytest.FixtureRequest
+@given(chosen=st.lists(policies, min_size=1, max_size=3), trace=events)
+def test_issue10_every_backend_steps_like_step_pair_through_policy_changes(
+    backend: str, chosen: list[BotLoopPolicy], trace: list[Event], request: pytest.FixtureRequest
 ) -> None:
     url = request.getfixturevalue("redis_url") if backend == "redis" else None
     clock = Clock()
     with tempfile.TemporaryDirectory() as workdir:
         store = build_store(backend, clock, workdir=Path(workdir), redis_url=url)
-        asyncio.run(_replay(store, clock, policy, trace))
+        asyncio.run(_replay(store, clock, chosen, trace))

@@ -131,14 +131,55 @@ async def test_every_key_expires_by_itself(redis: RedisServer) -> None:
         ttls = {key: await client.pttl(key) async for key in client.scan_iter("exp:*")}
     finally:
         await client.aclose()
-    assert len(ttls) == 7, ttls
+    # One key per pair (its record), a claim, a bot-turn counter and its message, a pause.
+    assert len(ttls) == 6, ttls
     for key, ttl in ttls.items():
         # Nothing outlives what it serves: window 60 s, cooldown 30 s, claim 600 s, pause 90 s.
         limit = 86_400_000 if key.startswith("exp:turns:") else 600_000
         assert 0 < ttl <= limit, (key, ttl)
-    cooling = [ttl for key, ttl in ttls.items() if key.startswith("exp:pair:") and "bot-b" in key]
-    assert len(cooling) == 2
-    assert all(ttl <= 60_000 for ttl in cooling)
+    cooling = [ttl for key, ttl in ttls.items() if key.startswith("exp:budget:") and "bot-b" in key]
+    # The cooling pair goes idle when its cooldown ends, before its last event's window.
+    assert len(cooling) == 1
+    assert all(ttl <= 30_000 for ttl in cooling)
+
+
+async def test_issue10_a_pair_key_holds_its_pair_record(redis: RedisServer) -> None:
+    now = [1_700_000_000.0]
+    async with opened(redis.url, key_prefix="rec:", clock=lambda: now[0]) as store:
+        await decide(store)
+        now[0] += 0.1
+        await store.pair_decide(
+            scope=ROOM,
+            self_bot_id="bot-b",
+            sender_bot_id="bot-a",
+            policy=BotLoopPolicy(max_events_per_window=2, window_seconds=30.0),
+        )
+        now[0] += 0.1
+        refused = await store.pair_decide(
+            scope=ROOM,
+            self_bot_id="bot-a",
+            sender_bot_id="bot-b",
+            policy=BotLoopPolicy(max_events_per_window=2, cooldown_seconds=45.0),
+        )
+    assert refused.reason == "budget_exceeded"
+    client = Redis.from_url(redis.url, decode_responses=True)
+    try:
+        keys = [key async for key in client.scan_iter("rec:*")]
+        stored = await client.get(keys[0])
+    finally:
+        await client.aclose()
+    assert keys == ["rec:budget:{discord:1100\x1fbot-a\x1fbot-b}"]
+    assert isinstance(stored, str)
+    start = 1_700_000_000.0
+    cooldown_until = start + 0.1 + 0.1 + 45.0
+    # idle_at, cooldown_until, the window last counted in, the event times, all exact.
+    assert [float(field) for field in stored.split()] == [
+        cooldown_until,
+        cooldown_until,
+        60.0,
+        start,
+        start + 0.1,
+    ]
 
 
 async def test_lost_scripts_are_loaded_again(redis: RedisServer) -> None:

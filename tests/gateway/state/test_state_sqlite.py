@@ -99,6 +99,85 @@ async def test_a_restart_keeps_cooldowns_pauses_overrides_receipts_and_the_audit
         assert await store.pause_remaining(ROOM) == pytest.approx(300.0)
 
 
+# The tables of schema 2 this test needs, as that version created them.
+_SCHEMA_2 = (
+    """CREATE TABLE pairs (
+        scope TEXT NOT NULL, bot_a TEXT NOT NULL, bot_b TEXT NOT NULL,
+        times TEXT NOT NULL, cooldown_until REAL, expires_at REAL NOT NULL,
+        PRIMARY KEY (scope, bot_a, bot_b))""",
+    "CREATE INDEX pairs_expiry ON pairs (expires_at)",
+    "CREATE TABLE claims (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+    "CREATE INDEX claims_expiry ON claims (expires_at)",
+    """CREATE TABLE receipts (
+        key TEXT PRIMARY KEY, owner TEXT NOT NULL, confirmed INTEGER NOT NULL,
+        expires_at REAL NOT NULL)""",
+    """CREATE TABLE overrides (
+        scope TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
+        PRIMARY KEY (scope, field))""",
+    "CREATE TABLE pauses (scope TEXT PRIMARY KEY, until REAL)",
+    """CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, platform TEXT NOT NULL,
+        room TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT NOT NULL,
+        command TEXT NOT NULL, allowed INTEGER NOT NULL, outcome TEXT NOT NULL)""",
+)
+
+
+async def test_issue10_a_schema_2_file_keeps_all_but_its_pairs(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    clock = Clock()
+    later = clock.now + 500.0
+    with sqlite3.connect(path) as db:
+        for statement in _SCHEMA_2:
+            db.execute(statement)
+        # A pair in cooldown, stored as schema 2 did: the instants its events stop counting.
+        db.execute(
+            "INSERT INTO pairs VALUES (?, 'bot-a', 'bot-b', ?, ?, ?)",
+            (ROOM, json.dumps([later] * 3), later, later),
+        )
+        db.execute("INSERT INTO claims VALUES ('admin:1', ?)", (later,))
+        db.execute("INSERT INTO receipts VALUES ('dedupe:1', 'old-run', 1, ?)", (later,))
+        db.execute(
+            "INSERT INTO overrides VALUES (?, 'bot_loop.max_events_per_window', '6')", (ROOM,)
+        )
+        db.execute("INSERT INTO pauses VALUES (?, NULL)", (ROOM,))
+        db.execute(
+            "INSERT INTO audit (at, platform, room, user_id, user_name, command, allowed, "
+            "outcome) VALUES (1.0, 'discord', ?, 'u1', 'ann', '/loop pause', 1, 'done')",
+            (ROOM,),
+        )
+        db.execute("PRAGMA user_version=2")
+    async with opened(path, clock) as store:
+        # Its pair could not become a record (no event times): it starts a fresh window.
+        assert await store.pair_snapshot() == []
+        assert (await decide(store)).count == 1
+        assert not await store.claim("admin:1", 600.0)
+        assert not await store.receive("dedupe:1", 600.0)
+        assert await store.get_overrides(ROOM) == {"bot_loop.max_events_per_window": 6}
+        assert await store.pause_remaining(ROOM) == math.inf
+        assert [e.command for e in await store.recent_audit()] == ["/loop pause"]
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+
+
+async def test_issue10_a_pair_row_is_its_pair_record(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    clock = Clock()
+    start = clock.now
+    async with opened(path, clock) as store:
+        await decide(store)
+        clock.now += 0.1
+        await decide(store, BotLoopPolicy(max_events_per_window=2, window_seconds=30.0))
+        clock.now += 0.1
+        await decide(store, BotLoopPolicy(max_events_per_window=2, cooldown_seconds=45.0))
+    with sqlite3.connect(path) as db:
+        times, cooldown_until, window, idle_at = db.execute(
+            "SELECT times, cooldown_until, window_seconds, expires_at FROM pairs"
+        ).fetchone()
+    # Event times kept exactly, the window last counted in, idle when the cooldown ends.
+    assert json.loads(times) == [start, start + 0.1]
+    assert (cooldown_until, window, idle_at) == (start + 0.1 + 0.1 + 45.0, 60.0, cooldown_until)
+
+
 async def test_the_default_clock_is_the_wall_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
