@@ -3,16 +3,20 @@
 Every route that reads JSON a client sent goes through `parse_json`, so every route gives
 the same answer to hostile input: bytes that are not UTF-8, nesting deeper than
 `MAX_DEPTH`, an integer longer than Python's digit limit, `NaN`/`Infinity` or a float
-that overflows to infinity, and bodies over the route's byte limit are all refused with
-`JsonBodyError`, whose message says why (never the body itself). The C parser's own recursion
-limit stops the deepest documents; an iterative walk then holds the rest to `MAX_DEPTH`,
-so code that walks a parsed value recursively is safe.
+that overflows to infinity, a string holding a lone surrogate (`"\\ud800"` is valid JSON
+but no Unicode text, so every store and log line would fail on it), and bodies over the
+route's byte limit are all refused with `JsonBodyError`, whose message says why (never the
+body itself). The C parser's own recursion limit stops the deepest documents; an
+iterative walk then holds the rest to `MAX_DEPTH`, so code that walks a parsed value
+recursively is safe.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Iterator
 
 from gateway.errors import LoopwardenError
 
@@ -36,6 +40,24 @@ def _no_constant(name: str) -> float:
 
 # One decoder for every body: `json.loads` with hooks builds a new one per call.
 _DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+
+
+# A `\uD800`-style escape: only then can a parsed string hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _strings(value: object) -> Iterator[str]:
+    """Every string in a parsed value, keys included (iterative walk)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 def _deeper_than(value: object, limit: int) -> bool:
@@ -76,6 +98,12 @@ def parse_json(
         ) from None
     except ValueError as exc:
         raise JsonBodyError(f"not acceptable JSON: {str(exc).split(':')[0]}") from None
+    if _SURROGATE_ESCAPE.search(text):
+        for string in _strings(value):
+            try:
+                string.encode("utf-8")
+            except UnicodeEncodeError:
+                raise JsonBodyError("a string holds a lone surrogate (not Unicode text)") from None
     brackets = text.count("[") + text.count("{")
     if brackets > max_depth and isinstance(value, dict | list) and _deeper_than(value, max_depth):
         raise JsonBodyError(f"JSON is nested deeper than {max_depth} levels")

@@ -18,6 +18,9 @@ from gateway.jsonbody import MAX_DEPTH, JsonBodyError, parse_json
         (b'{"x": -Infinity}', "Infinity"),
         (b"\xff\xfe{}", "not UTF-8"),
         (b"{", "not JSON"),
+        (b'{"text": "\\ud800"}', "lone surrogate"),
+        (b'{"\\udfff": 1}', "lone surrogate"),
+        (b'["ok", ["\\ud83d"]]', "lone surrogate"),
     ],
 )
 def test_issue9_hostile_json_is_refused_with_the_reason(body: bytes, why: str) -> None:
@@ -34,3 +37,4 @@ def test_ordinary_json_parses() -> None:
     nested = b'{"a":' * MAX_DEPTH + b"1" + b"}" * MAX_DEPTH
     assert parse_json(nested) is not None
     assert parse_json(b'{"a": [1, 2.5, {"b": null}]}') == {"a": [1, 2.5, {"b": None}]}
+    assert parse_json(b'{"emoji": "\\ud83d\\ude00"}') == {"emoji": "\U0001f600"}

@@ -483,7 +483,7 @@ DEEP = "[" * 20_000 + "]" * 20_000
         ('{"type": "say", "text": "hi", "n": ' + "9" * 5000 + "}", "frame refused"),
         ('{"type": "say", "text": NaN}', "frame refused"),
         ('{"type": "say", "text": 1e999}', "out of range"),
-        ('{"type": "say", "text": "\\ud800"}', "lone surrogates"),
+        ('{"type": "say", "text": "\\ud800"}', "lone surrogate"),
         ("not json", "frame refused"),
     ],
 )
