@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from aiohttp import web
 
@@ -22,6 +22,8 @@ class Capabilities:
 
     `command_prefix` is how the gateway's notices write the admin command there (`/loop`;
     Slack's messages cannot start with `/`, so `!loop`): the stages know no platform names.
+    `edits` says the connector is a `MessageEditor` too: a streamed reply is posted once
+    and edited as it grows (gateway.streaming); without it a reply is sent whole.
     """
 
     max_message_length: int
@@ -31,6 +33,7 @@ class Capabilities:
     ephemeral: bool = False
     length_unit: LengthUnit = "chars"
     command_prefix: str = "/loop"
+    edits: bool = False
 
 
 class Connector(Protocol):
@@ -38,7 +41,8 @@ class Connector(Protocol):
 
     `start(sink)` connects and begins handing inbound messages to `sink`; it returns once
     the connection is up (connectors keep their own background tasks). `send` posts one
-    chunk (already within `capabilities.max_message_length`) and raises
+    chunk (already within `capabilities.max_message_length`), returns the posted
+    message's id (None when the platform gave none) and raises
     `DeliveryError(retryable=True, retry_after=…)` on a rate limit. `connected` feeds
     `/readyz`. `typing(channel_id)` shows the platform's typing indicator, if any.
     """
@@ -60,6 +64,19 @@ class Connector(Protocol):
     async def typing(self, channel_id: str, thread_id: str | None) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class MessageEditor(Protocol):
+    """A connector that can change the text of a message it posted (`Capabilities.edits`).
+
+    `edit(channel_id, message_id, reply)` makes the message `send` returned `message_id`
+    for (sent with the same `reply.thread_id`) read `reply.text`, within the platform
+    limit; it raises like `send` (`DeliveryError(retryable=True, retry_after=…)` on a rate
+    limit, a non-retryable one when the message cannot be edited).
+    """
+
+    async def edit(self, channel_id: str, message_id: str, reply: Reply) -> None: ...
 
 
 class Peer(Protocol):

@@ -20,17 +20,22 @@ if TYPE_CHECKING:
     from gateway.agents.base import Agent
     from gateway.connector import Connector
     from gateway.state.base import StateStore
+    from gateway.streaming import ReplyStream
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """One stage's verdict on a turn, kept so every outcome can be explained."""
+    """One stage's verdict on a turn, kept so every outcome can be explained.
+
+    `shadow`: a verdict of a guard in shadow mode, which let the turn go on.
+    """
 
     stage: str
     code: str
     reason: str
     retry_after: float = 0.0
     count: int = 0
+    shadow: bool = False
 
 
 @dataclass(slots=True)
@@ -50,6 +55,8 @@ class TurnContext:
     """Bot messages in a row in the room, this one included (set by the `bot_turns` stage)."""
     history: tuple[HistoryEntry, ...] = ()
     """The room's recent transcript before this message, oldest first, for the agent."""
+    stream: ReplyStream | None = None
+    """Where a streaming agent writes its reply as it comes (set where the platform edits)."""
     _resolved: ResolvedPolicy | None = field(default=None, init=False, repr=False)
 
     @property
@@ -66,9 +73,16 @@ class TurnContext:
         self._resolved = resolved
 
     def decide(
-        self, stage: str, code: str, reason: str, *, retry_after: float = 0.0, count: int = 0
+        self,
+        stage: str,
+        code: str,
+        reason: str,
+        *,
+        retry_after: float = 0.0,
+        count: int = 0,
+        shadow: bool = False,
     ) -> Decision:
         """Record a stage's decision on this turn and return it."""
-        decision = Decision(stage, code, reason, retry_after, count)
+        decision = Decision(stage, code, reason, retry_after, count, shadow)
         self.decisions.append(decision)
         return decision

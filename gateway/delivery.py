@@ -15,14 +15,20 @@ Decisions where DESIGN.md is silent:
 - The first attempt calls the connector directly and tenacity takes over after the first
   transient failure: building a tenacity controller costs about 20 µs, which is more than
   the whole pipeline spends on a message, and almost every send succeeds first time.
+
+A streamed reply (gateway.streaming) is posted and edited through the same retries
+(`attempt`), on the delivery's `clock` and `sleep`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
+from typing import TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
@@ -35,6 +41,8 @@ from gateway.types import Reply
 log = logging.getLogger("loopwarden.delivery")
 
 Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
+_T = TypeVar("_T")
 
 
 def _transient(exc: BaseException) -> bool:
@@ -57,6 +65,7 @@ class Delivery:
         backoff_max: float = 30.0,
         max_retry_after: float = 300.0,
         sleep: Sleep = asyncio.sleep,
+        clock: Clock = time.monotonic,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -65,7 +74,8 @@ class Delivery:
         self._backoff_initial = backoff_initial
         self._backoff_max = backoff_max
         self._max_retry_after = max_retry_after
-        self._sleep = sleep
+        self.sleep = sleep
+        self.clock = clock
 
     async def deliver(self, connector: Connector, channel_id: str, reply: Reply) -> bool:
         """Send every chunk of `reply` in order; True when all were delivered. Never raises."""
@@ -77,10 +87,10 @@ class Delivery:
         for index, text in enumerate(chunks):
             part = reply if text is reply.text else self._part(reply, text, index)
             try:
-                await self._send(connector, channel_id, part)
+                await self.attempt(platform, partial(connector.send, channel_id, part))
             except Exception as exc:  # a connector bug must not escape into the pipeline
                 where = f"{platform}:{channel_id}"
-                self._failed(platform, where, reply, f"chunk {index + 1} of {len(chunks)}", exc)
+                self.failed(platform, where, reply, f"chunk {index + 1} of {len(chunks)}", exc)
                 return False
         if chunks:
             self.metrics.reply_out(platform)
@@ -91,29 +101,30 @@ class Delivery:
         """One chunk of `reply`: only the first keeps the platform reply reference."""
         return replace(reply, text=text, reply_to=reply.reply_to if index == 0 else None)
 
-    async def _send(self, connector: Connector, channel_id: str, part: Reply) -> None:
-        """One chunk, retried while the failure is transient."""
+    async def attempt(self, platform: str, call: Callable[[], Awaitable[_T]]) -> _T:
+        """`call()` (one send or edit), retried while its failure is transient; raises the last."""
         try:
-            await connector.send(channel_id, part)
+            return await call()
         except DeliveryError as exc:
             if not exc.retryable or self._max_attempts == 1:
                 raise
             first = exc
-        else:
-            return
-        self.metrics.delivery_retry(connector.name)
-        await self._sleep(self._delay(first, retry=1))
+        self.metrics.delivery_retry(platform)
+        await self.sleep(self.retry_delay(first))
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts - 1),
             wait=self._tenacity_wait,
             retry=retry_if_exception(_transient),
-            sleep=self._sleep,
-            before_sleep=lambda state: self._count_retry(connector.name, state),
+            sleep=self.sleep,
+            before_sleep=lambda state: self._count_retry(platform, state),
             reraise=True,
         )
-        async for attempt in retrying:
-            with attempt:
-                await connector.send(channel_id, part)
+        result: _T = await retrying(call)
+        return result
+
+    def retry_delay(self, exc: DeliveryError) -> float:
+        """How long to wait after the first transient failure `exc` (raises past the cap)."""
+        return self._delay(exc, retry=1)
 
     def _tenacity_wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome is not None else None
@@ -136,7 +147,8 @@ class Delivery:
             return max(0.0, exc.retry_after)
         return float(min(self._backoff_max, self._backoff_initial * 2 ** (retry - 1)))
 
-    def _failed(self, platform: str, where: str, reply: Reply, part: str, exc: Exception) -> None:
+    def failed(self, platform: str, where: str, reply: Reply, part: str, exc: Exception) -> None:
+        """Log and count a reply that was not delivered (its text only at DEBUG)."""
         self.metrics.delivery_failure(platform)
         log.warning(
             "%s reply of %d chars not delivered (%s): %s: %s",

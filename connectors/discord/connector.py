@@ -44,6 +44,10 @@ Decisions where DESIGN.md is silent:
   connection, a 5xx) is retryable, and the next send of the same text to the same place
   reuses its nonce; any other send gets a fresh one. Other failures (403, 404, 400) are
   final.
+- Streamed replies (`Capabilities.edits`): `edit` changes a posted message's text with a
+  message edit, in the thread or channel the post went to, with the post's mention rules;
+  rate limits as for a send. An edit repeats nothing on Discord, so any failure is final
+  but a 429 or a connection that could not be opened.
 - Typing: shown when the turn is still running after `typing_delay` (0.5 s) and nothing was
   posted to the channel meanwhile; one `POST …/typing`, which Discord shows for about 10 s
   or until the bot posts. A quick answer needs no indicator, and a typing request that
@@ -65,7 +69,14 @@ import aiohttp
 import yarl
 
 from connectors.discord.inbound import PLATFORM, BotIdentity, thread_name, translate_message
-from connectors.discord.outbound import Post, may_have_posted, retry_after, to_post
+from connectors.discord.outbound import (
+    ALLOWED_MENTIONS,
+    Post,
+    may_have_posted,
+    retry_after,
+    to_edit,
+    to_post,
+)
 from connectors.lanes import Lanes
 from connectors.runtime import ConnectorRuntime
 from connectors.skips import Skip
@@ -146,7 +157,11 @@ class DiscordConnector:
 
     name = PLATFORM
     capabilities = Capabilities(
-        max_message_length=MAX_MESSAGE_LENGTH, threads=True, knows_bots=True, typing=True
+        max_message_length=MAX_MESSAGE_LENGTH,
+        threads=True,
+        knows_bots=True,
+        typing=True,
+        edits=True,
     )
 
     def __init__(
@@ -423,6 +438,22 @@ class DiscordConnector:
             raise error from None
         self._posts[str(post.target)] += 1
         return str(message.id)
+
+    async def edit(self, channel_id: str, message_id: str, reply: Reply) -> None:
+        """Make a message `send` posted read `reply.text`; a 429 the SDK gave up on is retryable."""
+        client = self._client
+        if client is None or client.is_closed():
+            raise DeliveryError(
+                f"discord bot {self.bot_id}: not connected", retryable=not self._closing
+            )
+        # A reply whose thread is a starter still listed went to the channel: no thread opened.
+        thread = None if reply.thread_id in self._starters else reply.thread_id
+        edit = to_edit(channel_id, message_id, reply, thread=thread)
+        message = client.get_partial_messageable(edit.target).get_partial_message(edit.message_id)
+        try:
+            await message.edit(content=edit.content, allowed_mentions=ALLOWED_MENTIONS)
+        except Exception as exc:  # the error says whether trying again is safe
+            raise self._delivery_error("editing a message", exc) from None
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Show "typing…" if the turn is still running after `typing_delay` (never raises)."""

@@ -2,8 +2,10 @@
 
 `to_post` says where one chunk goes (the channel, or a thread) and which message it
 replies to; `Post.send_options` adds what every post carries (the nonce, the mention
-rules). `may_have_posted` and `retry_after` read a failed send. Nothing here does I/O; the
-connector decides, with what it remembers, which thread a reply goes into.
+rules). `to_edit` says which posted message a streamed reply's new text goes into (a
+message edit, `PATCH /channels/{id}/messages/{id}`). `may_have_posted` and `retry_after`
+read a failed send or edit. Nothing here does I/O; the connector decides, with what it
+remembers, which thread a reply goes into.
 
 Decisions where DESIGN.md is silent:
 - A reply is a Discord reply to `reply_to` that does not ping its author
@@ -68,6 +70,23 @@ def to_post(channel_id: str, reply: Reply, *, thread: str | None, on_starter: bo
             message_id=message, channel_id=target, fail_if_not_exists=False
         )
     return Post(target, reply.text, reference)
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """One message edit: the channel or thread the message is in, its id, the new text."""
+
+    target: int
+    message_id: int
+    content: str
+
+
+def to_edit(channel_id: str, message_id: str, reply: Reply, *, thread: str | None) -> Edit:
+    """The edit making message `message_id` (in `thread`, else the channel) read `reply.text`."""
+    field = "thread_id" if thread else "channel_id"
+    target = numeric_id(thread or channel_id, platform=PLATFORM, field=field)
+    message = numeric_id(message_id, platform=PLATFORM, field="message_id")
+    return Edit(target, message, reply.text)
 
 
 def may_have_posted(exc: Exception) -> bool:

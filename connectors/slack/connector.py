@@ -40,6 +40,8 @@ Decisions where DESIGN.md is silent:
   delivery retries it; the web client's own retry handlers are off, so a chunk is never
   posted twice. A connection that could not be opened is retryable too (nothing was sent);
   any other failure, a timeout included, is not.
+- Streamed replies (`Capabilities.edits`): `edit` is one `chat.update` of the message's
+  `ts`, failing as a send does (`message_not_found`, `cant_update_message`… are final).
 - Slack has no typing indicator for apps: `typing` does nothing.
 - Socket Mode reconnects are slack-sdk's: a close frame or a `disconnect` message at once, a
   connection cut without one within about `ping_interval` (5 s). bolt reads
@@ -81,7 +83,14 @@ from connectors.lanes import Lanes
 from connectors.runtime import ConnectorRuntime
 from connectors.skips import Skip
 from connectors.slack.inbound import COMMAND, PLATFORM, BotIdentity, translate_payload, unroutable
-from connectors.slack.outbound import error_code, posted_id, rate_limited, retry_after, to_post
+from connectors.slack.outbound import (
+    error_code,
+    posted_id,
+    rate_limited,
+    retry_after,
+    to_post,
+    to_update,
+)
 from connectors.timing import Timing
 from gateway.config import SlackBotConfig
 from gateway.connector import Capabilities, ConnectorServices, Sink
@@ -152,6 +161,7 @@ class SlackConnector:
         typing=False,
         ephemeral=True,
         command_prefix="!loop",
+        edits=True,
     )
 
     def __init__(
@@ -497,26 +507,37 @@ class SlackConnector:
                 response = await web_client.chat_postMessage(
                     channel=post.channel, text=post.text, thread_ts=post.thread_ts
                 )
-        except SlackApiError as exc:
-            if rate_limited(exc):
-                raise DeliveryError(
-                    f"slack bot {self.bot_id}: {post.method} rate limited",
-                    retryable=True,
-                    retry_after=retry_after(exc),
-                ) from None
-            raise DeliveryError(
-                f"slack bot {self.bot_id}: {post.method} failed ({error_code(exc)})"
-            ) from None
-        except aiohttp.ClientConnectorError as exc:
-            raise DeliveryError(
-                f"slack bot {self.bot_id}: {post.method} could not connect ({type(exc).__name__})",
-                retryable=True,
-            ) from None
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise DeliveryError(
-                f"slack bot {self.bot_id}: {post.method} failed ({type(exc).__name__})"
-            ) from None
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            raise self._call_failed(post.method, exc) from None
         return posted_id(post, response.data if isinstance(response.data, Mapping) else {})
+
+    async def edit(self, channel_id: str, message_id: str, reply: Reply) -> None:
+        """Give a posted message new text; a 429 raises a retryable DeliveryError."""
+        web_client = self._web
+        if web_client is None:
+            raise DeliveryError(f"slack bot {self.bot_id}: not started", retryable=True)
+        update = to_update(channel_id, message_id, reply)
+        try:
+            await web_client.chat_update(channel=update.channel, ts=update.ts, text=update.text)
+        except (SlackApiError, aiohttp.ClientError, TimeoutError) as exc:
+            raise self._call_failed("chat.update", exc) from None
+
+    def _call_failed(
+        self, method: str, exc: SlackApiError | aiohttp.ClientError | TimeoutError
+    ) -> DeliveryError:
+        """A failed Web API call as a DeliveryError: retryable when nothing can have happened."""
+        where = f"slack bot {self.bot_id}: {method}"
+        if isinstance(exc, SlackApiError):
+            if rate_limited(exc):
+                return DeliveryError(
+                    f"{where} rate limited", retryable=True, retry_after=retry_after(exc)
+                )
+            return DeliveryError(f"{where} failed ({error_code(exc)})")
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            return DeliveryError(
+                f"{where} could not connect ({type(exc).__name__})", retryable=True
+            )
+        return DeliveryError(f"{where} failed ({type(exc).__name__})")
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Slack shows apps no typing indicator: nothing to do."""

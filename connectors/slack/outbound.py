@@ -2,8 +2,9 @@
 
 `to_post` makes one chunk a `chat.postMessage` (in the reply's thread, if any) or, when
 the reply is `ephemeral_to` someone, a `chat.postEphemeral` to that user; `posted_id`
-reads the id of what was posted from the answer. `error_code`, `status` and `retry_after`
-read a failed call. Nothing here does I/O.
+reads the id of what was posted from the answer; `to_update` is the `chat.update` that
+gives a posted message (by its `ts`) a streamed reply's new text. `error_code`, `status`
+and `retry_after` read a failed call. Nothing here does I/O.
 
 Decisions where DESIGN.md is silent:
 - `reply_to` is not used: Slack has no reply reference outside threads.
@@ -44,6 +45,20 @@ def to_post(channel_id: str, reply: Reply) -> Post:
             "chat.postEphemeral", channel_id, reply.text, reply.thread_id, reply.ephemeral_to
         )
     return Post("chat.postMessage", channel_id, reply.text, reply.thread_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One `chat.update`: the channel, the message's `ts` and its new text."""
+
+    channel: str
+    ts: str
+    text: str
+
+
+def to_update(channel_id: str, message_id: str, reply: Reply) -> Update:
+    """The call that makes the message `message_id` (its `ts`) of `channel_id` read the reply."""
+    return Update(channel_id, message_id, reply.text)
 
 
 def posted_id(post: Post, answer: Mapping[str, object]) -> str | None:

@@ -36,6 +36,10 @@ Decisions where DESIGN.md is silent:
   `RetryAfter` (429) raises `DeliveryError(retryable=True, retry_after=…)`, as does a
   failure to connect (nothing was sent). Any other failure, a timeout included (the
   message may have been posted), is not retryable: a reply is posted at most once.
+- Streamed replies (`Capabilities.edits`): `edit` is one `editMessageText`; a 429 is
+  retryable as for a send, and an edit Telegram refuses because the message already
+  reads so ("message is not modified") is done. Other bots of the process are offered
+  the message as first posted, not its edits.
 - "typing…" is shown only when the reply takes longer than `typing_delay` (1 s) and no
   message was posted into the chat meanwhile: a quick answer needs no indicator, and the
   saved sendChatAction calls count against the bot's Bot API rate limits.
@@ -61,7 +65,14 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 from telegram import Bot, Message
-from telegram.error import Conflict, InvalidToken, NetworkError, RetryAfter, TelegramError
+from telegram.error import (
+    BadRequest,
+    Conflict,
+    InvalidToken,
+    NetworkError,
+    RetryAfter,
+    TelegramError,
+)
 from telegram.request import HTTPXRequest
 
 from connectors.lanes import Lanes
@@ -77,9 +88,11 @@ from connectors.telegram.inbound import (
     translate_peer,
 )
 from connectors.telegram.outbound import (
+    not_modified,
     nothing_sent,
     retry_after_seconds,
     to_chat_action,
+    to_edit_message_text,
     to_send_message,
 )
 from connectors.timing import Timing
@@ -112,6 +125,7 @@ class TelegramConnector:
         knows_bots=True,
         typing=True,
         length_unit="utf16",
+        edits=True,
     )
 
     def __init__(
@@ -489,6 +503,35 @@ class TelegramConnector:
         self._posts[channel_id] = self._posts.get(channel_id, 0) + 1
         self._offer_to_peers(message)
         return str(message.message_id)
+
+    async def edit(self, channel_id: str, message_id: str, reply: Reply) -> None:
+        """Give a posted message new text; a 429 raises a retryable DeliveryError."""
+        bot = self._bot
+        if bot is None:
+            raise DeliveryError(f"telegram bot {self.bot_id}: not started", retryable=True)
+        call = to_edit_message_text(channel_id, message_id, reply)
+        try:
+            await bot.edit_message_text(
+                chat_id=call.chat_id, message_id=call.message_id, text=call.text
+            )
+        except RetryAfter as exc:
+            raise DeliveryError(
+                f"telegram bot {self.bot_id}: rate limited",
+                retryable=True,
+                retry_after=retry_after_seconds(exc),
+            ) from None
+        except BadRequest as exc:
+            if not not_modified(exc):
+                raise DeliveryError(
+                    f"telegram bot {self.bot_id}: editMessageText failed: "
+                    f"{self._runtime.describe(exc)}"
+                ) from None
+        except TelegramError as exc:
+            raise DeliveryError(
+                f"telegram bot {self.bot_id}: editMessageText failed: "
+                f"{self._runtime.describe(exc)}",
+                retryable=isinstance(exc, NetworkError) and nothing_sent(exc),
+            ) from None
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Show "typing…" if no reply came within `typing_delay` (best effort, never raises)."""

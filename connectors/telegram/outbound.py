@@ -1,8 +1,10 @@
 """Pure translation of a Reply into Bot API call arguments, and of failed calls back.
 
 `to_send_message` makes one chunk a `sendMessage` (into the reply's forum topic, quoting
-`reply_to`); `to_chat_action` the "typing…" of a chat or topic. `retry_after_seconds`
-and `nothing_sent` read a failed call. Nothing here does I/O.
+`reply_to`); `to_edit_message_text` the `editMessageText` that gives a posted message a
+streamed reply's new text; `to_chat_action` the "typing…" of a chat or topic.
+`retry_after_seconds`, `nothing_sent` and `not_modified` read a failed call. Nothing here
+does I/O.
 
 Decisions where DESIGN.md is silent:
 - A reply quotes `reply_to` with `allow_sending_without_reply`, so a deleted message
@@ -25,7 +27,7 @@ from datetime import timedelta
 import httpx
 from telegram import ReplyParameters
 from telegram.constants import ChatAction
-from telegram.error import NetworkError, RetryAfter
+from telegram.error import BadRequest, NetworkError, RetryAfter
 from telegram.warnings import PTBDeprecationWarning
 
 from connectors.ids import numeric_id
@@ -44,6 +46,15 @@ class SendMessage:
     text: str
     message_thread_id: int | None
     reply_parameters: ReplyParameters | None
+
+
+@dataclass(frozen=True, slots=True)
+class EditMessageText:
+    """The arguments of one `Bot.edit_message_text`."""
+
+    chat_id: int | str
+    message_id: int
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +78,11 @@ def to_send_message(channel_id: str, reply: Reply) -> SendMessage:
     return SendMessage(chat_ref(channel_id), reply.text, _topic(reply.thread_id), quoted)
 
 
+def to_edit_message_text(channel_id: str, message_id: str, reply: Reply) -> EditMessageText:
+    """The `editMessageText` that makes message `message_id` of `channel_id` read the reply."""
+    return EditMessageText(chat_ref(channel_id), _id(message_id, "message_id"), reply.text)
+
+
 def to_chat_action(channel_id: str, thread_id: str | None) -> SendChatAction:
     """The `sendChatAction` that shows "typing…" in a chat or forum topic."""
     return SendChatAction(chat_ref(channel_id), _topic(thread_id))
@@ -83,6 +99,11 @@ def chat_ref(channel_id: str) -> int | str:
 def nothing_sent(exc: NetworkError) -> bool:
     """True when the request never reached Telegram (so a retry cannot post twice)."""
     return isinstance(exc.__cause__, _NOTHING_SENT)
+
+
+def not_modified(exc: BadRequest) -> bool:
+    """True when an edit was refused because the message reads so already."""
+    return "message is not modified" in exc.message.lower()
 
 
 def retry_after_seconds(exc: RetryAfter) -> float:

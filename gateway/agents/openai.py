@@ -44,6 +44,11 @@ Decisions where DESIGN.md is silent:
 - A call refused with `loop_detected` ends the turn with a short notice. While the circuit
   stays paused (`loop_paused`) a human still gets a short notice, a bot gets silence, so
   the notices themselves cannot feed a bot-to-bot loop.
+- Shadow mode (DESIGN.md §5): with `tool_loop.mode: shadow` every tool call runs under the
+  same LoopGuard and its verdict is on the `ToolCall` (`shadow=True`), but nothing is
+  blocked, annotated or halted; with `call_loop.mode: shadow` a model call the CallStore
+  refuses is sent anyway (the store's state is what enforce mode would leave: the
+  refused call is not counted, a pause opens) and the refusal is in `AgentResult.shadowed`.
 - `stream: true` asks for a streamed completion (`gateway.agents.completion_stream`)
   where the platform edits messages (`turn.stream`, gateway.streaming; elsewhere the
   request is not streamed and the reply is sent whole). Every round is streamed and its
@@ -341,6 +346,9 @@ class OpenAIAgent:
             for tool in remote.values()
         ]
         policy = resolved.call_loop
+        tool_shadow = resolved.tool_loop_shadow
+        shadowed: list[Halt] = []  # the call guard's refusals shadow mode let through
+        call_shadow = shadowed if resolved.call_loop_shadow else None
         conversation: list[WireMessage] = []
         if self._config.system_prompt:
             conversation.append({"role": "system", "content": self._config.system_prompt})
@@ -359,20 +367,30 @@ class OpenAIAgent:
                     offered,
                     sender_is_bot=msg.sender_is_bot,
                     stream=stream,
+                    shadowed=call_shadow,
                 )
                 if not answer.tool_calls:
-                    return AgentResult(text=answer.content, tool_calls=tuple(calls))
+                    return AgentResult(
+                        text=answer.content, tool_calls=tuple(calls), shadowed=tuple(shadowed)
+                    )
                 if round_no == rounds:
                     break
                 conversation.append(_assistant_message(answer))
                 for call in answer.tool_calls:
-                    conversation.append(await self._run_tool(guard, call, calls, remote))
+                    conversation.append(
+                        await self._run_tool(guard, call, calls, remote, shadow=tool_shadow)
+                    )
         except _TurnEnded as ended:
-            return AgentResult(text=ended.text, tool_calls=tuple(calls), halt=ended.halt)
+            return AgentResult(
+                text=ended.text, tool_calls=tuple(calls), halt=ended.halt, shadowed=tuple(shadowed)
+            )
         log.info("agent %s: stopped after %d tool rounds", self.name, rounds)
         text = messages.TOO_MANY_ROUNDS.format(rounds=rounds)
         return AgentResult(
-            text=text, tool_calls=tuple(calls), halt=Halt("agent", "max_tool_rounds")
+            text=text,
+            tool_calls=tuple(calls),
+            halt=Halt("agent", "max_tool_rounds"),
+            shadowed=tuple(shadowed),
         )
 
     async def aclose(self) -> None:
@@ -406,8 +424,14 @@ class OpenAIAgent:
         call: _WireToolCall,
         calls: list[ToolCall],
         remote: Mapping[str, McpTool],
+        *,
+        shadow: bool,
     ) -> WireMessage:
-        """Run one tool call under the turn's LoopGuard; the tool message for the model."""
+        """Run one tool call under the turn's LoopGuard; the tool message for the model.
+
+        With `shadow` (`tool_loop.mode: shadow`) the guard's verdicts are recorded on the
+        ToolCall and acted on not at all: the model gets the tool's own result.
+        """
         name = call.function.name
         raw_args = call.function.arguments
         args = _parse_arguments(raw_args)
@@ -428,15 +452,17 @@ class OpenAIAgent:
         guard_args: dict[str, object] = args if isinstance(args, dict) else {"_raw": raw_args}
         decisions: list[LoopGuardDecision] = []  # the guard's, for the ToolCall record
         try:
-            result = await guarded_call(guard, name, run, guard_args, on_decision=decisions.append)
+            result = await guarded_call(
+                guard, name, run, guard_args, on_decision=decisions.append, shadow=shadow
+            )
         except Exception as exc:
             verdict = settling_decision(decisions)
-            calls.append(_tool_call(name, raw_args, verdict))
-            if verdict is not None and verdict.action is GuardAction.HALT:
+            calls.append(_tool_call(name, raw_args, verdict, shadow=shadow))
+            if not shadow and verdict is not None and verdict.action is GuardAction.HALT:
                 raise self._halt(verdict, name) from exc
             result = {"error": _failure_text(exc)}
         else:
-            calls.append(_tool_call(name, raw_args, settling_decision(decisions)))
+            calls.append(_tool_call(name, raw_args, settling_decision(decisions), shadow=shadow))
         return {"role": "tool", "tool_call_id": call.id, "content": _tool_content(result)}
 
     def _halt(self, verdict: LoopGuardDecision, tool: str) -> _TurnEnded:
@@ -456,8 +482,13 @@ class OpenAIAgent:
         *,
         sender_is_bot: bool,
         stream: ReplyStream | None = None,
+        shadowed: list[Halt] | None = None,
     ) -> _WireMessage:
-        """One model answer, retried on provider failures; guard refusals end the turn."""
+        """One model answer, retried on provider failures; guard refusals end the turn.
+
+        `shadowed` is given when the call guard is in shadow mode: a call it refuses is
+        sent anyway, and the refusal is added to that list instead of ending the turn.
+        """
         payload: dict[str, object] = {"model": self._config.model, "messages": conversation}
         if tools:
             payload["tools"] = tools
@@ -475,7 +506,14 @@ class OpenAIAgent:
         )
         try:
             completion: _Completion = await retrying(
-                self._attempt, circuit, policy, fingerprint, payload, sender_is_bot, stream=stream
+                self._attempt,
+                circuit,
+                policy,
+                fingerprint,
+                payload,
+                sender_is_bot,
+                stream=stream,
+                shadowed=shadowed,
             )
         except _ProviderError as exc:
             log.warning(
@@ -499,11 +537,21 @@ class OpenAIAgent:
         sender_is_bot: bool,
         *,
         stream: ReplyStream | None,
+        shadowed: list[Halt] | None,
     ) -> _Completion:
         """One HTTP request, if the call guard allows it; a provider failure is uncounted."""
         decision = await self.calls.decide(circuit, fingerprint, policy=policy)
         if not decision.allowed:
-            raise self._refused(decision, sender_is_bot=sender_is_bot)
+            if shadowed is None:
+                raise self._refused(decision, sender_is_bot=sender_is_bot)
+            log.info(
+                "agent %s: shadow: would have refused the model call (%s) on %s",
+                self.name,
+                decision.code,
+                decision.circuit,
+                extra={"decision": decision.code, "shadow": "true"},
+            )
+            shadowed.append(Halt("call_loop", decision.code))
         try:
             return await self._post(payload, stream)
         except _ProviderError as exc:
@@ -611,11 +659,13 @@ def _assistant_message(answer: _WireMessage) -> WireMessage:
     }
 
 
-def _tool_call(name: str, arguments: str, verdict: LoopGuardDecision | None) -> ToolCall:
-    """The record of one tool call with the guard's verdict."""
+def _tool_call(
+    name: str, arguments: str, verdict: LoopGuardDecision | None, *, shadow: bool
+) -> ToolCall:
+    """The record of one tool call with the guard's verdict (`shadow`: not acted on)."""
     if verdict is None:
-        return ToolCall(name, arguments, GuardAction.ALLOW.value, "ok")
-    return ToolCall(name, arguments, verdict.action.value, verdict.code)
+        return ToolCall(name, arguments, GuardAction.ALLOW.value, "ok", shadow)
+    return ToolCall(name, arguments, verdict.action.value, verdict.code, shadow)
 
 
 def _failure_text(exc: Exception) -> str:

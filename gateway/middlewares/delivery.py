@@ -3,13 +3,20 @@
 It sits outside every stage that can speak (admin acknowledgements and refusals, the
 cooldown notice, the silence notice, the agent's reply), so each reply takes this one
 path: chunking, retries and the replies-out count apply to all of them alike.
+
+Where the platform edits messages (`Capabilities.edits`) the turn gets a `ReplyStream`
+(`ctx.stream`) a streaming agent writes into as its reply comes (gateway.streaming); the
+reply the inner stages return then finishes that stream, and is sent whole as ever when
+nothing was streamed.
 """
 
 from __future__ import annotations
 
+from gateway.connector import MessageEditor
 from gateway.context import TurnContext
 from gateway.delivery import Delivery
 from gateway.pipeline import Handler
+from gateway.streaming import ReplyStream
 from gateway.types import Reply
 
 
@@ -22,7 +29,20 @@ class DeliveryMiddleware:
         self._delivery = delivery
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+        connector = ctx.connector
+        if connector.capabilities.edits and isinstance(connector, MessageEditor):
+            msg = ctx.message
+            stream = ctx.stream = ReplyStream(
+                self._delivery,
+                connector,
+                msg.channel_id,
+                thread_id=msg.thread_id,
+                reply_to=msg.message_id,
+            )
+            reply = await call_next(ctx)
+            await stream.finish(reply)
+            return reply
         reply = await call_next(ctx)
         if reply is not None:
-            await self._delivery.deliver(ctx.connector, ctx.message.channel_id, reply)
+            await self._delivery.deliver(connector, ctx.message.channel_id, reply)
         return reply

@@ -8,6 +8,10 @@ chose silence too. When silence meets a human who addressed the bot (mention, re
 it, direct message), `on_addressed_human_turn: notice` answers with a short notice so the
 person is not left wondering; `silent` stays silent. `silence.enabled: false` passes
 every reply through untouched.
+
+A reply the agent streams (`ctx.stream`, gateway.streaming) passes a `SilenceStreamFilter`
+of the same policy on its way to the room, so nothing is posted while it may still be
+silence; the whole reply still comes back through `apply_silence` here to finish it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from gateway.context import TurnContext
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import Reply
-from guards.silence import apply_silence
+from guards.silence import SilenceStreamFilter, apply_silence
 
 
 class SilenceMiddleware:
@@ -32,8 +36,11 @@ class SilenceMiddleware:
         self._metrics = decisions.metrics
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
-        reply = await call_next(ctx)
         settings = ctx.policy.silence
+        if settings.enabled and ctx.stream is not None:
+            policy = ctx.resolved.silence
+            ctx.stream.hold_back(lambda: SilenceStreamFilter(policy))
+        reply = await call_next(ctx)
         if not settings.enabled or ctx.result is None:
             return reply
         if reply is not None:

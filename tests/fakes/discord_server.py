@@ -3,7 +3,9 @@
 REST under `/api/v10`: `GET /users/@me`, `GET /oauth2/applications/@me`, `GET /gateway` and
 `/gateway/bot`, `GET /channels/{id}`, `POST /channels/{id}/messages` (honours
 `message_reference` and `allowed_mentions.replied_user`, answers a full message object),
-`POST /channels/{id}/typing` and `POST /channels/{id}/messages/{id}/threads`. Every answer
+`PATCH /channels/{id}/messages/{id}` (a bot edits its own message's content; recorded in
+`edits`, not dispatched), `POST /channels/{id}/typing` and
+`POST /channels/{id}/messages/{id}/threads`. Every answer
 is `Content-Type: application/json` exactly (discord.py parses nothing else) and carries
 `X-RateLimit-*` headers; an injected 429 also carries `Retry-After` and the `Via` header
 whose absence discord.py reads as a Cloudflare ban.
@@ -21,7 +23,9 @@ Dispatches to a bot whose connection is down wait in its session's backlog for a
 
 Hooks: `message` / `redeliver` / `dispatch` inject events; `sent`, `typing_calls`,
 `threads_opened` and `intents` (the IDENTIFY intents of each token) record what bots
-did; `fail_next_sends(n)` answers the next n message posts with 429;
+did; `fail_next_sends(n)` answers the next n message posts with 429, `fail_next_edits(n)`
+the next n edits, and `refuse_next_edits(n)` answers them 403 (as for a message that can
+no longer be edited); `content_of(id)` is a message's text now, edits included;
 `lose_next_answers(n)` posts the next n but answers 503, as if the answer were lost (a
 post with a `nonce` already seen and `enforce_nonce` gets the message that nonce made, as
 on Discord); `drop_connections()` cuts every gateway connection without a close frame and
@@ -209,6 +213,16 @@ class PostedMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class EditedMessage:
+    """One `PATCH /channels/{id}/messages/{id}` that changed a message."""
+
+    token: str
+    channel_id: int
+    message_id: int
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
 class TypingCall:
     """One `POST /channels/{id}/typing`."""
 
@@ -323,6 +337,8 @@ class DiscordFake:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.sent: list[PostedMessage] = []
         self.typing_calls: list[TypingCall] = []
+        self.edits: list[EditedMessage] = []
+        self.edit_attempts = 0
         self.threads_opened: list[FakeChannel] = []
         self.send_attempts = 0
         self.identifies: dict[str, int] = {}
@@ -335,6 +351,8 @@ class DiscordFake:
         self._transports: set[asyncio.Transport] = set()
         self._sockets: set[web.WebSocketResponse] = set()
         self._fail_sends: deque[float] = deque()
+        self._fail_edits: deque[float] = deque()
+        self._refuse_edits = 0
         self._lose_answers: deque[int] = deque()
         self._nonces: dict[tuple[int, int, str], Json] = {}
         self._ids = itertools.count(((int(time.time() * 1000) - DISCORD_EPOCH_MS) << 22) + 1)
@@ -353,6 +371,7 @@ class DiscordFake:
         app.router.add_get(f"{api}/gateway/bot", self._gateway_info)
         app.router.add_get(f"{api}/channels/{{channel}}", self._get_channel)
         app.router.add_post(f"{api}/channels/{{channel}}/messages", self._post_message)
+        app.router.add_patch(f"{api}/channels/{{channel}}/messages/{{message}}", self._edit_message)
         app.router.add_post(f"{api}/channels/{{channel}}/typing", self._typing)
         app.router.add_post(
             f"{api}/channels/{{channel}}/messages/{{message}}/threads", self._open_thread
@@ -446,6 +465,18 @@ class DiscordFake:
     def fail_next_sends(self, count: int, retry_after: float = 0.05) -> None:
         """Answer the next `count` message posts with 429 and this `retry_after`."""
         self._fail_sends.extend([retry_after] * count)
+
+    def fail_next_edits(self, count: int, retry_after: float = 0.05) -> None:
+        """Answer the next `count` message edits with 429 and this `retry_after`."""
+        self._fail_edits.extend([retry_after] * count)
+
+    def refuse_next_edits(self, count: int) -> None:
+        """Answer the next `count` message edits with 403, as for a message beyond editing."""
+        self._refuse_edits += count
+
+    def content_of(self, message_id: int) -> str:
+        """The text of a message now, with its edits."""
+        return str(self._messages[message_id]["content"])
 
     def lose_next_answers(self, count: int, status: int = 503) -> None:
         """Post the next `count` messages, then answer with this status (a lost answer)."""
@@ -586,6 +617,37 @@ class DiscordFake:
         self.dispatch("MESSAGE_CREATE", message, tokens=self.world.tokens_seeing(channel))
         if self.on_send is not None:
             self.on_send(posted)
+        return message
+
+    async def _edit_message(self, request: web.Request) -> web.Response:
+        self.edit_attempts += 1
+        try:
+            token, user = self._bot(request)
+            channel = self._channel_for(request, token)
+            if self._fail_edits:
+                return _rate_limited(self._fail_edits.popleft())
+            body = await _json_body(request)
+            message = self._edited(token, user, channel, request.match_info["message"], body)
+        except _RestError as exc:
+            return _error(exc)
+        return _json(message)
+
+    def _edited(
+        self, token: str, user: FakeUser, channel: FakeChannel, message_id: str, body: Json
+    ) -> Json:
+        """Edit a bot's own message in this channel; the message as it is now."""
+        message = self._messages.get(int(message_id)) if message_id.isdigit() else None
+        if message is None or int(message["channel_id"]) != channel.id:
+            raise _RestError(404, 10008, "Unknown Message")
+        if self._refuse_edits or int(message.get("author", {}).get("id", 0)) != user.id:
+            self._refuse_edits = max(0, self._refuse_edits - 1)
+            raise _RestError(403, 50005, "Cannot edit a message authored by another user")
+        content = body.get("content")
+        if not isinstance(content, str) or not content or len(content) > MAX_CONTENT:
+            raise _RestError(400, 50035, "Invalid Form Body")
+        message["content"] = content
+        message["edited_timestamp"] = _iso(time.time())
+        self.edits.append(EditedMessage(token, channel.id, int(message["id"]), content))
         return message
 
     async def _open_thread(self, request: web.Request) -> web.Response:

@@ -25,7 +25,11 @@ whatever the request's Accept-Encoding says.
 Scripted answers, for tests of an agent's own loop: `enqueue(*responses)` queues answers
 to OpenAI chat completions, served in order before the default reply, and `responder`,
 when set, answers every one of them (`text_response`, `tool_call_response`,
-`error_response` and `hang_response` build them); the failure hooks above come first.
+`error_response` and `hang_response` build them); the failure hooks above come first. A
+request with `stream: true` gets a scripted completion as SSE chunks: its content in
+`chunks` pieces, each tool call as a first delta (index, id, name) and its arguments in
+pieces, then the finish reason and `[DONE]`; `stream_bodies` queues raw SSE bodies (for
+unreadable streams), served before everything else scripted.
 """
 
 from __future__ import annotations
@@ -157,6 +161,7 @@ class FakeLLM:
     requests: list[Received] = field(default_factory=list)
     url: str = ""
     _script: deque[FakeResponse] = field(default_factory=deque)
+    stream_bodies: deque[bytes] = field(default_factory=deque)
     _failures: list[tuple[int, float | None, str | None]] = field(default_factory=list)
     _drops: int = 0
     _breaks: int = 0
@@ -365,8 +370,8 @@ class FakeLLM:
         scripted = await self._scripted(request, received, error)
         if scripted is not None:
             return scripted
-        if self.responder is not None or self._script:
-            return await self._script_answer(received)
+        if self.stream_bodies or self.responder is not None or self._script:
+            return await self._scripted_completion(request, received)
         body = received.json()
         model = body.get("model", "gpt-4o-mini")
         usage = {
@@ -411,15 +416,50 @@ class FakeLLM:
 
         return await self._stream(request, received, events())
 
-    async def _script_answer(self, received: Received) -> web.Response:
+    async def _scripted_completion(
+        self, request: web.Request, received: Received
+    ) -> web.StreamResponse:
+        """A scripted answer: a raw stream body, else a completion (streamed when asked)."""
+        if self.stream_bodies:
+            return await self._stream(request, received, _once(self.stream_bodies.popleft()))
+        try:
+            streamed = bool(received.json().get("stream"))
+        except ValueError:
+            streamed = False
+        answer = await self._script_answer(received)
+        if isinstance(answer, web.Response):
+            return answer
+        if streamed and answer.status == 200:
+            return await self._stream(request, received, self._streamed(answer))
+        return web.json_response(
+            dict(answer.body), status=answer.status, headers=dict(answer.headers)
+        )
+
+    async def _script_answer(self, received: Received) -> FakeResponse | web.Response:
         """The responder's answer, else the next queued one; a hang waits for shutdown."""
         answer = self.responder(received) if self.responder is not None else self._script.popleft()
         if answer.hang:
             await self._released.wait()
             return web.json_response({"error": {"message": "shutting down"}}, status=503)
-        return web.json_response(
-            dict(answer.body), status=answer.status, headers=dict(answer.headers)
-        )
+        return answer
+
+    async def _streamed(self, answer: FakeResponse) -> AsyncIterator[bytes]:
+        """A scripted completion as chat.completion.chunk events (an error stays an error)."""
+        base = {"id": answer.body.get("id", "chatcmpl-fake"), "object": "chat.completion.chunk"}
+        [choice] = answer.body["choices"]
+        message = choice["message"]
+        for piece in self._pieces(message.get("content") or ""):
+            yield _sse({**base, "choices": [{"index": 0, "delta": {"content": piece}}]})
+        for index, call in enumerate(message.get("tool_calls") or ()):
+            head = {"index": index, "id": call["id"], "type": "function"}
+            head["function"] = {"name": call["function"]["name"], "arguments": ""}
+            yield _sse({**base, "choices": [{"index": 0, "delta": {"tool_calls": [head]}}]})
+            for piece in self._pieces(call["function"]["arguments"]):
+                delta = {"tool_calls": [{"index": index, "function": {"arguments": piece}}]}
+                yield _sse({**base, "choices": [{"index": 0, "delta": delta}]})
+        done = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
+        yield _sse({**base, "choices": [done]})
+        yield b"data: [DONE]\n\n"
 
     # Anthropic
 
@@ -523,6 +563,10 @@ class FakeLLM:
                 yield b"data: " + json.dumps(part).encode() + b"\r\n\r\n"
 
         return await self._stream(request, received, events())
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
 
 
 def _sse(data: Json) -> bytes:

@@ -3,8 +3,10 @@
 Web API: `POST /api/<method>` like slack.com/api/, token from `Authorization: Bearer …` (or
 a `token` parameter), parameters from the query string, a form or a JSON body; answers
 `{"ok": true, …}` or `{"ok": false, "error": …}` as JSON. Methods: `auth.test`,
-`chat.postMessage`, `chat.postEphemeral` and `apps.connections.open`, which (for an app-level
-token) returns a one-time `ws://127.0.0.1…` URL of the fake's own Socket Mode websocket.
+`chat.postMessage`, `chat.postEphemeral`, `chat.update` (an app changes the text of its own
+message; recorded in `updates`, no `message_changed` event is sent) and
+`apps.connections.open`, which (for an app-level token) returns a one-time
+`ws://127.0.0.1…` URL of the fake's own Socket Mode websocket.
 
 Socket Mode: on connect the fake sends `hello`, then `events_api` / `slash_commands`
 envelopes (`envelope_id`, `type`, `accepts_response_payload`, `retry_attempt`,
@@ -22,8 +24,11 @@ Hooks: `message` injects a channel message from a person or an outside bot; `del
 and `deliver` inject any event or payload; `slash_command`; `redeliver` sends a payload again
 with a retry count; `post_event` posts one signed request to an app's Events API URL and
 returns the answer; `fail_next_posts(n, retry_after)` answers the next n posts with 429,
-`Retry-After` and `ratelimited`; `drop_connections` closes (or aborts) an app's websockets;
-`send_disconnect` sends Slack's `disconnect` message; `on_post` sees every posted message.
+`Retry-After` and `ratelimited`, `fail_next_updates(n, retry_after)` the next n
+chat.update calls, and `refuse_next_updates(n)` answers them `cant_update_message`;
+`text_of(channel, ts)` is a message's text now; `drop_connections` closes (or aborts) an
+app's websockets; `send_disconnect` sends Slack's `disconnect` message; `on_post` sees
+every posted message.
 """
 
 from __future__ import annotations
@@ -108,6 +113,16 @@ class Posted:
 
 
 @dataclass(frozen=True, slots=True)
+class Updated:
+    """One chat.update that changed a message."""
+
+    app: str
+    channel: str
+    ts: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class _Delivery:
     """A payload on its way to an app: an Events API payload or a slash command."""
 
@@ -133,9 +148,14 @@ class SlackFake:
         self.channels: dict[str, tuple[str, list[str]]] = {}
         self.posted: list[Posted] = []
         self.post_attempts = 0
+        self.updates: list[Updated] = []
+        self.update_attempts = 0
         self.calls: list[tuple[str, str | None]] = []
         self.on_post: Callable[[Posted], None] | None = None
         self._fail_posts: list[float] = []
+        self._fail_updates: list[float] = []
+        self._refuse_updates = 0
+        self._texts: dict[tuple[str, str], tuple[str, str]] = {}  # (channel, ts) → (app, text)
         self._tickets: dict[str, FakeApp] = {}
         self._authors: dict[tuple[str, str], str] = {}
         self._ts = itertools.count(1)
@@ -321,6 +341,18 @@ class SlackFake:
         """Answer the next `count` posts with 429, `Retry-After` and `ratelimited`."""
         self._fail_posts.extend([retry_after] * count)
 
+    def fail_next_updates(self, count: int, *, retry_after: float = 1) -> None:
+        """Answer the next `count` chat.update calls with 429, `Retry-After` and `ratelimited`."""
+        self._fail_updates.extend([retry_after] * count)
+
+    def refuse_next_updates(self, count: int) -> None:
+        """Answer the next `count` chat.update calls with `cant_update_message`."""
+        self._refuse_updates += count
+
+    def text_of(self, channel: str, ts: str) -> str:
+        """The text of a posted message now, with its updates."""
+        return self._texts[(channel, ts)][1]
+
     async def drop_connections(self, app: str, *, abrupt: bool = False) -> None:
         """Close the app's websockets (a close frame), or cut them without one."""
         for ws in list(self.apps[app].sockets):
@@ -474,6 +506,7 @@ class SlackFake:
             "apps.connections.open": self._connections_open,
             "chat.postMessage": self._post_message,
             "chat.postEphemeral": self._post_ephemeral,
+            "chat.update": self._update,
         }
         handler = handlers.get(method, self._unknown_method)
         try:
@@ -537,12 +570,33 @@ class SlackFake:
         ts = self._next_ts()
         posted = Posted(app.name, channel, text, ts, thread_ts, None, time.monotonic())
         self.posted.append(posted)
+        self._texts[(channel, ts)] = (app.name, text)
         event = self._message_event(channel, app.user, text, ts, thread_ts)
         self._broadcast(channel, event, poster=app)
         if self.on_post is not None:
             self.on_post(posted)
         message = {k: v for k, v in event.items() if k not in ("channel", "event_ts")}
         return {"channel": channel, "ts": ts, "message": message}
+
+    def _update(self, token: str, params: Json) -> Json:
+        app = self._app_by_bot_token(token, "chat.update")
+        self.update_attempts += 1
+        if self._fail_updates:
+            retry_after = self._fail_updates.pop(0)
+            raise _ApiError("ratelimited", 429, {"Retry-After": f"{retry_after:g}"})
+        channel, ts = str(params.get("channel", "")), str(params.get("ts", ""))
+        text = str(params.get("text") or "")
+        author, _ = self._texts.get((channel, ts), ("", ""))
+        if author != app.name:
+            raise _ApiError("message_not_found")
+        if self._refuse_updates:
+            self._refuse_updates -= 1
+            raise _ApiError("cant_update_message")
+        if not text:
+            raise _ApiError("no_text")
+        self._texts[(channel, ts)] = (app.name, text)
+        self.updates.append(Updated(app.name, channel, ts, text))
+        return {"channel": channel, "ts": ts, "text": text}
 
     def _post_ephemeral(self, token: str, params: Json) -> Json:
         app = self._app_by_bot_token(token, "chat.postEphemeral")

@@ -14,9 +14,12 @@ injection helpers do deliver messages from (unhosted) bots, so tests can play an
 Hooks: `group_message` / `private_message` / `topic_message` / `photo_message` /
 `service_message` / `senderless_message` / `unknown_update` inject updates; `sent` and
 `chat_actions` record what bots posted; `fail_next_sends(n)` answers the next n sendMessage
-calls with 429 and `retry_after`; `drop_next_polls(n)` closes the connection of the next n
-getUpdates calls without an answer; `on_send` lets a test react to every posted message;
-`send_latency` delays every sendMessage answer (a far-away API, for benchmarks).
+calls with 429 and `retry_after`; `editMessageText` changes a bot's own message (recorded
+in `edits`; `text_of` is a message's text now), `fail_next_edits(n)` answers the next n
+with 429 and `refuse_next_edits(n)` with "message can't be edited"; `drop_next_polls(n)`
+closes the connection of the next n getUpdates calls without an answer; `on_send` lets a
+test react to every posted message; `send_latency` delays every sendMessage answer (a
+far-away API, for benchmarks).
 """
 
 from __future__ import annotations
@@ -110,6 +113,16 @@ class SentMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class EditedText:
+    """One editMessageText that changed a message."""
+
+    token: str
+    chat_id: int
+    message_id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
 class ChatAction:
     """One sendChatAction call."""
 
@@ -159,12 +172,16 @@ class TelegramFake:
         self.messages: dict[tuple[int, int], Json] = {}
         self.sent: list[SentMessage] = []
         self.send_attempts = 0
+        self.edits: list[EditedText] = []
+        self.edit_attempts = 0
         self.chat_actions: list[ChatAction] = []
         self.calls: list[tuple[str, str]] = []
         self.on_send: Callable[[SentMessage], None] | None = None
         self.send_latency = 0.0
         self._message_ids: dict[int, itertools.count[int]] = {}
         self._fail_sends: list[int] = []
+        self._fail_edits: list[int] = []
+        self._refuse_edits = 0
         self._drop_polls = 0
         self._app = web.Application()
         self._app.router.add_route("*", "/bot{token}/{method}", self._dispatch)
@@ -209,6 +226,18 @@ class TelegramFake:
     def fail_next_sends(self, count: int, *, retry_after: int = 1) -> None:
         """Answer the next `count` sendMessage calls with 429 and `retry_after`."""
         self._fail_sends.extend([retry_after] * count)
+
+    def fail_next_edits(self, count: int, *, retry_after: int = 1) -> None:
+        """Answer the next `count` editMessageText calls with 429 and `retry_after`."""
+        self._fail_edits.extend([retry_after] * count)
+
+    def refuse_next_edits(self, count: int) -> None:
+        """Answer the next `count` editMessageText calls with "message can't be edited"."""
+        self._refuse_edits += count
+
+    def text_of(self, chat_id: int, message_id: int) -> str:
+        """The text of a message now, with its edits."""
+        return str(self.messages[(chat_id, message_id)].get("text", ""))
 
     def drop_next_polls(self, count: int = 1) -> None:
         """Close the connection of the next `count` getUpdates calls without answering."""
@@ -362,6 +391,7 @@ class TelegramFake:
             "getme": self._get_me,
             "getupdates": self._get_updates,
             "sendmessage": self._send_message,
+            "editmessagetext": self._edit_message_text,
             "sendchataction": self._send_chat_action,
             "setwebhook": self._set_webhook,
             "deletewebhook": self._delete_webhook,
@@ -445,6 +475,39 @@ class TelegramFake:
         self.sent.append(sent)
         if self.on_send is not None:
             self.on_send(sent)
+        return message
+
+    async def _edit_message_text(self, bot: FakeBot, params: Json) -> Json:
+        self.edit_attempts += 1
+        if self._fail_edits:
+            retry_after = self._fail_edits.pop(0)
+            raise _ApiError(
+                429,
+                f"Too Many Requests: retry after {retry_after}",
+                {"retry_after": retry_after},
+            )
+        chat_id, message_id = _int(params.get("chat_id")), _int(params.get("message_id"))
+        message = self.messages.get((chat_id, message_id)) if chat_id and message_id else None
+        if message is None or message.get("from", {}).get("id") != bot.user.id:
+            raise _ApiError(400, "Bad Request: message to edit not found")
+        if self._refuse_edits:
+            self._refuse_edits -= 1
+            raise _ApiError(400, "Bad Request: message can't be edited")
+        text = str(params.get("text") or "")
+        if not text.strip():
+            raise _ApiError(400, "Bad Request: message text is empty")
+        if len(text) > MAX_TEXT:
+            raise _ApiError(400, "Bad Request: MESSAGE_TOO_LONG")
+        if text == message.get("text"):
+            raise _ApiError(
+                400,
+                "Bad Request: message is not modified: specified new message content and "
+                "reply markup are exactly the same as a current content and reply markup "
+                "of the message",
+            )
+        message["text"] = text
+        message["edit_date"] = int(time.time())
+        self.edits.append(EditedText(bot.token, message["chat"]["id"], message["message_id"], text))
         return message
 
     async def _send_chat_action(self, bot: FakeBot, params: Json) -> bool:
