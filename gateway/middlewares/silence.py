@@ -7,7 +7,8 @@ token alone on the first or last line is stripped. An agent that returns no text
 chose silence too. When silence meets a human who addressed the bot (mention, reply to
 it, direct message), `on_addressed_human_turn: notice` answers with a short notice so the
 person is not left wondering; `silent` stays silent. `silence.enabled: false` passes
-every reply through untouched.
+every reply through as the agent wrote it, but for its reasoning blocks: reasoning never
+reaches a room (DESIGN.md §3), whatever the silence settings.
 
 A reply the agent streams (`ctx.stream`, gateway.streaming) passes a `SilenceStreamFilter`
 of the same policy on its way to the room, so nothing is posted while it may still be
@@ -23,6 +24,7 @@ from gateway.context import TurnContext
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import Reply
+from guards.reasoning import ReasoningFilter, strip_reasoning
 from guards.silence import SilenceStreamFilter, apply_silence
 
 
@@ -37,12 +39,17 @@ class SilenceMiddleware:
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         settings = ctx.policy.silence
-        if settings.enabled and ctx.stream is not None:
-            policy = ctx.resolved.silence
-            ctx.stream.hold_back(lambda: SilenceStreamFilter(policy))
+        if ctx.stream is not None:
+            if settings.enabled:
+                policy = ctx.resolved.silence
+                ctx.stream.hold_back(lambda: SilenceStreamFilter(policy))
+            else:
+                ctx.stream.hold_back(ReasoningFilter)
         reply = await call_next(ctx)
-        if not settings.enabled or ctx.result is None:
+        if ctx.result is None:
             return reply
+        if not settings.enabled:
+            return _without_reasoning(reply)
         if reply is not None:
             kept = apply_silence(reply.text, ctx.resolved.silence)
             if kept == reply.text:
@@ -57,3 +64,13 @@ class SilenceMiddleware:
             return Reply(messages.SILENCE_NOTICE, thread_id=msg.thread_id, reply_to=msg.message_id)
         self._decisions.guard(ctx, "silence", "silent", "the agent chose silence")
         return None
+
+
+def _without_reasoning(reply: Reply | None) -> Reply | None:
+    """The reply with its reasoning blocks removed; None when nothing else was in it."""
+    if reply is None:
+        return None
+    text = strip_reasoning(reply.text)
+    if text == reply.text:
+        return reply
+    return replace(reply, text=text) if text.strip() else None

@@ -94,6 +94,13 @@ async def test_silence_filter_off_passes_everything() -> None:
     assert await reply_to("NO_REPLY", yaml_text=yaml_text) == ["NO_REPLY"]
 
 
+async def test_issue11_reasoning_never_reaches_the_room_even_with_silence_off() -> None:
+    yaml_text = "policy: {silence: {enabled: false}}"
+    thought = "<think>the user wants a haiku</think>Here it is."
+    assert await reply_to(thought, yaml_text=yaml_text) == ["Here it is."]
+    assert await reply_to("<thinking>only this</thinking>", yaml_text=yaml_text) == []
+
+
 async def test_silence_counted() -> None:
     rig = PipelineRig(rig_config(), {"parrot": ConstantAgent("NO_REPLY")})
     await rig.start()
