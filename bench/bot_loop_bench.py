@@ -16,7 +16,9 @@ advances a fixed step per call):
 Targets: observe <= 1 us/call and no slower than praisonaiagents on hot pairs and on
 churn; idle million < 50 MB.
 The per-call figures are CPU time of this process (other load on a shared machine does
-not count) and include the driving loop, whose cost alone is printed too.
+not count) and include the driving loop, whose cost alone is printed too. Both sides are
+driven by the same loop with the same keyword call, and take turns run by run, so a
+change in the machine's load falls on both.
 
 Run: `.venv/bin/python -m bench.bot_loop_bench [--quick]` (--quick: a tenth of the sizes).
 """
@@ -25,10 +27,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -116,10 +119,18 @@ def _no_op(*, self_bot_id: str, sender_bot_id: str, now: float) -> bool:
 
 
 def _best_per_call_us(
-    make: Callable[[], _Guard], calls: int, pairs: int, runs: int, period: float
-) -> float:
-    """Best of `runs` fresh-guard runs: the figure least disturbed by other processes."""
-    return min(_per_call_us(make().observe, calls, pairs, period) for _ in range(runs))
+    makers: Sequence[Callable[[], _Guard]], calls: int, pairs: int, runs: int, period: float
+) -> list[float]:
+    """Each side's best of `runs` fresh-guard runs, the sides taking turns run by run.
+
+    The best run is the one least disturbed by other processes; taking turns spreads any
+    change in the machine's load over both sides instead of one.
+    """
+    best = [math.inf] * len(makers)
+    for _ in range(runs):
+        for side, make in enumerate(makers):
+            best[side] = min(best[side], _per_call_us(make().observe, calls, pairs, period))
+    return best
 
 
 def idle_million(which: str, pairs: int) -> MemoryFigures:
@@ -163,15 +174,16 @@ def _compare(calls: int, pairs: int, runs: int, period: float, *, theirs_ok: boo
     """Print one workload's per-call figures, ours beside theirs, with the ratio."""
     loop_us = _per_call_us(_no_op, calls, pairs, period)
     print(f"  driving loop alone          {loop_us:6.3f} us/call")
-    ours_us = _best_per_call_us(_ours, calls, pairs, runs, period)
+    makers: list[Callable[[], _Guard]] = [_ours, _theirs] if theirs_ok else [_ours]
+    ours_us, *theirs = _best_per_call_us(makers, calls, pairs, runs, period)
     print(
         f"  loopwarden                  {ours_us:6.3f} us/call   "
         f"target <= {OBSERVE_TARGET_US:g} us: {_verdict(ours_us <= OBSERVE_TARGET_US)}"
     )
-    if not theirs_ok:
+    if not theirs:
         print("  praisonaiagents not installed; ratio skipped")
         return
-    theirs_us = _best_per_call_us(_theirs, calls, pairs, runs, period)
+    (theirs_us,) = theirs
     ratio = ours_us / theirs_us
     print(f"  praisonaiagents             {theirs_us:6.3f} us/call")
     print(f"  ratio ours/theirs           {ratio:6.2f}      target <= 1: {_verdict(ratio <= 1)}")

@@ -10,11 +10,12 @@ starts a fresh window.
 The rules are written once, as a pure step over an explicit record: `step_pair(record,
 policy, now) -> (record, decision)` over a `PairRecord` (admitted event times, cooldown
 end, the window they were counted in, the instant the pair goes idle). `BotLoopGuard`
-keeps the records in memory; the sqlite and Redis backends load a record, step it and
-save it (the Lua script is the one sanctioned second version). `PairRecord.idle_at` says
-when a record may be forgotten (a backend's expiry) and `pair_view` what a status command
-shows. `step_bot_turns` is the consecutive-bot-turn count: a bot message adds one, a
-human one resets it to 0.
+keeps the records in memory and calls the step's in-place form, `_step`, which returns
+the decision alone (no tuple per event on the hot path); the sqlite and Redis backends
+load a record, step it and save it (the Lua script is the one sanctioned second
+version). `PairRecord.idle_at` says when a record may be forgotten (a backend's expiry)
+and `pair_view` what a status command shows. `step_bot_turns` is the consecutive-bot-turn
+count: a bot message adds one, a human one resets it to 0.
 
 Memory: the pairs are one `guards.lru.DrainingTable` in least-recently-used order. A pair
 with no event in its window and no running cooldown is idle, and forgetting it changes
@@ -27,7 +28,9 @@ displaces the least recently used one.
 
 Decisions the design left open:
 - `now` must not go backwards (the default clock is read under the lock, so it never
-  does); with earlier injected times the window is approximate, still bounded.
+  does); with earlier injected times the window is approximate, still bounded. An
+  injected `now` that is NaN, infinite or 1e15 or more in size is refused (ValueError):
+  it would leave a record no later event could count against.
 - `reset()` and `snapshot()` take `scope=None` to mean every scope, so the global scope
   (None) cannot be addressed alone; gateways name their scopes (`"*"` for global).
 - `snapshot()` lists live pairs only (an event in the window or a running cooldown);
@@ -226,6 +229,12 @@ class PairRecord:
 
 # The table reads a record's idle instant in C, not through a Python function.
 _idle_at: Callable[[PairRecord], float] = attrgetter("idle_at")
+# `DrainingTable.sweep_at` meaning "sweep on the next call", one float shared by every call.
+_SWEEP_NOW = -math.inf
+# An injected `now` beyond this (about 30 million years of seconds) is no clock reading:
+# NaN, the infinities and huge numbers break the window arithmetic, so they are refused.
+_EARLIEST, _LATEST = -1e15, 1e15
+_BAD_NOW = "now must be a finite number of seconds below 1e15 in size (a clock reading)"
 _DISABLED = PairDecision(allowed=True, reason="disabled", retry_after=0.0, count=0)
 # Admissions differ only by their count: one shared, immutable decision per count.
 _ADMITTED = tuple(PairDecision(True, "ok", 0.0, count) for count in range(_LIST_MAX_BUDGET + 1))
@@ -250,9 +259,24 @@ def step_pair(
     """
     if not policy.enabled:
         return record, _DISABLED
+    if record is None:
+        record = _idle_record()
+    return record, _step(record, policy, now)
+
+
+def _idle_record() -> PairRecord:
+    """A record that holds nothing: `_step` starts it afresh, like a pair never seen."""
+    return PairRecord([], None, 0.0, -math.inf)
+
+
+def _step(record: PairRecord, policy: BotLoopPolicy, now: float) -> PairDecision:
+    """`step_pair`'s rules for an enabled policy, the record updated in place; the decision.
+
+    The in-memory guard calls this directly: no tuple to build and unpack per event.
+    """
     window = policy.window_seconds
-    if record is not None and now < record.idle_at:
-        record.window = window
+    if now < record.idle_at:
+        record.window = window  # cheaper than comparing first: it rarely changes
         times = record.times
         while times and times[0] + window <= now:  # an event at t counts in [t, t + window)
             del times[0]
@@ -260,27 +284,24 @@ def step_pair(
         until = record.cooldown_until
         if until is not None:
             # A running cooldown: refused, not recorded, not extended.
-            return record, PairDecision(False, "cooldown", until - now, count)
+            return PairDecision(False, "cooldown", until - now, count)
         if count < policy.max_events_per_window:
             times.append(now)
             record.idle_at = now + window
-            count += 1
-            return record, _ADMITTED[count] if count <= _LIST_MAX_BUDGET else _admitted(count)
+            try:  # free on CPython 3.11 unless raised: cheaper than a bounds check
+                return _ADMITTED[count + 1]
+            except IndexError:
+                return PairDecision(True, "ok", 0.0, count + 1)
         # A finished cooldown means a fresh window: the pair is idle once it ends.
         record.cooldown_until = record.idle_at = now + policy.cooldown_seconds
         # Exactly the cooldown: `(now + cooldown) - now` may round below it.
-        return record, PairDecision(False, "budget_exceeded", policy.cooldown_seconds, count)
-    # No record, an idle one, or one whose cooldown is over: a fresh window.
-    fresh: MutableSequence[float] = (
-        [now] if policy.max_events_per_window <= _LIST_MAX_BUDGET else deque((now,))
-    )
-    if record is None:
-        return PairRecord(fresh, None, window, now + window), _ADMITTED[1]
-    record.times = fresh
+        return PairDecision(False, "budget_exceeded", policy.cooldown_seconds, count)
+    # No event in the window and no running cooldown: a fresh window.
+    record.times = [now] if policy.max_events_per_window <= _LIST_MAX_BUDGET else deque((now,))
     record.cooldown_until = None
     record.window = window
     record.idle_at = now + window
-    return record, _ADMITTED[1]
+    return _ADMITTED[1]
 
 
 def pair_view(record: PairRecord, now: float) -> tuple[int, float] | None:
@@ -298,11 +319,6 @@ def step_bot_turns(count: int, *, is_bot: bool) -> int:
     return count + 1 if is_bot else 0
 
 
-def _admitted(count: int) -> PairDecision:
-    """The admission of an event that makes `count` (more than the shared ones cover)."""
-    return PairDecision(True, "ok", 0.0, count)
-
-
 class BotLoopGuard:
     """Admits or drops bot-to-bot events per pair and room; thread-safe, O(1) amortised.
 
@@ -310,6 +326,8 @@ class BotLoopGuard:
     call may bring its own policy (`policy=`, default the guard's), so one guard serves
     rooms with different policies and a policy change keeps the pair's events.
     """
+
+    __slots__ = ("_clock", "_lock", "_pairs", "_policy")
 
     def __init__(
         self,
@@ -326,9 +344,6 @@ class BotLoopGuard:
             _idle_at, cap=max_pairs, frees_per_call=_RELEASE_PER_CALL
         )
         self._lock = threading.Lock()
-        # acquire/release cost half of `with` on CPython 3.11, and `observe` is the hot path.
-        self._acquire = self._lock.acquire
-        self._release = self._lock.release
 
     @property
     def enabled(self) -> bool:
@@ -353,7 +368,12 @@ class BotLoopGuard:
         scope: str | None = None,
         policy: BotLoopPolicy | None = None,
     ) -> bool:
-        """Record one bot-authored event of the pair; True to admit it, False to drop it."""
+        """Record one bot-authored event of the pair; True to admit it, False to drop it.
+
+        The two most common cases are done here, without a method call (see
+        `guards.lru`): a known pair with no sweep due, and a new pair taking over the
+        record of the one pair that has just gone idle; the rest is `_decide`'s.
+        """
         if policy is None:
             policy = self._policy
         if not policy.enabled:
@@ -362,20 +382,36 @@ class BotLoopGuard:
             key = (scope, self_bot_id, sender_bot_id)
         else:
             key = (scope, sender_bot_id, self_bot_id)
-        self._acquire()
+        # acquire/release on the lock itself: half the cost of `with` on CPython 3.11, and
+        # less than bound methods kept on the guard, which the interpreter cannot specialise.
+        lock = self._lock
+        lock.acquire()
         try:
             if now is None:
                 now = self._clock()
+            elif not (now < _LATEST and now > _EARLIEST):
+                raise ValueError(_BAD_NOW)
             pairs = self._pairs
-            if now < pairs.sweep_at:  # the common case of `_step`, without a call
-                recent = pairs.recent
+            recent = pairs.recent
+            if now < pairs.sweep_at:
                 record = recent.get(key)
                 if record is not None:
                     recent.move_to_end(key)
-                    return step_pair(record, policy, now)[1].allowed
-            return self._step(key, now, policy).allowed
+                    return _step(record, policy, now).allowed
+            elif pairs.draining is None and recent and key not in recent:
+                front_key, front = recent.popitem(False)  # positional: a keyword costs more
+                if pairs.swept_at <= front.idle_at <= now:
+                    # The sweep would free it alone: the new pair takes over its record
+                    # (idle, so `_step` starts it afresh) and its place.
+                    pairs.swept_at = now
+                    pairs.sweep_at = _SWEEP_NOW
+                    recent[key] = front
+                    return _step(front, policy, now).allowed
+                recent[front_key] = front
+                recent.move_to_end(front_key, last=False)
+            return self._decide(key, now, policy).allowed
         finally:
-            self._release()
+            lock.release()
 
     def decide(
         self,
@@ -392,8 +428,10 @@ class BotLoopGuard:
         if not policy.enabled:
             return _DISABLED
         key = (scope, *pair_key(self_bot_id, sender_bot_id))
+        if now is not None and not (now < _LATEST and now > _EARLIEST):
+            raise ValueError(_BAD_NOW)
         with self._lock:
-            return self._step(key, self._clock() if now is None else now, policy)
+            return self._decide(key, self._clock() if now is None else now, policy)
 
     def reset(self, scope: str | None = None, bot_id: str | None = None) -> None:
         """Forget pairs: all of them, one scope's, one bot's, or one bot's in one scope."""
@@ -419,24 +457,24 @@ class BotLoopGuard:
                         found.append(PairSnapshot(key[0], key[1], key[2], *view))
             return found
 
-    def _step(self, key: PairKey, now: float, policy: BotLoopPolicy) -> PairDecision:
-        """Step the pair's record with one event and keep it (lock held)."""
+    def _decide(self, key: PairKey, now: float, policy: BotLoopPolicy) -> PairDecision:
+        """Sweep if due, step the pair's record with one event and keep it (lock held)."""
         pairs = self._pairs
         freed = pairs.sweep(now) if now >= pairs.sweep_at else None
-        recent = pairs.recent
+        recent = pairs.recent  # read after the sweep, which may replace it
         record = recent.get(key)
         if record is not None:
             recent.move_to_end(key)
-            return step_pair(record, policy, now)[1]
+            return _step(record, policy, now)
         if pairs.draining is not None:
             record = pairs.use(key)
             if record is not None:
-                return step_pair(record, policy, now)[1]
-        record, decision = step_pair(freed, policy, now)
+                return _step(record, policy, now)
         if freed is not None:
-            # A new pair takes over the record just freed (idle: `step_pair` started it
+            # A new pair takes over the record just freed (idle: `_step` starts it
             # afresh) and its place: the table does not grow, no record is built.
             recent[key] = freed
-        elif record is not None:
-            pairs.add(key, record)
-        return decision
+            return _step(freed, policy, now)
+        record = _idle_record()
+        pairs.add(key, record)
+        return _step(record, policy, now)

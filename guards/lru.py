@@ -16,21 +16,28 @@ shrinks by itself. `DrainingTable` does both at O(1) amortised per call:
   let go, with the arrays sized for its peak.
 - `cap` bounds the entries: a new key displaces the least recently used one.
 
-`recent` is public so that a hot path can do the common case itself: an entry found in
-`recent` is made the most recently used with `recent.move_to_end(key)`; on a miss,
-`use(key)` looks in the draining table (when `draining` is not None). A new key may be put
-straight into `recent` in the place of the entry `sweep` has just freed (the table does
-not grow, so neither the cap nor the peak can be passed); otherwise `add` holds it.
+`recent` is public so that a hot path can do the common cases itself, without a method
+call:
+- While `now < sweep_at`, an entry found in `recent` is made the most recently used with
+  `recent.move_to_end(key)`; on a miss, `use(key)` looks in the draining table (when
+  `draining` is not None).
+- A new key may be put straight into `recent` in the place of the entry `sweep` has just
+  freed (the table does not grow, so neither the cap nor the peak can be passed);
+  otherwise `add` holds it.
+- The sweep's most common case, one entry going idle per call while new keys come, may
+  be done inline for a new key: with a sweep due and no table draining, pop the front
+  of `recent`; if it went idle at or after `swept_at` (and by now), `sweep` would free
+  it alone: set `swept_at = now` and `sweep_at = -math.inf` and put the new key in its
+  place (the size stays, so there is no shrink to check). Otherwise put it back at the
+  front and call `sweep`.
 Callers never hold on to `recent` across a `sweep`, which may replace it.
 
 `sweep` frees one idle front entry per call, and up to `frees_per_call` while they went
 idle before the previous sweep (a backlog): entries that go idle one by one, as in a
 room that wakes up, talks and goes quiet, cost one look per call.
 
-guards/call_loop.py's `_Windows` (event times per key, idle once the last one leaves the
-window) is the same structure: it can hold `DrainingTable(lambda times: times[-1] +
-window, cap=cap, frees_per_call=4, moves_per_call=4)`, with `peek` for `live`, `use` then
-append (or `add`) for `add`, and `discard` for an emptied key.
+The pairs of guards/bot_loop.py and the counted calls of guards/call_loop/guard.py are
+each one of these tables.
 """
 
 from __future__ import annotations
@@ -48,6 +55,17 @@ V = TypeVar("V")
 REBUILD_MIN = 1024
 
 
+def _ordered_dict() -> OrderedDict[K, V]:
+    """An empty OrderedDict whose method calls (`get`, `move_to_end`) CPython can specialise.
+
+    CPython 3.11 leaves a method lookup on an OrderedDict generic while the object has no
+    instance dict; creating that (empty) dict once makes each lookup on the hot path cheap.
+    """
+    table: OrderedDict[K, V] = OrderedDict()
+    vars(table)
+    return table
+
+
 class DrainingTable(Generic[K, V]):
     """Entries by key in LRU order; idle ones are swept a few per call and memory given back."""
 
@@ -57,10 +75,10 @@ class DrainingTable(Generic[K, V]):
         "_idle_from",
         "_moves",
         "_peak",
-        "_swept_at",
         "draining",
         "recent",
         "sweep_at",
+        "swept_at",
     )
 
     def __init__(
@@ -79,12 +97,12 @@ class DrainingTable(Generic[K, V]):
         self._moves = moves_per_call
         # The number of entries held at the peak since the table was last replaced.
         self._peak = 0
-        self.recent: OrderedDict[K, V] = OrderedDict()
+        self.recent: OrderedDict[K, V] = _ordered_dict()
         self.draining: OrderedDict[K, V] | None = None
         # When the front entry goes idle: until then `sweep` would free nothing.
         self.sweep_at = -math.inf
-        # When `sweep` last ran.
-        self._swept_at = -math.inf
+        # When `sweep` last ran: an entry idle since before then is part of a backlog.
+        self.swept_at = -math.inf
 
     def __len__(self) -> int:
         """The entries held: live ones, and idle ones not yet freed."""
@@ -145,7 +163,7 @@ class DrainingTable(Generic[K, V]):
 
     def clear(self) -> None:
         """Forget everything and let go of the arrays."""
-        self.recent = OrderedDict()
+        self.recent = _ordered_dict()
         self.draining = None
         self._peak = 0
         self.sweep_at = -math.inf
@@ -174,7 +192,7 @@ class DrainingTable(Generic[K, V]):
                     recent.move_to_end(key, last=False)
         # Entries that went idle before the last sweep are a backlog, freed several per
         # call; otherwise entries go idle one by one and one look per call keeps up.
-        backlog_before, self._swept_at = self._swept_at, now
+        backlog_before, self.swept_at = self.swept_at, now
         freed = None
         self.sweep_at = -math.inf
         frees = self._frees
@@ -209,6 +227,6 @@ class DrainingTable(Generic[K, V]):
         if self.draining is None and self._peak >= REBUILD_MIN:
             size = len(self.recent)
             if size * 4 <= self._peak:
-                self.draining, self.recent = self.recent, OrderedDict()
+                self.draining, self.recent = self.recent, _ordered_dict()
                 self._peak = size
                 self.sweep_at = -math.inf

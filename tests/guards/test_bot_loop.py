@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
+import sys
 import threading
 import tracemalloc
+from types import FrameType
 
 import pytest
 from hypothesis import given, settings
@@ -802,3 +805,121 @@ def test_issue10_time_going_back_never_hands_a_live_record_to_another_pair() -> 
     # An earlier injected time: y's events would count at 15, but z is a new pair.
     assert _decide(guard, 15.0, "z", "peer") == PairDecision(True, "ok", 0.0, 1)
     assert _decide(guard, 15.5, "y", "peer").reason == "budget_exceeded"
+
+
+# --- issue 10: observe's common cases done inline, and the clock readings it accepts ---------
+
+
+def _python_calls(guard: BotLoopGuard, bot: str, now: float) -> list[str]:
+    """The Python functions one `observe` runs (C calls such as dict methods not counted)."""
+    calls: list[str] = []
+
+    def profile(frame: FrameType, event: str, arg: object) -> None:
+        if event == "call":
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        guard.observe(self_bot_id=bot, sender_bot_id="peer", now=now)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_issue10_observe_runs_hot_and_churning_pairs_with_one_call_for_the_rules() -> None:
+    # The benchmark's two workloads, small: every call is the rules and nothing else
+    # (no table method, no tuple-returning wrapper): that is what brought churn under
+    # praisonaiagents' figure.
+    pairs = 200
+    for period in (10.0, 120.0):  # hot pairs, then pairs idle (and forgotten) between events
+        guard = BotLoopGuard(BotLoopPolicy())
+        step = period / pairs
+        for i in range(3 * pairs):  # past the first window: the steady state
+            guard.observe(self_bot_id=f"bot{i % pairs}", sender_bot_id="peer", now=i * step)
+        for i in range(3 * pairs, 4 * pairs):
+            assert _python_calls(guard, f"bot{i % pairs}", i * step) == ["observe", "_step"]
+
+
+def test_issue10_a_new_pair_through_observe_takes_over_the_record_just_gone_idle() -> None:
+    guard = BotLoopGuard(BotLoopPolicy(window_seconds=10.0))
+    guard.observe(self_bot_id="old", sender_bot_id="peer", now=0.0)
+    guard.observe(self_bot_id="live", sender_bot_id="peer", now=5.0)
+    (old, _) = [record for _, record in guard._pairs.items()]
+    assert guard.observe(self_bot_id="new", sender_bot_id="peer", now=10.0)
+    assert [key for key, _ in guard._pairs.items()] == [
+        (None, "live", "peer"),
+        (None, "new", "peer"),
+    ]
+    assert guard._pairs.peek((None, "new", "peer")) is old
+    assert list(old.times) == [10.0]
+    # Time going back: the live pair's record is never handed to another new pair.
+    assert guard.observe(self_bot_id="other", sender_bot_id="peer", now=9.0)
+    assert len(guard) == 3
+    assert guard.decide(self_bot_id="live", sender_bot_id="peer", now=9.0).count == 2
+
+
+def test_issue10_new_pairs_during_a_backlog_still_free_two_idle_pairs_per_call() -> None:
+    guard = _guard(budget=10_000, window=10.0)
+    for i in range(1000):
+        guard.observe(self_bot_id=f"idle{i}", sender_bot_id="peer", now=i / 1000)
+    # All idle at 20: each new pair frees two of them (one it takes over), not just one.
+    for n in range(501):
+        guard.observe(self_bot_id=f"new{n}", sender_bot_id="peer", now=20.0 + n / 1000)
+    assert len(guard) == 501
+    assert all(key[1].startswith("new") for key, _ in guard._pairs.items())
+
+
+def test_issue10_observe_and_decide_keep_the_same_pairs_as_the_reference() -> None:
+    seen = {"examples": 0, "taken_over": 0}
+    bots = st.sampled_from([f"bot{i}" for i in range(12)])
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        small_policies,
+        st.lists(st.tuples(gaps | st.floats(min_value=0, max_value=40), bots), max_size=150),
+    )
+    def prop(policy: BotLoopPolicy, steps: list[tuple[float, str]]) -> None:
+        observed, decided = BotLoopGuard(policy), BotLoopGuard(policy)
+        reference = _ReferenceGuard(policy)
+        now = 0.0
+        for dt, bot in steps:
+            now += dt
+            held = {id(record): key for key, record in observed._pairs.items()}
+            expected = reference.decide((None, *pair_key(bot, "peer")), now)
+            assert observed.observe(self_bot_id=bot, sender_bot_id="peer", now=now) is (
+                expected.allowed
+            )
+            assert decided.decide(self_bot_id=bot, sender_bot_id="peer", now=now) == expected
+            assert observed.snapshot(now=now) == decided.snapshot(now=now)
+            assert [key for key, _ in observed._pairs.items()] == [
+                key for key, _ in decided._pairs.items()
+            ]
+            key = (None, *pair_key(bot, "peer"))
+            taken = held.get(id(observed._pairs.peek(key)))
+            seen["taken_over"] += taken is not None and taken != key
+        assert set(observed.snapshot(now=now)) == reference.snapshot(now)
+        seen["examples"] += 1
+
+    prop()
+    # Not vacuous: new pairs often take over the record of one that went idle.
+    assert seen["taken_over"] >= seen["examples"] // 4, seen
+
+
+@pytest.mark.parametrize(
+    "now",
+    [math.nan, math.inf, -math.inf, 1e308, -1e15, 1e15, 10**5000],
+    ids=["nan", "inf", "-inf", "1e308", "-1e15", "1e15", "5000-digit int"],
+)
+def test_issue10_a_now_that_is_no_clock_reading_is_refused_and_changes_nothing(
+    now: float,
+) -> None:
+    guard = _guard(budget=1)
+    assert _decide(guard, 0.0).allowed
+    for call in (guard.observe, guard.decide):
+        with pytest.raises(ValueError, match="now must be a finite number of seconds"):
+            call(self_bot_id="a", sender_bot_id="b", now=now)
+        with pytest.raises(ValueError, match="now must be a finite number of seconds"):
+            call(self_bot_id="new", sender_bot_id="b", now=now)
+    # The pair kept its event and the next call is served: the budget is spent.
+    assert _decide(guard, 1.0) == PairDecision(False, "budget_exceeded", COOLDOWN, 1)
+    assert len(guard) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -107,3 +108,44 @@ def test_issue10_a_shrunk_table_drains_into_a_fresh_one_in_order() -> None:
     # While draining, an entry found in the old table moves to the new one.
     assert table.use("live0") == 1000.0
     assert [key for key, _ in table.items()][-1] == "live0"
+
+
+def _has_instance_dict(table: object) -> bool:
+    """Whether an OrderedDict holds an instance dict (no other dict is among its referents)."""
+    return any(type(referent) is dict for referent in gc.get_referents(table))
+
+
+def test_issue10_every_table_made_has_an_instance_dict_so_method_lookups_specialise() -> None:
+    # CPython 3.11 leaves `recent.get(...)`-style lookups generic on an OrderedDict with
+    # no instance dict: the fresh table, a cleared one and a rebuilt one all have one.
+    table = _table(cap=10 * REBUILD_MIN)
+    assert _has_instance_dict(table.recent)
+    for i in range(2 * REBUILD_MIN):
+        table.add(f"idle{i}", 1.0)
+    table.add("live", 1000.0)
+    fresh = table.recent
+    while table.recent is fresh:
+        table.sweep(10.0)
+    assert _has_instance_dict(table.recent)
+    table.clear()
+    assert _has_instance_dict(table.recent)
+
+
+def test_issue10_the_documented_inline_sweep_leaves_the_table_as_sweep_does() -> None:
+    # A caller may free the front itself when it went idle since the last sweep and put
+    # a new key in its place; the table is then what `sweep` and the same put would leave.
+    inline, swept = _table(), _table()
+    for table in (inline, swept):
+        for i in range(5):
+            table.add(f"k{i}", 10.0 + i)
+        table.sweep(0.0)
+    for n, now in enumerate((10.0, 11.5, 12.0, 13.0)):
+        front_key, front = inline.recent.popitem(last=False)
+        assert inline.draining is None
+        assert inline.swept_at <= front <= now
+        inline.swept_at, inline.sweep_at = now, -math.inf
+        inline.recent[f"new{n}"] = now + 100
+        assert swept.sweep(now) == front
+        swept.recent[f"new{n}"] = now + 100
+        assert list(inline.items()) == list(swept.items())
+        assert (inline.sweep_at, inline.swept_at) == (swept.sweep_at, swept.swept_at)
