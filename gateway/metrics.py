@@ -32,10 +32,19 @@ _FAMILIES = (
     _Family("messages_in", "Inbound messages handed to the pipeline", ("platform",)),
     _Family("replies_out", "Replies delivered to a platform", ("platform",)),
     _Family("refusals", "Messages a stage refused to answer", ("stage", "reason")),
-    _Family("guard_decisions", "Guard verdicts by guard and code", ("guard", "code")),
+    _Family(
+        "guard_decisions",
+        'Guard verdicts by guard and code; shadow="true" for a guard in shadow mode',
+        ("guard", "code", "shadow"),
+    ),
     _Family("delivery_retries", "Sends retried after a transient failure", ("platform",)),
     _Family("delivery_failures", "Replies that could not be delivered", ("platform",)),
     _Family("errors", "Unexpected errors, by the stage they escaped from", ("stage",)),
+    _Family(
+        "transcript_records_skipped",
+        "Transcript records that could not be read, skipped from an agent's history",
+        (),
+    ),
     _Family(
         "events_dropped",
         "Inbound events a connector dropped, by platform and reason (connectors/skips.py)",
@@ -109,6 +118,7 @@ class Metrics:
         self._delivery_failures = values["delivery_failures"]
         self._errors = values["errors"]
         self._events_dropped = values["events_dropped"]
+        self._transcript_skipped = values["transcript_records_skipped"]
 
     def message_in(self, platform: str) -> None:
         """Count one inbound message."""
@@ -125,9 +135,9 @@ class Metrics:
         key = (stage, reason)
         self._refusals[key] = self._refusals.get(key, 0) + 1
 
-    def guard_decision(self, guard: str, code: str) -> None:
-        """Count one guard verdict, admitted or not."""
-        key = (guard, code)
+    def guard_decision(self, guard: str, code: str, *, shadow: bool = False) -> None:
+        """Count one guard verdict, admitted or not (`shadow`: the guard is in shadow mode)."""
+        key = (guard, code, "true" if shadow else "false")
         self._guard_decisions[key] = self._guard_decisions.get(key, 0) + 1
 
     def delivery_retry(self, platform: str) -> None:
@@ -150,15 +160,30 @@ class Metrics:
         key = (platform, reason)
         self._events_dropped[key] = self._events_dropped.get(key, 0) + 1
 
+    def transcript_skipped(self, count: int) -> None:
+        """Count transcript records skipped because they could not be read."""
+        self._transcript_skipped[()] = self._transcript_skipped.get((), 0) + count
+
     def watch_state(self, store: object) -> None:
         """Expose a state backend's outage flag and count, when it reports them."""
         if isinstance(store, ReportsOutages):
             self.registry.register(_StateHealth(store))
 
     def value(self, name: str, **labels: str) -> float:
-        """The current value of one sample (`refusals_total`, stage=…), 0 when absent."""
-        found = self.registry.get_sample_value(name, labels)
-        return 0.0 if found is None else found
+        """The sum of the samples of `name` whose labels include `labels`, 0 when none does.
+
+        So `value("guard_decisions_total", guard="bot_loop", code="ok")` counts both modes.
+        """
+        wanted = labels.items()
+        return sum(
+            (
+                sample.value
+                for metric in self.registry.collect()
+                for sample in metric.samples
+                if sample.name == name and wanted <= sample.labels.items()
+            ),
+            0.0,
+        )
 
     def render(self) -> bytes:
         """The text exposition format, for `/metrics`."""

@@ -12,7 +12,8 @@ lookup) and per policy source (which channel rule matched, and the overrides), s
 million rooms under one rule share one `ResolvedPolicy`. The overrides are part of both
 keys: a `/loop set` gives the room a new entry, never a stale one. Each entry holds the
 guard policies derived from the Policy (BotLoopPolicy, SilencePolicy, LoopGuardConfig,
-CallLoopPolicy), built once, so no stage or agent derives or looks them up again.
+CallLoopPolicy) and which of the guards run in shadow mode, built once, so no stage or
+agent derives or looks them up again.
 """
 
 from __future__ import annotations
@@ -38,13 +39,20 @@ _NO_RULE = -1
 
 @dataclass(frozen=True, slots=True)
 class ResolvedPolicy:
-    """A room's Policy with the guard policies derived from it."""
+    """A room's Policy with the guard policies derived from it and the guards' modes.
+
+    `*_shadow` is True when that guard runs in shadow mode: it decides as in enforce, and
+    what it would refuse goes on (the silence filter has no shadow mode).
+    """
 
     policy: Policy
     bot_loop: BotLoopPolicy
     silence: SilencePolicy
     tool_loop: LoopGuardConfig
     call_loop: CallLoopPolicy
+    bot_loop_shadow: bool
+    tool_loop_shadow: bool
+    call_loop_shadow: bool
 
     @classmethod
     def derive(cls, policy: Policy) -> ResolvedPolicy:
@@ -55,6 +63,9 @@ class ResolvedPolicy:
             silence=policy.silence.guard_policy(),
             tool_loop=policy.tool_loop.guard_config(),
             call_loop=policy.call_loop.guard_policy(),
+            bot_loop_shadow=policy.bot_loop.mode == "shadow",
+            tool_loop_shadow=policy.tool_loop.mode == "shadow",
+            call_loop_shadow=policy.call_loop.mode == "shadow",
         )
 
 

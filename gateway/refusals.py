@@ -6,6 +6,12 @@ cooldown 60 s) pair=parrot↔echo`) and structured `extra` fields (`decision`, `
 `room`, `bot`, `sender`) for JSON log handlers; admitted guard verdicts go there at DEBUG.
 The refusals of the admission and bot-loop stages are also kept, a few per room, in an
 in-process ring buffer that `/loop status` shows. The message text is never logged.
+
+A guard in shadow mode (DESIGN.md §5) refuses nothing: what it would have refused is
+logged at INFO as `… bot_loop shadow: would have refused budget_exceeded (…)` with
+`shadow: "true"` among the structured fields, counted under
+`guard_decisions_total{shadow="true"}`, and counted per room and guard for `status`
+("shadow: would have refused N", since this process started).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class RecentRefusals:
         self._max_rooms = max_rooms
         self.clock = clock or time.monotonic
         self._rooms: OrderedDict[str, deque[Refusal]] = OrderedDict()
+        self._shadowed: OrderedDict[str, dict[str, int]] = OrderedDict()
 
     def add(self, room: str, stage: str, code: str, detail: str, *, bot: str, sender: str) -> None:
         """Remember one refusal; the least recently refused room goes when the cap is hit."""
@@ -59,6 +66,21 @@ class RecentRefusals:
         else:
             self._rooms.move_to_end(room)
         entries.append(Refusal(self.clock(), stage, code, detail, bot, sender))
+
+    def add_shadowed(self, room: str, guard: str) -> None:
+        """Count one refusal a guard in shadow mode would have made in the room."""
+        counts = self._shadowed.get(room)
+        if counts is None:
+            if len(self._shadowed) >= self._max_rooms:
+                self._shadowed.popitem(last=False)
+            counts = self._shadowed[room] = {}
+        else:
+            self._shadowed.move_to_end(room)
+        counts[guard] = counts.get(guard, 0) + 1
+
+    def shadowed(self, room: str) -> dict[str, int]:
+        """How many refusals each guard in shadow mode would have made in the room."""
+        return dict(self._shadowed.get(room, {}))
 
     def recent(self, room: str, limit: int = 5) -> list[Refusal]:
         """The room's newest refusals, newest first."""
@@ -106,11 +128,38 @@ class DecisionLog:
         who: str = "",
         retry_after: float = 0.0,
         count: int = 0,
+        shadow: bool = False,
     ) -> None:
         """Record an admitted guard verdict: counted always, logged at DEBUG."""
-        ctx.decide(guard, code, detail, retry_after=retry_after, count=count)
-        self.metrics.guard_decision(guard, code)
-        _log(logging.DEBUG, ctx, stage=guard, code=code, detail=detail, who=who)
+        ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=shadow)
+        self.metrics.guard_decision(guard, code, shadow=shadow)
+        _log(logging.DEBUG, ctx, stage=guard, code=code, detail=detail, who=who, shadow=shadow)
+
+    def shadow(
+        self,
+        ctx: TurnContext,
+        guard: str,
+        code: str,
+        detail: str,
+        *,
+        who: str = "",
+        retry_after: float = 0.0,
+        count: int = 0,
+    ) -> None:
+        """Record what a guard in shadow mode would have refused; the turn goes on."""
+        ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=True)
+        self.metrics.guard_decision(guard, code, shadow=True)
+        self.recent.add_shadowed(ctx.message.room, guard)
+        _log(
+            logging.INFO,
+            ctx,
+            stage=guard,
+            code=code,
+            detail=detail,
+            who=who,
+            verb="shadow: would have refused ",
+            shadow=True,
+        )
 
     def note(self, ctx: TurnContext, stage: str, code: str, text: str) -> None:
         """Log an event that is not a refusal (a notice posted, a command run) at INFO."""
@@ -121,7 +170,15 @@ class DecisionLog:
 
 
 def _log(
-    level: int, ctx: TurnContext, *, stage: str, code: str, detail: str, who: str, verb: str = ""
+    level: int,
+    ctx: TurnContext,
+    *,
+    stage: str,
+    code: str,
+    detail: str,
+    who: str,
+    verb: str = "",
+    shadow: bool = False,
 ) -> None:
     """One decision line, `room stage [refused ]code (detail) who`, with structured fields."""
     if decision_log.isEnabledFor(level):
@@ -135,11 +192,11 @@ def _log(
             code,
             detail,
             who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}",
-            extra=_extra(ctx, code, stage),
+            extra=_extra(ctx, code, stage, shadow=shadow),
         )
 
 
-def _extra(ctx: TurnContext, code: str, stage: str) -> dict[str, object]:
+def _extra(ctx: TurnContext, code: str, stage: str, *, shadow: bool = False) -> dict[str, object]:
     msg = ctx.message
     return {
         "decision": code,
@@ -147,4 +204,5 @@ def _extra(ctx: TurnContext, code: str, stage: str) -> dict[str, object]:
         "room": msg.room,
         "bot": msg.bot_id,
         "sender": msg.sender_id,
+        "shadow": "true" if shadow else "false",
     }

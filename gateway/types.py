@@ -83,12 +83,17 @@ class HistoryEntry:
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:
-    """One tool call an agent made during a turn, with the guard's verdict."""
+    """One tool call an agent made during a turn, with the guard's verdict.
+
+    `shadow`: the guard ran in shadow mode, so the call ran and its result went back to
+    the model unchanged whatever the verdict.
+    """
 
     name: str
     arguments: str
     action: str
     code: str
+    shadow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +113,16 @@ class Halt:
 class AgentResult:
     """What an agent produced for one turn: the reply text (None for nothing) and its tool calls.
 
-    `halt` says why the agent stopped early, None when it finished the turn.
+    `halt` says why the agent stopped early, None when it finished the turn. `shadowed`
+    lists, in order, the LLM-call refusals a call guard in shadow mode let through (each
+    the `Halt` enforce mode would have ended the turn with); a tool-call guard's shadow
+    verdicts are on its `tool_calls`.
     """
 
     text: str | None
     tool_calls: tuple[ToolCall, ...] = ()
     halt: Halt | None = None
+    shadowed: tuple[Halt, ...] = ()
 
     @property
     def halted(self) -> bool:

@@ -21,6 +21,13 @@ propagates unrecorded.
 order: the pre-check, then (if the tool ran) the post-check. A caller that reports which
 verdict settled a call (see `settling_decision`) needs nothing more than a list's
 `append`.
+
+With `shadow=True` (the guard in shadow mode, DESIGN.md §5) the guard decides exactly
+the same, every decision goes to `on_decision`, and nothing is acted on: the tool runs
+whatever the pre-check said, its result (or its exception) reaches the caller untouched,
+and no verdict raises. Each call is counted once, as in enforce: a call whose pre-check
+said BLOCK was counted by that check and is not recorded again; any other call is
+recorded once it ran.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ def _failure_text(exc: BaseException) -> str:
 class _GuardedCall:
     """One call's steps of the protocol, each decision also passed to the hook."""
 
-    __slots__ = ("_args", "_guard", "_on_decision", "_tool_name")
+    __slots__ = ("_args", "_counted", "_guard", "_on_decision", "_shadow", "_tool_name")
 
     def __init__(
         self,
@@ -64,11 +71,14 @@ class _GuardedCall:
         tool_name: str,
         args: Mapping[str, object],
         on_decision: DecisionHook | None,
+        shadow: bool,
     ) -> None:
         self._guard = guard
         self._tool_name = tool_name
         self._args = args
         self._on_decision = on_decision
+        self._shadow = shadow
+        self._counted = False  # shadow: the pre-check BLOCKed, so counted the call itself
 
     def _seen(self, decision: LoopGuardDecision) -> LoopGuardDecision:
         """Pass a decision to the hook, if any, and return it."""
@@ -79,6 +89,9 @@ class _GuardedCall:
     def start(self) -> object | None:
         """Pre-check; the block result when the call must not run (HALT raises)."""
         decision = self._seen(self._guard.check(self._tool_name, self._args))
+        if self._shadow:
+            self._counted = decision.action is GuardAction.BLOCK
+            return None
         if decision.action is GuardAction.HALT:
             raise ToolExecutionError.from_decision(decision)
         if decision.action is GuardAction.BLOCK:
@@ -87,11 +100,15 @@ class _GuardedCall:
 
     def failed(self, exc: Exception) -> None:
         """Record a raised tool call; raise on HALT, else note the verdict on the exception."""
+        if self._counted:
+            return
         decision = self._seen(
             self._guard.record(
                 self._tool_name, self._args, success=False, result=_failure_text(exc)
             )
         )
+        if self._shadow:
+            return
         if decision.action is GuardAction.HALT:
             raise ToolExecutionError.from_decision(decision) from exc
         if decision.action is not GuardAction.ALLOW:
@@ -99,8 +116,12 @@ class _GuardedCall:
 
     def finish(self, result: object) -> object:
         """Record a call that returned; the result as the post-check lets the caller see it."""
-        record = self._guard.record(self._tool_name, self._args, success=True, result=result)
-        return apply_decision(self._seen(record), result)
+        if self._counted:
+            return result
+        record = self._seen(
+            self._guard.record(self._tool_name, self._args, success=True, result=result)
+        )
+        return result if self._shadow else apply_decision(record, result)
 
 
 async def guarded_call(
@@ -110,9 +131,10 @@ async def guarded_call(
     args: Mapping[str, object],
     *,
     on_decision: DecisionHook | None = None,
+    shadow: bool = False,
 ) -> object:
     """Run `fn(**args)` (sync or async) under the guard; see the module docstring."""
-    call = _GuardedCall(guard, tool_name, args, on_decision)
+    call = _GuardedCall(guard, tool_name, args, on_decision, shadow)
     if (blocked := call.start()) is not None:
         return blocked
     try:
@@ -132,9 +154,10 @@ def guarded_call_sync(
     args: Mapping[str, object],
     *,
     on_decision: DecisionHook | None = None,
+    shadow: bool = False,
 ) -> object:
     """Run a synchronous `fn(**args)` under the guard; see the module docstring."""
-    call = _GuardedCall(guard, tool_name, args, on_decision)
+    call = _GuardedCall(guard, tool_name, args, on_decision, shadow)
     if (blocked := call.start()) is not None:
         return blocked
     try:

@@ -7,7 +7,9 @@ that runs out answers with a short notice and is counted under `errors_total`. T
 calls and LLM calls are guarded inside the agents (LoopGuard, CallLoopGuard); the
 verdicts they report are counted here under `guard_decisions_total` (one `tool_loop`
 verdict per tool call, and the halt that ended a turn early under its guard), and a
-halt is logged with its code.
+halt is logged with its code. Verdicts of a guard in shadow mode are counted with
+`shadow="true"`; those that would have refused (a tool call's BLOCK or HALT, a model
+call the call guard refused) are recorded as shadow refusals (`DecisionLog.shadow`).
 
 The timeout is kept by one watchdog for all turns in flight instead of a timer per turn
 (`asyncio.timeout` costs about 4 µs a turn, a seventh of the whole pipeline's budget):
@@ -28,8 +30,12 @@ from gateway.errors import LoopwardenError
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import AgentResult, Reply
+from guards.loop_guard import GuardAction
 
 log = logging.getLogger("loopwarden.pipeline")
+
+_REFUSING = frozenset({GuardAction.BLOCK.value, GuardAction.HALT.value})
+"""The tool-call verdicts that refuse the call (in shadow mode: would have)."""
 
 
 class TurnTimeoutError(LoopwardenError):
@@ -105,7 +111,7 @@ class AgentDispatchMiddleware:
         except TurnTimeoutError:
             return self._timed_out(ctx)
         ctx.result = result
-        if result.tool_calls or result.halt is not None:
+        if result.tool_calls or result.halt is not None or result.shadowed:
             self._account(ctx, result)
         if result.text is None:
             return None
@@ -115,7 +121,13 @@ class AgentDispatchMiddleware:
         """Count the guard verdicts the agent reports; log the halt that ended its turn."""
         count = self._metrics.guard_decision
         for call in result.tool_calls:
-            count("tool_loop", call.code)
+            if call.shadow and call.action in _REFUSING:
+                detail = messages.shadow_tool_detail(call.action, call.name)
+                self._decisions.shadow(ctx, "tool_loop", call.code, detail)
+            else:
+                count("tool_loop", call.code, shadow=call.shadow)
+        for waived in result.shadowed:
+            self._decisions.shadow(ctx, waived.guard, waived.code, messages.SHADOW_CALL_DETAIL)
         halt = result.halt
         if halt is None:
             return

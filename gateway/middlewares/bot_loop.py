@@ -19,11 +19,24 @@ direction-independent, scoped to the room) and decides it atomically. The one ex
 that exceeds the budget opens the cooldown and is the only one answered
 `budget_exceeded`; every later exchange of the pair until the cooldown ends is answered
 `cooldown`, by whichever replica or hosted bot asks, and a reset starts the pair afresh.
-So the `budget_exceeded` refusal posts the room's one short notice for that cooldown
-(when `announce_cooldown` is on and the cooldown is longer than 0) with no claim of its
-own, and `cooldown` refusals are silent. The notice names the hosted bot by its display
-name and the admin command by the platform's prefix (`capabilities.command_prefix`):
-this module knows no platform.
+
+The cooldown notice (when `announce_cooldown` is on and the cooldown is longer than 0)
+is posted once per cooldown: the `budget_exceeded` refusal posts it and claims the
+pair's notice (`state.claim`, for the rest of the cooldown), and a `cooldown` refusal
+posts it only when it wins that claim, that is when the cooldown was opened in shadow
+mode and this is the first enforce-mode refusal of it. The notice names the hosted bot
+by its display name and the admin command by the platform's prefix
+(`capabilities.command_prefix`): this module knows no platform.
+
+In shadow mode (`bot_loop.mode: shadow`) the stage decides exactly as in enforce (the
+same `pair_decide`, so the same counts, and a cooldown opened as far as the state goes;
+a message over the bot-turn cap is not charged to the pair, as in enforce), records what
+it would have refused (`DecisionLog.shadow`), posts no notice and hands the message on.
+A switch to enforce takes effect on the next message, with the state built in shadow: a
+pair in a cooldown opened in shadow is refused at once, and that refusal posts the notice.
+A reset during a cooldown leaves its notice claimed until that cooldown would have ended.
+A new cooldown of the pair opened before then still posts its notice when it opens; only
+if a refusal of it comes after the old claim ran out is the notice posted a second time.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from gateway.context import TurnContext
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.types import Reply
-from guards.bot_loop import PairDecision
+from guards.bot_loop import PairDecision, pair_key
 
 _GUARD = "bot_loop"
 
@@ -66,35 +79,56 @@ class BotLoopMiddleware:
         settings = ctx.policy.bot_loop
         if not msg.sender_is_bot or not settings.enabled:
             return await call_next(ctx)
+        resolved = ctx.resolved
+        shadow = resolved.bot_loop_shadow
         cap = settings.max_consecutive_bot_turns
         turns = ctx.bot_turns
         if cap and turns > cap:
-            self._refuse(ctx, "bot_turn_cap", messages.bot_turn_cap_detail(turns, cap), count=turns)
+            detail = messages.bot_turn_cap_detail(turns, cap)
+            if shadow:
+                self._decisions.shadow(
+                    ctx, _GUARD, "bot_turn_cap", detail, who=_pair(ctx), count=turns
+                )
+                return await call_next(ctx)
+            self._refuse(ctx, "bot_turn_cap", detail, count=turns)
             return None
+        self_bot_id = msg.bot_user_id or ctx.connector.bot_user_id
         decision = await ctx.state.pair_decide(
             scope=msg.room,
-            self_bot_id=msg.bot_user_id or ctx.connector.bot_user_id,
+            self_bot_id=self_bot_id,
             sender_bot_id=msg.sender_id,
-            policy=ctx.resolved.bot_loop,
+            policy=resolved.bot_loop,
         )
         if decision.allowed:
             self._decisions.guard(
-                ctx, _GUARD, decision.reason, "within the pair budget", count=decision.count
+                ctx,
+                _GUARD,
+                decision.reason,
+                "within the pair budget",
+                count=decision.count,
+                shadow=shadow,
+            )
+            return await call_next(ctx)
+        detail = _detail(decision, settings)
+        if shadow:
+            self._decisions.shadow(
+                ctx,
+                _GUARD,
+                decision.reason,
+                detail,
+                who=_pair(ctx),
+                retry_after=decision.retry_after,
+                count=decision.count,
             )
             return await call_next(ctx)
         self._refuse(
-            ctx,
-            decision.reason,
-            _detail(decision, settings),
-            retry_after=decision.retry_after,
-            count=decision.count,
+            ctx, decision.reason, detail, retry_after=decision.retry_after, count=decision.count
         )
-        if (
-            decision.reason == "budget_exceeded"
-            and settings.announce_cooldown
-            and settings.cooldown_seconds > 0
-        ):
-            return self._notice(ctx, settings)
+        if settings.announce_cooldown and settings.cooldown_seconds > 0:
+            key = _notice_key(msg.room, self_bot_id, msg.sender_id)
+            claimed = await ctx.state.claim(key, decision.retry_after)
+            if claimed or decision.reason == "budget_exceeded":
+                return self._notice(ctx, settings, decision.retry_after)
         return None
 
     def _refuse(
@@ -113,10 +147,9 @@ class BotLoopMiddleware:
             remember=True,
         )
 
-    def _notice(self, ctx: TurnContext, settings: BotLoopSettings) -> Reply:
-        """The one notice of the cooldown this turn's `budget_exceeded` opened."""
+    def _notice(self, ctx: TurnContext, settings: BotLoopSettings, cooldown: float) -> Reply:
+        """The one notice of the pair's cooldown, which has `cooldown` seconds left."""
         msg = ctx.message
-        cooldown = settings.cooldown_seconds
         self._decisions.note(
             ctx,
             self.name,
@@ -145,6 +178,12 @@ def _detail(decision: PairDecision, settings: BotLoopSettings) -> str:
             cooldown=decision.retry_after,
         )
     return messages.cooling_down_detail(decision.retry_after)
+
+
+def _notice_key(room: str, self_bot_id: str, sender_bot_id: str) -> str:
+    """The claim of a pair's cooldown notice in a room (direction-independent, as the pair)."""
+    a, b = pair_key(self_bot_id, sender_bot_id)
+    return f"cooldown-notice:{room}:{a}:{b}"
 
 
 def _pair(ctx: TurnContext) -> str:

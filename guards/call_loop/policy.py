@@ -27,6 +27,8 @@ from types import MappingProxyType
 from typing import Literal
 from urllib.parse import quote
 
+from guards.mode import GuardMode, parse_mode
+
 RuleAction = Literal["reject", "pause"]
 
 RULE_FIELDS: tuple[str, ...] = (
@@ -173,7 +175,9 @@ def _no_filters() -> Mapping[str, str]:
     return _NO_FILTERS
 
 
-_RULE_KEYS = frozenset({"name", "fields", "max_calls", "window_seconds", "filters", "action"})
+_RULE_KEYS = frozenset(
+    {"name", "fields", "max_calls", "window_seconds", "filters", "action", "mode"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +185,8 @@ class UniquenessRule:
     """At most `max_calls` calls sharing `fields` per window; then reject or pause the group.
 
     `filters` limits the rule to calls whose field equals the value, or starts with it
-    when the value ends with "*" ("inv*"; "*" alone: any value).
+    when the value ends with "*" ("inv*"; "*" alone: any value). In `mode` "shadow" the
+    rule counts and decides alike, and a call it would refuse goes on (`guards.mode`).
     """
 
     name: str
@@ -190,6 +195,7 @@ class UniquenessRule:
     window_seconds: float
     filters: Mapping[str, str] = field(default_factory=_no_filters, hash=False)
     action: RuleAction = "reject"
+    mode: GuardMode = "enforce"
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -226,6 +232,7 @@ class UniquenessRule:
         object.__setattr__(self, "filters", MappingProxyType(filters))
         if self.action not in ("reject", "pause"):
             raise ValueError(f"action must be reject or pause, got {self.action!r}")
+        object.__setattr__(self, "mode", _mode(self.mode))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> UniquenessRule:
@@ -254,7 +261,16 @@ class UniquenessRule:
             window_seconds=_parse_duration("window_seconds", data["window_seconds"]),
             filters=_text_mapping("filters", data.get("filters") or {}),
             action="pause" if action == "pause" else "reject",
+            mode=_mode(data.get("mode", "enforce")),
         )
+
+
+def _mode(value: object) -> GuardMode:
+    """A rule's mode, exactly "enforce" or "shadow"; the error names the field."""
+    try:
+        return parse_mode(value)
+    except ValueError as exc:
+        raise ValueError(f"mode {exc}") from None
 
 
 def _text(name: str, value: object) -> str:

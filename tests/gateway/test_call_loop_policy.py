@@ -91,4 +91,7 @@ async def test_issue10_loop_set_call_loop_fields_and_unknown_keys() -> None:
     assert unknown.startswith("Can't set call_loop.max_repats")
     assert "max_repeats" in unknown
     policy_text = await _admin_says(rig, "/loop policy")
-    assert "call_loop: {max_repeats: 3, window_seconds: 120.0, pause_seconds: 30.0}" in policy_text
+    assert (
+        "call_loop: {max_repeats: 3, window_seconds: 120.0, pause_seconds: 30.0, mode: enforce}"
+        in policy_text
+    )

@@ -18,8 +18,8 @@ async def test_issue3_metrics_expose_every_family_the_issue_names() -> None:
         'messages_in_total{platform="room"} 3.0',
         'replies_out_total{platform="room"} 2.0',
         'refusals_total{reason="not_addressed",stage="admission"} 1.0',
-        'guard_decisions_total{code="ok",guard="bot_loop"} 1.0',
-        'guard_decisions_total{code="sent",guard="silence"} 2.0',
+        'guard_decisions_total{code="ok",guard="bot_loop",shadow="false"} 1.0',
+        'guard_decisions_total{code="sent",guard="silence",shadow="false"} 2.0',
         'delivery_retries_total{platform="room"} 1.0',
     ):
         assert sample in exposition, sample

@@ -1,0 +1,67 @@
+"""Shadow mode in the proxy: a call a guard in shadow mode refuses is forwarded, and says so.
+
+`proxy.call_loop.mode` covers the circuit's verdicts (`loop_detected`, `loop_paused` of a
+circuit) and each rule's `mode` its own (`duplicate_call`, `loop_paused` of the rule's
+group). The CallStore decides exactly as in enforce mode, so its state is what enforce
+mode would leave: the refused call is counted nowhere, and a pause opens (it is listed
+by `GET /admin/circuits` and can be reopened). The call is then forwarded like an
+admitted one, and its response, whatever the upstream answers, carries
+`x-loopwarden-shadow: <code>` (`loop_detected`, `loop_paused`, or
+`duplicate_call:<rule name>`) so a client can log it. No refusal answer and no alert is
+sent; the verdict is logged at INFO with `shadow: "true"` among the structured fields.
+
+Decisions where DESIGN.md is silent: the first refusing check settles a call, as in
+enforce mode (the circuit's pause, the rule groups' pauses, the circuit's repeats, then
+the rules in order). So when a shadow verdict comes first, the checks after it do not
+see the call: while a circuit in shadow mode is paused, an enforce-mode rule does not
+count or refuse that circuit's calls. Put a guard in shadow only with the others it
+could mask in shadow too, or accept that.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import web
+
+from gateway.proxy.calls import ProxiedCall
+from gateway.proxy.config import ProxyConfig
+from guards.call_loop import CallDecision
+
+log = logging.getLogger("loopwarden.proxy")
+
+SHADOW_HEADER = "x-loopwarden-shadow"
+SHADOW_CODE = web.RequestKey("loopwarden_shadow", str)
+"""The shadow verdict of a forwarded call, set on its request for `add_shadow_header`."""
+
+
+class ShadowModes:
+    """Which of the proxy's call guards run in shadow mode."""
+
+    def __init__(self, config: ProxyConfig) -> None:
+        self._circuit = config.call_loop.mode == "shadow"
+        self._rules = frozenset(rule.name for rule in config.rules if rule.mode == "shadow")
+
+    def waived(self, call: ProxiedCall, refused: CallDecision) -> str | None:
+        """The header value when a guard in shadow mode gave this refusal (logged); else None."""
+        shadow = self._circuit if refused.rule is None else refused.rule in self._rules
+        if not shadow:
+            return None
+        code = (
+            f"duplicate_call:{refused.rule}" if refused.code == "duplicate_call" else refused.code
+        )
+        log.info(
+            "agent %s: shadow: would have refused %s on %s; forwarded",
+            call.client.agent,
+            code,
+            refused.circuit,
+            extra={"decision": refused.code, "shadow": "true"},
+        )
+        return code
+
+
+async def add_shadow_header(request: web.Request, response: web.StreamResponse) -> None:
+    """`on_response_prepare`: a forwarded call's shadow verdict goes out with its response."""
+    code = request.get(SHADOW_CODE)
+    if code is not None:
+        response.headers[SHADOW_HEADER] = code

@@ -1,0 +1,108 @@
+"""Shadow mode in the proxy, with the real `openai` SDK, on every state backend (issue 13)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.gateway.proxy.proxy_helpers import MODEL, PROXY_KEY, Rig, running_proxy
+
+BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+COMPLETIONS = "/v1/chat/completions"
+SHADOW_HEADER = "x-loopwarden-shadow"
+_prefixes = itertools.count()
+
+
+@pytest.fixture(params=BACKENDS)
+def state(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The `state:` section of one backend, on data of its own."""
+    backend: str = request.param
+    if backend == "memory":
+        return "{backend: memory}"
+    if backend == "sqlite":
+        return f"{{backend: sqlite, path: '{tmp_path / 'state.sqlite3'}'}}"
+    url = request.getfixturevalue("redis_url")
+    return f"{{backend: redis, url: '{url}', key_prefix: 'shadow{next(_prefixes)}:'}}"
+
+
+def client(rig: Rig, **headers: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"{rig.url}/openai/v1",
+        api_key=PROXY_KEY,
+        default_headers={"X-Loopwarden-Session": "run-1", **headers},
+    )
+
+
+async def shadow_codes(sdk: openai.AsyncOpenAI, prompts: list[str]) -> list[str | None]:
+    """Send each prompt; the answer must be the upstream's; each response's shadow header."""
+    codes: list[str | None] = []
+    for prompt in prompts:
+        raw = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": prompt}]
+        )
+        assert raw.parse().choices[0].message.content == "pong"
+        codes.append(raw.headers.get(SHADOW_HEADER))
+    return codes
+
+
+@pytest.fixture
+async def shadow_circuit(state: str) -> AsyncIterator[Rig]:
+    async with running_proxy("call_loop: {mode: shadow}", state=state) as rig:
+        yield rig
+
+
+async def test_issue13_a_shadow_circuit_forwards_every_call_and_marks_the_refused_ones(
+    shadow_circuit: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = shadow_circuit
+    with caplog.at_level(logging.INFO, logger="loopwarden.proxy"):
+        async with client(rig) as sdk:
+            codes = await shadow_codes(sdk, ["Is the export done?"] * 8)
+    # Enforce mode refuses the 6th call and pauses the circuit; shadow forwards them all.
+    assert codes == [None] * 5 + ["loop_detected", "loop_paused", "loop_paused"]
+    assert len(rig.upstream.calls(COMPLETIONS)) == 8
+    assert rig.served == ["/openai/v1/chat/completions"] * 8  # no SDK retry of anything
+    logged = await rig.logged()
+    assert [entry.outcome for entry in logged] == ["forwarded"] * 8
+    # The state is what enforce mode leaves: the circuit is paused (and can be reopened).
+    assert [p.circuit for p in await rig.store.paused()] == ["billing-bot/session=run-1"]
+    assert rig.alerts.alerts == []
+    flagged = [getattr(r, "shadow", None) for r in caplog.records if "shadow:" in r.getMessage()]
+    assert flagged == ["true"] * 3
+
+
+async def test_issue13_a_shadow_rule_forwards_and_names_itself(state: str) -> None:
+    rules = """
+    rules:
+      - {name: one-per-step, fields: [session, step], max_calls: 1, window_seconds: 60,
+         mode: shadow}
+    """
+    async with running_proxy(rules, state=state) as rig:
+        async with client(rig, **{"X-Loopwarden-Step": "page-3"}) as sdk:
+            codes = await shadow_codes(sdk, ["Summarise page 3", "Summarise page 3 again"])
+        assert codes == [None, "duplicate_call:one-per-step"]
+        assert len(rig.upstream.calls(COMPLETIONS)) == 2
+
+
+async def test_issue13_an_enforce_rule_still_refuses_beside_a_shadow_circuit(state: str) -> None:
+    rules = """
+    call_loop: {mode: shadow, max_repeats: 1}
+    rules:
+      - {name: three-per-session, fields: [session], max_calls: 3, window_seconds: 60}
+    """
+    async with running_proxy(rules, state=state) as rig:
+        async with client(rig) as sdk:
+            codes = await shadow_codes(sdk, ["one", "two", "three"])
+            assert codes == [None, None, None]
+            with pytest.raises(openai.RateLimitError) as caught:
+                await sdk.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "four"}]
+                )
+        assert caught.value.code == "duplicate_call"
+        assert SHADOW_HEADER not in caught.value.response.headers
+        assert len(rig.upstream.calls(COMPLETIONS)) == 3
