@@ -104,6 +104,7 @@ def _parse_count(name: str, value: object) -> int:
     return int(number)
 
 
+_RULE_NAME_RX = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DURATION_RX = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)\s*", re.IGNORECASE)
 _UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0}
 
@@ -198,8 +199,12 @@ class UniquenessRule:
     mode: GuardMode = "enforce"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
-            raise ValueError(f"name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.name, str) or not _RULE_NAME_RX.fullmatch(self.name):
+            shown = self.name[:40] if isinstance(self.name, str) else self.name
+            raise ValueError(
+                "name must be 1-64 ASCII letters, digits, '.', '-' or '_' (it is sent in "
+                f"response headers), got {shown!r}"
+            )
         fields = (self.fields,) if isinstance(self.fields, str) else tuple(self.fields)
         if not fields:
             raise ValueError(f"fields must list at least one of {', '.join(RULE_FIELDS)}")
