@@ -14,8 +14,11 @@ BENCHES = (
     "bench.call_loop_bench",
     "bench.pipeline_bench",
     "bench.telegram_bench",
+    "bench.room_guard_bench",
     "bench.state_bench",
     "bench.proxy_bench",
+    "bench.replay_bench",
+    "bench.history_bench",
 )
 
 
