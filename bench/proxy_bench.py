@@ -16,7 +16,15 @@ floor, the added latency the figure to watch.
 
 Targets: <= 1 ms added latency at p50 with memory state, <= 0.5 ms with sqlite state.
 
-Run: `.venv/bin/python -m bench.proxy_bench [--quick]` (--quick: a fifth of the requests).
+Budgets (issue 14): in the same run, on memory, sqlite and redis state, two proxies on
+one upstream, one without budgets and one with three (per agent a day, all calls a
+month, per customer in tokens a day; limits far above what the run spends), requests
+alternating between them one at a time: the p50 difference is what the budgets add
+(target <= 0.2 ms on memory). On redis it also counts the script calls per LLM call:
+every check of a call (budgets, circuit, rules) is one EVALSHA, its charge one more.
+
+Run: `.venv/bin/python -m bench.proxy_bench [--quick] [--budgets-only]` (--quick: a
+fifth of the requests).
 """
 
 from __future__ import annotations
@@ -40,6 +48,13 @@ from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM
 
 TARGET_ADDED_P50_MS = 1.0
+TARGET_BUDGETS_ADDED_P50_MS = 0.2
+BUDGETS = """
+  budgets:
+    - {name: agent-daily, per: [agent], limit_usd: 100000, period: day}
+    - {name: all-monthly, per: [], limit_usd: 500000, period: month}
+    - {name: customer-tokens, per: [customer], limit_tokens: 900000000000, period: day}
+"""
 TARGET_SQLITE_ADDED_P50_MS = 0.5
 CONCURRENCY = 32
 PROXY_KEY = "lw-bench-key"
@@ -59,7 +74,7 @@ class Latencies:
         return ordered[index]
 
 
-def _config(upstream: str, state: str) -> str:
+def _config(upstream: str, state: str, extra: str = "") -> str:
     return f"""
 state: {state}
 proxy:
@@ -69,7 +84,7 @@ proxy:
   upstreams:
     openai: {{base_url: '{upstream}/v1', api_key: sk-bench-upstream-key}}
   prices: {{'gpt-4o*': {{input_per_1k: 0.0025, output_per_1k: 0.01}}}}
-"""
+{extra}"""
 
 
 def _body(n: int) -> dict[str, object]:
@@ -160,15 +175,95 @@ async def _measure(state: str, label: str, requests: int) -> float:
     return added
 
 
+async def _evalsha_calls(url: str) -> int:
+    """Script calls Redis has served so far."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+    finally:
+        await client.aclose()
+    entry = stats.get("cmdstat_evalsha")
+    return int(entry["calls"]) if isinstance(entry, dict) else 0
+
+
+async def _budgets(state: str, label: str, requests: int, redis_url: str | None) -> float:
+    """Budgets off against budgets on, alternating, in one run: the p50 they add."""
+    async with FakeLLM() as upstream:
+        proxies = [
+            ProxyServer(
+                parse_config(_config(upstream.url, state, extra), env={}), alerter=Alerter([])
+            )
+            for extra in ("", BUDGETS)
+        ]
+        for proxy in proxies:
+            await proxy.start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                auth = {"Authorization": f"Bearer {PROXY_KEY}", "X-Loopwarden-Customer": "acme"}
+                off, on = (
+                    _sender(http, f"http://127.0.0.1:{p.port}/openai/v1/chat/completions", auth)
+                    for p in proxies
+                )
+                await _sequential(off, on, max(50, requests // 10))  # warm-up
+                gc.collect()
+                before = await _evalsha_calls(redis_url) if redis_url else 0
+                plain, budgeted = await _sequential(off, on, requests)
+                scripts = (await _evalsha_calls(redis_url) - before) if redis_url else 0
+        finally:
+            for proxy in proxies:
+                await proxy.stop()
+    added = budgeted.percentile(50) - plain.percentile(50)
+    print(f"\nbudgets, {label}: {requests:,} requests each, alternating")
+    print(f"  {'':<14}{'p50 ms':>9}{'p99 ms':>9}")
+    for name, lat in (("budgets off", plain), ("3 budgets on", budgeted)):
+        print(f"  {name:<14}{lat.percentile(50):>9.3f}{lat.percentile(99):>9.3f}")
+    print(f"  added by the budgets: p50 {added:.3f} ms")
+    if redis_url:
+        # Each request pair: one decide without budgets; one admit and one charge with them.
+        per_call = (scripts - requests) / requests
+        print(f"  redis script calls per budgeted call: {per_call:.2f} (all checks 1, charge 1)")
+    return added
+
+
+def _budget_runs(requests: int) -> list[tuple[str, float]]:
+    """The budgets on/off comparison on memory, sqlite and (when installed) redis state."""
+    from tests.fakes.redis_server import RedisServer, RedisServerMissing
+
+    figures = [("memory", asyncio.run(_budgets("{backend: memory}", "memory", requests, None)))]
+    with tempfile.TemporaryDirectory(prefix="lw-proxy-bench-") as workdir:
+        path = Path(workdir) / "budgets.sqlite3"
+        sqlite = f"{{backend: sqlite, path: '{path}'}}"
+        figures.append(("sqlite", asyncio.run(_budgets(sqlite, "sqlite", requests, None))))
+        try:
+            server = RedisServer(Path(workdir) / "redis")
+        except RedisServerMissing as exc:
+            print(f"\nbudgets, redis: skipped ({exc})")
+            return figures
+        with server:
+            state = f"{{backend: redis, url: '{server.url}'}}"
+            figures.append(("redis", asyncio.run(_budgets(state, "redis", requests, server.url))))
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     """Measure with memory and sqlite state; print figures, ratios and the targets."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--quick", action="store_true", help="a fifth of the requests")
+    parser.add_argument("--budgets-only", action="store_true", help="only budgets on/off")
     args, _ = parser.parse_known_args(argv)
     requests = 400 if args.quick else 2_000
     print(
         f"python {platform.python_version()} on {platform.machine()}, aiohttp {aiohttp.__version__}"
     )
+    budgets = _budget_runs(requests)
+    for state, figure in budgets:
+        verdict = "met" if figure <= TARGET_BUDGETS_ADDED_P50_MS else "NOT met"
+        target = TARGET_BUDGETS_ADDED_P50_MS
+        print(f"target <= {target:.1f} ms added by budgets at p50 ({state} state): {verdict}")
+    if args.budgets_only:
+        return 0
     added = asyncio.run(_measure("{backend: memory}", "memory state", requests))
     with tempfile.TemporaryDirectory(prefix="lw-proxy-bench-") as workdir:
         path = Path(workdir) / "state.sqlite3"

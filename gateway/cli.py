@@ -1,4 +1,5 @@
-"""The `loopwarden` command line: `run`, `check-config`, `demo`, `proxy`, `circuits`, `calls`.
+"""The `loopwarden` command line: `run`, `check-config`, `demo`, `proxy`, `circuits`, `calls`,
+`replay`.
 
 Each subcommand is one `_add_<name>(subcommands)` function listed in `SUBCOMMANDS`, which
 adds its parser and sets `handler` to a function of the parsed arguments returning the
@@ -21,7 +22,8 @@ Decisions where DESIGN.md is silent:
   finish, then alert deliveries and request-log writes, then exit 0. A config without a
   `proxy:` section is a config error (exit 2).
 - `circuits` and `calls` open the state backend's call store directly (gateway/calls/
-  commands.py); with memory state they exit 2 and point at the admin API.
+  commands.py); with memory state they exit 2 and point at the admin API. So does
+  `spend` (gateway/proxy/spend.py).
 """
 
 from __future__ import annotations
@@ -38,10 +40,14 @@ from typing import TypeAlias, cast
 from gateway import __version__
 from gateway.admin import parse_duration
 from gateway.calls import commands
+from gateway.calls.budgets import PER_FIELDS, PERIODS
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
 from gateway.logs import configure_logging, secret_values
 from gateway.proxy.app import ProxyServer
+from gateway.proxy.spend import spend_command
+from gateway.replay import command as replay_command
+from gateway.replay.detect import FORMATS
 from gateway.runtime import Gateway, load_connector_factory
 from gateway.state.factory import require_backend
 
@@ -329,6 +335,57 @@ def _calls_preview(args: argparse.Namespace, config: Config) -> int:
     return commands.run_command(commands.preview(config, rule, args.since, sys.stdout))
 
 
+def _add_replay(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "replay",
+        help="replay recorded chat exports or LLM calls: what would the guards have stopped?",
+        description="Run a recorded history (DiscordChatExporter JSON, a Slack export folder "
+        "or zip, a Telegram Desktop result.json, the proxy's calls CSV export or a JSONL of "
+        "chat-completion bodies) through the config's policies offline, and report what "
+        "would have been refused.",
+    )
+    _config_option(parser)
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="an export file or folder")
+    parser.add_argument("--format", choices=FORMATS, default="auto", help="default: auto")
+    parser.add_argument(
+        "--bot",
+        action="append",
+        default=[],
+        metavar="ID_OR_NAME",
+        help="treat this sender as a bot (a display name, a platform id or Telegram from_id)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML page")
+    parser.set_defaults(handler=_with_config(_replay))
+
+
+def _replay(args: argparse.Namespace, config: Config) -> int:
+    return replay_command.run(
+        config,
+        args.inputs,
+        wanted=args.format,
+        bots=args.bot,
+        as_json=args.json,
+        report_path=args.report,
+    )
+
+
+def _add_spend(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "spend",
+        help="what each budget group of the proxy has spent this period (sqlite or redis state)",
+        description="Print each proxy.budgets group's spend, limit, share and period end.",
+    )
+    parser.add_argument("--by", choices=PER_FIELDS, help="only the budgets grouped by this field")
+    parser.add_argument("--period", choices=PERIODS, help="only the budgets of this period")
+    _config_option(parser)
+    parser.set_defaults(handler=_with_config(_spend))
+
+
+def _spend(args: argparse.Namespace, config: Config) -> int:
+    return commands.run_command(spend_command(config, args.by, args.period, sys.stdout))
+
+
 SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     _add_run,
     _add_check_config,
@@ -336,6 +393,8 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     _add_proxy,
     _add_circuits,
     _add_calls,
+    _add_spend,
+    _add_replay,
 )
 
 

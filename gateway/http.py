@@ -333,6 +333,24 @@ def circuit_admin_routes(
     return _AdminApi(admin, state, token).circuit_routes()
 
 
+class AdminBody(_Body):
+    """The body of an admin route another module adds (the proxy's spend routes)."""
+
+
+_A = TypeVar("_A", bound=AdminBody)
+
+
+def admin_route(
+    admin: AdminService,
+    state: StateStore,
+    token: SecretStr | None,
+    route: tuple[str, str, type[_A], Callable[[_A], Awaitable[AdminAck]]],
+) -> web.RouteDef:
+    """One more admin route (method, path, body, action), with the API's auth and audit."""
+    method, path, model, action = route
+    return _AdminApi(admin, state, token)._route(method, path, model, action)
+
+
 def create_app(
     *,
     readiness: Callable[[], Readiness],

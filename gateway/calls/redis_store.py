@@ -46,11 +46,31 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
-from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome, MemoryCallStore
+from gateway.calls import budgets_redis
+from gateway.calls.budgets import (
+    ADMITTED_FREE,
+    Amount,
+    GroupSpend,
+    Limits,
+    SpendAlert,
+    SpendEvent,
+    SpendGroup,
+    SpendHold,
+    SpendVerdict,
+)
+from gateway.calls.budgets_redis import SPEND_CHECK, SPEND_HOLD, SPEND_PRELUDE
+from gateway.calls.store import (
+    LOG_KEEP,
+    OUTCOMES,
+    Admission,
+    CallLogEntry,
+    CallOutcome,
+    MemoryCallStore,
+)
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
@@ -142,16 +162,25 @@ end
 """
 )
 
-# KEYS: circuit hold, call events, seq, then per applicable rule: group hold, rule events.
-# ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name.
+# KEYS: circuit hold, call events, seq, then per applicable rule: group hold, rule events,
+# then per budget group: its record and its admin's limits (budgets_redis).
+# ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name,
+# then the spend estimate and per group its limits and end, and last the group count.
 # Returns {0, at, count, 0} allowed; {1, pause, count, 0} loop detected;
-# {2, remaining, refusals, rule index or 0} paused; {3, retry_after, count, rule index}.
+# {2, remaining, refusals, rule index or 0} paused; {3, retry_after, count, rule index};
+# {4, ...} refused by a budget (budgets_redis.SPEND_CHECK).
 _DECIDE = (
     _PRELUDE
+    + SPEND_PRELUDE
     + """
 local now = clock(ARGV[1])
 local max_repeats, window, seconds = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local nrules = (#KEYS - 3) / 2
+local ngroups = tonumber(ARGV[#ARGV])
+local nrules = (#KEYS - 3 - 2 * ngroups) / 2
+local skeys, sargs = 3 + 2 * nrules, 4 + 4 * nrules
+"""
+    + SPEND_CHECK
+    + """
 local h = hold(KEYS[1], now)
 if h and h.pu > now then
   return {2, num(h.pu - now), redis.call('HINCRBY', KEYS[1], 'n', 1), 0}
@@ -195,9 +224,15 @@ count(KEYS[2], at, member, now, window)
 for i = 1, nrules do
   count(KEYS[3 + 2 * i], at, member, now, tonumber(ARGV[4 + 4 * (i - 1) + 2]))
 end
+"""
+    + SPEND_HOLD
+    + """
 return {0, at, repeats + 1, 0}
 """
 )
+_CHARGE = _PRELUDE + SPEND_PRELUDE + budgets_redis.CHARGE
+_LIVE = _PRELUDE + SPEND_PRELUDE + budgets_redis.LIVE
+_LIVE_LIMITS = LUA_CLOCK + budgets_redis.LIVE_LIMITS
 
 # KEYS: counted-call sets (the circuit's first). ARGV: the call's time (never the score of
 # `idle`, which is later than every counted call). Returns 1 when the circuit's call was
@@ -290,6 +325,9 @@ class RedisCallStore(RedisLinked):
         self._uncount = script(_UNCOUNT)
         self._reopen = script(_REOPEN)
         self._paused = script(_PAUSED)
+        self._charge = script(_CHARGE)
+        self._live = script(_LIVE)
+        self._live_limits = script(_LIVE_LIMITS)
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
@@ -313,6 +351,31 @@ class RedisCallStore(RedisLinked):
         policy: CallLoopPolicy | None = None,
     ) -> CallDecision:
         """Decide one call and count it when allowed, in one script call."""
+        admission = await self._admit(circuit, fingerprint, fields, None, policy)
+        if admission.call is None:
+            raise StateError("the decide script answered a budget refusal without budgets")
+        return admission.call
+
+    async def admit(
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str],
+        spend: SpendEvent,
+        *,
+        policy: CallLoopPolicy | None = None,
+    ) -> Admission:
+        """The budgets, the circuit and the rules of one call in one script call."""
+        return await self._admit(circuit, fingerprint, fields, spend, policy)
+
+    async def _admit(
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str],
+        spend: SpendEvent | None,
+        policy: CallLoopPolicy | None,
+    ) -> Admission:
         event = call_event(circuit, fingerprint, fields, self._rules)
         identity = event.identity
         if policy is None:
@@ -336,24 +399,110 @@ class RedisCallStore(RedisLinked):
                 candidate.action,
                 candidate.name,
             ]
+        groups = spend.groups if spend is not None else ()
+        if spend is not None:
+            keys += self._spend_keys(groups)
+            args += budgets_redis.check_args(spend)
+        args.append(len(groups))
         try:
-            kind, value, count, index = await self._link.guarded(
-                lambda: self._decide(keys=keys, args=args)
-            )
+            reply = await self._link.guarded(lambda: self._decide(keys=keys, args=args))
         except StateError:
-            return await self._unavailable(circuit, fingerprint, fields, policy)
+            return await self._unavailable(circuit, fingerprint, fields, spend, policy)
+        kind, value, count, index = reply[:4]
         number, count = float(value), int(count)
+        hold = SpendHold(groups, spend.estimate) if spend is not None and groups else None
+        admitted = SpendVerdict(True, hold=hold)
+        if kind == 4:
+            group = groups[count - 1]
+            limits, alert = budgets_redis.refused_alert(group, reply)
+            refused = SpendVerdict(
+                False, refused=group, limits=limits, retry_after=number, alert=alert
+            )
+            return Admission(None, refused)
         rule, key = applied[int(index) - 1] if index else (None, ())
         if kind == 0:
             rule_keys = tuple((r.name, k) for r, k in applied)
-            return allowed_verdict(circuit, identity, count, number, rule_keys)
+            return Admission(allowed_verdict(circuit, identity, count, number, rule_keys), admitted)
         if kind == 1:
-            return loop_verdict(circuit, count, number)
+            return Admission(loop_verdict(circuit, count, number), admitted)
         if kind == 2:
-            return paused_verdict(circuit, number, count, None if rule is None else rule.name)
+            paused = paused_verdict(circuit, number, count, None if rule is None else rule.name)
+            return Admission(paused, admitted)
         if rule is None:
             raise StateError(f"the decide script answered {kind} without a rule")
-        return duplicate_verdict(circuit, rule, key, count, number)
+        return Admission(duplicate_verdict(circuit, rule, key, count, number), admitted)
+
+    def _spend_keys(self, groups: Sequence[SpendGroup]) -> list[str]:
+        """Per group: its record's key and its budget's admin-limit key."""
+        keys: list[str] = []
+        for group in groups:
+            keys += [f"{self._base}spend:{group.key}", f"{self._base}spendlimit:{group.limit_key}"]
+        return keys
+
+    async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
+        """`step_charge` in one script call (while Redis is down: on the local records)."""
+        keys = self._spend_keys(hold.groups)
+        args = budgets_redis.charge_args(self._link.now(), hold, used)
+        try:
+            reply = await self._link.guarded(lambda: self._charge(keys=keys, args=args))
+        except StateError:
+            local = self._local
+            return [] if local is None else await local.charge(hold, used)
+        return budgets_redis.charge_alerts(hold, reply)
+
+    async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
+        """The groups of periods not ended (SCAN: an admin path)."""
+        head = f"{self._base}spend:"
+
+        async def live() -> list[tuple[str, GroupSpend]]:
+            keys = sorted({key async for key in self._link.scan(glob_escape(head) + "*")})
+            if not keys:
+                return []
+            replies = await self._live(keys=keys, args=[self._link.now()])
+            return [
+                (key[len(head) :], budgets_redis.live_group(reply))
+                for key, reply in zip(keys, replies, strict=True)
+                if reply
+            ]
+
+        return await self._link.guarded(live)
+
+    async def spend_limits(self) -> dict[str, Limits]:
+        """The admins' limits in force (SCAN: an admin path)."""
+        head = f"{self._base}spendlimit:"
+
+        async def live() -> dict[str, Limits]:
+            keys = sorted({key async for key in self._link.scan(glob_escape(head) + "*")})
+            if not keys:
+                return {}
+            replies = await self._live_limits(keys=keys, args=[self._link.now()])
+            return {
+                key[len(head) :]: budgets_redis.live_limit(reply)
+                for key, reply in zip(keys, replies, strict=True)
+                if reply
+            }
+
+        return await self._link.guarded(live)
+
+    async def set_spend_limit(self, key: str, limits: Limits, ends_at: float) -> None:
+        """Store an admin's limits until the period ends (a minute longer, like the records)."""
+        name = f"{self._base}spendlimit:{key}"
+        usd = "" if limits.nano_usd is None else str(limits.nano_usd)
+        tokens = "" if limits.tokens is None else str(limits.tokens)
+
+        async def put() -> None:
+            async with self._link.client.pipeline(transaction=True) as pipe:
+                pipe.delete(name)
+                pipe.hset(name, mapping={"u": usd, "t": tokens, "ea": repr(ends_at)})
+                pipe.expireat(name, int(ends_at) + 61)
+                await pipe.execute()
+
+        await self._link.guarded(put)
+
+    async def reset_spend(self, key: str) -> bool:
+        """Forget one group's spend."""
+        name = f"{self._base}spend:{key}"
+        return bool(await self._link.guarded(lambda: self._link.client.delete(name)))
 
     def _fallback(self) -> MemoryCallStore:
         """The per-process store that decides while Redis is down with `on_error: allow`."""
@@ -368,14 +517,25 @@ class RedisCallStore(RedisLinked):
         self._local = None
 
     async def _unavailable(
-        self, circuit: str, fingerprint: str, fields: Mapping[str, str], policy: CallLoopPolicy
-    ) -> CallDecision:
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str],
+        spend: SpendEvent | None,
+        policy: CallLoopPolicy,
+    ) -> Admission:
         """The decision while Redis is down: local with `allow`, a refusal with `deny`."""
         if self._link.on_error == "allow":
-            return await self._fallback().decide(circuit, fingerprint, fields, policy=policy)
+            local = self._fallback()
+            if spend is not None:
+                return await local.admit(circuit, fingerprint, fields, spend, policy=policy)
+            decision = await local.decide(circuit, fingerprint, fields, policy=policy)
+            return Admission(decision, ADMITTED_FREE)
         wait = self._link.probe_interval
         message = MSG_STATE_DOWN.format(seconds=max(1, round(wait)))
-        return CallDecision(False, "loop_paused", wait, 0, circuit, message)
+        return Admission(
+            CallDecision(False, "loop_paused", wait, 0, circuit, message), ADMITTED_FREE
+        )
 
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None

@@ -21,6 +21,8 @@ Decisions where DESIGN.md is silent:
   upgraded in place and its counted calls are dropped (they last one window at most),
   its pauses kept.
 - The request log keeps the newest `log_keep` entries (one indexed DELETE per append).
+- Budgets (`gateway.calls.budgets_sqlite`) add their tables to schema 2 with
+  `CREATE TABLE IF NOT EXISTS`: an older loopwarden reading the file ignores them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
-from gateway.calls.store import LOG_KEEP, OUTCOMES, CallLogEntry, CallOutcome
+from gateway.calls import budgets_sqlite
+from gateway.calls.budgets import (
+    Amount,
+    GroupSpend,
+    Limits,
+    SpendAlert,
+    SpendEvent,
+    SpendHold,
+    step_charge,
+    step_release,
+    step_spend,
+)
+from gateway.calls.store import LOG_KEEP, OUTCOMES, Admission, CallLogEntry, CallOutcome
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
 from gateway.state.sqlite_db import SqliteDb
@@ -79,6 +93,7 @@ _SCHEMA = (
         cost REAL, estimated INTEGER NOT NULL, fingerprint TEXT NOT NULL, rule TEXT,
         retry INTEGER NOT NULL, duration_ms REAL NOT NULL, fields TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS call_log_at ON call_log (at)",
+    *budgets_sqlite.SCHEMA,
 )
 _LOG_COLUMNS = (
     "at, provider, agent, session, circuit, model, outcome, status, input_tokens, "
@@ -139,6 +154,57 @@ class SqliteCallStore:
         event = call_event(circuit, fingerprint, fields, self._rules)
         return await self._sqlite.write(lambda db, now: _decide(db, now, event, chosen))
 
+    async def admit(
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str],
+        spend: SpendEvent,
+        *,
+        policy: CallLoopPolicy | None = None,
+    ) -> Admission:
+        """The budgets' step, then `decide`'s, in one transaction."""
+        chosen = self._policy if policy is None else policy
+        event = call_event(circuit, fingerprint, fields, self._rules)
+
+        def admit(db: sqlite3.Connection, now: float) -> Admission:
+            record, verdict = step_spend(budgets_sqlite.load(db, spend, now), spend, now)
+            decision = None
+            if verdict.allowed:
+                decision = _decide(db, now, event, chosen)
+                if not decision.allowed and verdict.hold is not None:
+                    record = step_release(record, verdict.hold, now)
+            budgets_sqlite.save(db, spend, record)
+            return Admission(decision, verdict)
+
+        return await self._sqlite.write(admit)
+
+    async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
+        """`step_charge` on the stored records, in one transaction."""
+
+        def charge(db: sqlite3.Connection, now: float) -> list[SpendAlert]:
+            record, alerts = step_charge(budgets_sqlite.load(db, hold, now), hold, used, now)
+            budgets_sqlite.save(db, hold, record)
+            return alerts
+
+        return await self._sqlite.write(charge)
+
+    async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
+        """The stored groups of periods not ended."""
+        return await self._sqlite.read(budgets_sqlite.live)
+
+    async def spend_limits(self) -> dict[str, Limits]:
+        """The admins' limits in force."""
+        return await self._sqlite.read(budgets_sqlite.live_limits)
+
+    async def set_spend_limit(self, key: str, limits: Limits, ends_at: float) -> None:
+        """Store an admin's limits until the period ends."""
+        await self._sqlite.write(lambda db, now: budgets_sqlite.set_limit(db, key, limits, ends_at))
+
+    async def reset_spend(self, key: str) -> bool:
+        """Forget one group's spend."""
+        return await self._sqlite.write(lambda db, now: budgets_sqlite.reset(db, key))
+
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None
     ) -> bool:
@@ -184,7 +250,7 @@ class SqliteCallStore:
                 for key, until, reason, count in rows
             ]
 
-        return await self._sqlite.write(paused)
+        return await self._sqlite.read(paused)
 
     async def log_call(self, entry: CallLogEntry) -> None:
         """Append one entry; the oldest beyond `log_keep` go."""
@@ -217,7 +283,7 @@ class SqliteCallStore:
             if newest is not None and newest > keep:
                 db.execute("DELETE FROM call_log WHERE id <= ?", (newest - keep,))
 
-        await self._sqlite.write(append)
+        await self._sqlite.write(append, background=True)
 
     async def calls_since(self, seconds: float) -> list[CallLogEntry]:
         """Entries at or after now - seconds, oldest first."""
@@ -229,7 +295,7 @@ class SqliteCallStore:
             )
             return [_entry(row) for row in rows]
 
-        return await self._sqlite.write(since)
+        return await self._sqlite.read(since)
 
 
 def _entry(row: tuple[object, ...]) -> CallLogEntry:
@@ -322,7 +388,8 @@ def _rule_key(name: str, key: RuleKey) -> str:
 
 def _sweep(db: sqlite3.Connection, now: float) -> None:
     """Delete a few idle records of counted calls and expired holds (they decide nothing)."""
-    for table, column in (("call_windows", "idle_at"), ("call_holds", "expires_at")):
+    swept = (("call_windows", "idle_at"), ("call_holds", "expires_at"), *budgets_sqlite.SWEPT)
+    for table, column in swept:
         db.execute(
             f"DELETE FROM {table} WHERE rowid IN "
             f"(SELECT rowid FROM {table} WHERE {column} <= ? LIMIT ?)",

@@ -22,8 +22,21 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
+from gateway.calls.budgets import (
+    Amount,
+    GroupSpend,
+    Limits,
+    SpendAlert,
+    SpendEvent,
+    SpendHold,
+    SpendVerdict,
+    step_charge,
+    step_release,
+    step_spend,
+)
+from gateway.calls.budgets_memory import SpendTable
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
@@ -34,13 +47,19 @@ from guards.call_loop import (
 )
 
 CallOutcome = Literal[
-    "forwarded", "loop_detected", "loop_paused", "duplicate_call", "upstream_error"
+    "forwarded",
+    "loop_detected",
+    "loop_paused",
+    "duplicate_call",
+    "budget_exceeded",
+    "upstream_error",
 ]
 OUTCOMES: tuple[CallOutcome, ...] = (
     "forwarded",
     "loop_detected",
     "loop_paused",
     "duplicate_call",
+    "budget_exceeded",
     "upstream_error",
 )
 LOG_KEEP = 100_000
@@ -86,6 +105,16 @@ class CallLogEntry:
         return LoggedCall(at=self.at, fingerprint=self.fingerprint, fields=self.fields)
 
 
+class Admission(NamedTuple):
+    """The verdicts on one call: the budgets', then (when they admit it) the repeat guard's.
+
+    `call` is None when a budget refused the call: the repeat guard never counted it.
+    """
+
+    call: CallDecision | None
+    spend: SpendVerdict
+
+
 class CallStore(Protocol):
     """Circuits, pauses, uniqueness-rule windows and the request log of LLM calls."""
 
@@ -108,6 +137,34 @@ class CallStore(Protocol):
         `policy` is the circuit's policy for this call (a room's `policy.call_loop`); None
         is the store's own. The calls already counted count against whichever applies.
         """
+
+    async def admit(
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str],
+        spend: SpendEvent,
+        *,
+        policy: CallLoopPolicy | None = None,
+    ) -> Admission:
+        """Decide one call on its budgets (`gateway.calls.budgets.step_spend`) and, when
+        they admit it, as `decide` does, atomically; an admitted call's estimate is held.
+        """
+
+    async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
+        """Replace an admitted call's hold with what it used (None: it cost nothing)."""
+
+    async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
+        """The budget groups of periods not ended, by storage key."""
+
+    async def spend_limits(self) -> dict[str, Limits]:
+        """The admins' limits in force, by budget-and-period key."""
+
+    async def set_spend_limit(self, key: str, limits: Limits, ends_at: float) -> None:
+        """Set a budget's limits until its period ends (the next call is held to them)."""
+
+    async def reset_spend(self, key: str) -> bool:
+        """Forget one group's spend this period; True when it had any."""
 
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None
@@ -144,6 +201,7 @@ class MemoryCallStore:
         self.guard = guard if guard is not None else CallLoopGuard(policy, rules, clock=clock)
         self._wall_clock = wall_clock
         self._log: deque[CallLogEntry] = deque(maxlen=log_keep)
+        self._spend = SpendTable()
 
     async def start(self) -> None:
         """Nothing to open."""
@@ -163,6 +221,53 @@ class MemoryCallStore:
         return self.guard.check(
             circuit=circuit, fingerprint=fingerprint, fields=fields, policy=policy
         )
+
+    async def admit(
+        self,
+        circuit: str,
+        fingerprint: str,
+        fields: Mapping[str, str],
+        spend: SpendEvent,
+        *,
+        policy: CallLoopPolicy | None = None,
+    ) -> Admission:
+        """The budgets' step, then the guard's decision (no I/O between: atomic)."""
+        now = self._wall_clock()
+        table = self._spend
+        record, verdict = step_spend(table.load(spend, now), spend, now)
+        if not verdict.allowed:
+            table.save(spend, record)
+            return Admission(None, verdict)
+        decision = self.guard.check(
+            circuit=circuit, fingerprint=fingerprint, fields=fields, policy=policy
+        )
+        if not decision.allowed and verdict.hold is not None:
+            record = step_release(record, verdict.hold, now)
+        table.save(spend, record)
+        return Admission(decision, verdict)
+
+    async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
+        """`step_charge` on this process's records."""
+        now = self._wall_clock()
+        record, alerts = step_charge(self._spend.load(hold, now), hold, used, now)
+        self._spend.save(hold, record)
+        return alerts
+
+    async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
+        """The live groups of this process."""
+        return self._spend.live(self._wall_clock())
+
+    async def spend_limits(self) -> dict[str, Limits]:
+        """The admins' limits in force in this process."""
+        return self._spend.live_limits(self._wall_clock())
+
+    async def set_spend_limit(self, key: str, limits: Limits, ends_at: float) -> None:
+        """Keep an admin's limits until the period ends."""
+        self._spend.set_limit(key, limits, ends_at)
+
+    async def reset_spend(self, key: str) -> bool:
+        """Forget one group's spend."""
+        return self._spend.reset(key)
 
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None

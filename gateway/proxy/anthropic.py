@@ -20,6 +20,7 @@ from gateway.proxy.provider import (
     Usage,
     bearer,
     count,
+    first_count,
     json_object,
     message_list,
     total,
@@ -73,7 +74,8 @@ class AnthropicProvider:
         messages = message_list(data.get("messages"))
         if messages is None:
             return None
-        return GuardedCall(str(data["model"]), messages, data.get("stream") is True)
+        limit = first_count(data, "max_tokens")
+        return GuardedCall(str(data["model"]), messages, data.get("stream") is True, limit)
 
     def usage(self, data: object) -> Usage | None:
         """`usage` of a message or `message_delta`; `message.usage` of `message_start`.

@@ -1,13 +1,16 @@
 """The LLM-call proxy: an aiohttp reverse proxy that stops repeated calls before the provider.
 
 Routes: `/openai/v1/{path}`, `/anthropic/{path}` and `/gemini/{path}` (any method),
-`/healthz`, and the admin API's `GET /admin/circuits` and `POST /admin/circuits/reopen`
-(bearer `proxy.admin_token`). `ProxyServer` routes and composes; each step is a module:
+`/healthz`, and the admin API's `GET /admin/circuits`, `POST /admin/circuits/reopen`,
+`GET /admin/spend`, `POST /admin/spend/limit` and `POST /admin/spend/reset` (bearer
+`proxy.admin_token`; `spend`). `ProxyServer` routes and composes; each step is a module:
 `auth` (the proxy key names the agent), `paths` (the one canonical path), the provider
 module (`openai`, `anthropic`, `gemini`: is it an LLM call, of which model and
-conversation), `calls` (circuit, rule fields, fingerprint), the CallStore's decision,
+conversation), `calls` (circuit, rule fields, fingerprint), the CallStore's decision
+with the budgets (`budgets`: a `budget_exceeded` refusal, the charge after the call),
 then `refusal` (the answer to a refused call, and its alert) or `upstream` (forwarding,
-relaying with `relay`), and `request_log` (the entry, written after the response).
+relaying with `relay`), and `request_log` (the entry, written after the response). A
+refusal of a guard in shadow mode is forwarded instead, marked (`shadow`).
 
 Decisions where DESIGN.md is silent:
 - A request without a known proxy key is a 401, before anything else is read. A path
@@ -41,6 +44,7 @@ from gateway.proxy import messages
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.auth import Authenticator
+from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import CallFieldError, build_call
 from gateway.proxy.config import ProxyConfig
 from gateway.proxy.gemini import GeminiProvider
@@ -50,6 +54,8 @@ from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Provider, error_response
 from gateway.proxy.refusal import Refusals, refusal_outcome
 from gateway.proxy.request_log import RequestLog
+from gateway.proxy.shadow import SHADOW_CODE, ShadowModes, add_shadow_header
+from gateway.proxy.spend import spend_admin_routes
 from gateway.proxy.upstream import Upstreams
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
@@ -90,13 +96,24 @@ class ProxyServer:
         prices = PriceTable(proxy.prices, proxy.default_output_tokens)
         self._log = RequestLog(self.store, prices, wall_clock=wall_clock)
         self._refusals = Refusals(self.alerter, clock=clock)
-        self._upstreams = Upstreams(proxy, self.store, self._log)
+        self._shadow = ShadowModes(proxy)
+        self._budgets = ProxyBudgets(proxy, self.store, prices, self.alerter, wall_clock=wall_clock)
+        self._upstreams = Upstreams(proxy, self.store, self._log, self._budgets)
         admin = AdminService(config, self.state, calls=self.store)
         self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        self.app.on_response_prepare.append(add_shadow_header)
         self.app.add_routes(
             [
                 web.get("/healthz", _healthz),
                 *circuit_admin_routes(admin, self.state, proxy.admin_token),
+                *spend_admin_routes(
+                    admin,
+                    self.state,
+                    proxy.admin_token,
+                    budgets=self._budgets,
+                    store=self.store,
+                    clock=wall_clock,
+                ),
                 self._route("/openai/v1/{tail:.*}", OpenAIProvider()),
                 self._route("/anthropic/{tail:.*}", AnthropicProvider()),
                 self._route("/gemini/{tail:.*}", GeminiProvider()),
@@ -174,12 +191,19 @@ class ProxyServer:
         except CallFieldError as exc:
             text = messages.BAD_FIELD.format(reason=exc)
             return error_response(provider, "bad_request", "invalid_field", text)
-        decision = await self.store.decide(call.circuit, call.fingerprint, call.fields)
-        call.decision = decision
+        admission = await self._budgets.admit(call)
+        decision = call.decision = admission.call
+        if decision is None:
+            self._log.record(call, "budget_exceeded", None, None)
+            return self._budgets.refusal(call, admission.spend)
         if not decision.allowed:
-            response, answered = self._refusals.answer(call, decision)
-            self._log.record(call, refusal_outcome(answered), None, None, rule=answered.rule)
-            return response
+            shadow = self._shadow.waived(call, decision)
+            if shadow is None:
+                response, answered = self._refusals.answer(call, decision)
+                self._log.record(call, refusal_outcome(answered), None, None, rule=answered.rule)
+                return response
+            request[SHADOW_CODE] = shadow
+            self._budgets.waived(call)
         return await self._upstreams.forward(
             request, provider, upstream, tail=tail, body=body, call=call
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway.calls.budgets import SpendVerdict
 from gateway.errors import LoopwardenError
 from gateway.proxy.auth import ProxyClient
 from gateway.proxy.provider import GuardedCall, Provider
@@ -39,7 +40,7 @@ class CallFieldError(LoopwardenError, ValueError):
 
 @dataclass(slots=True)
 class ProxiedCall:
-    """One guarded call on its way through the proxy; `decision` once the store decided."""
+    """One guarded call on its way through the proxy; `decision` and `spend` once decided."""
 
     provider: Provider
     client: ProxyClient
@@ -52,6 +53,7 @@ class ProxiedCall:
     retry: int
     started: float
     decision: CallDecision | None = None
+    spend: SpendVerdict | None = None
 
 
 def rule_fields(headers: Mapping[str, str], client: ProxyClient, model: str) -> dict[str, str]:

@@ -9,17 +9,25 @@ Decisions where DESIGN.md is silent:
   list (`[{key: ${LW_KEY}, agent: billing-bot}]`), the form to use when the key comes from
   the environment: `${VAR}` is filled in values, not in mapping keys.
 - `prices` maps model globs (fnmatch, first match wins, in the order written) to prices
-  per 1,000 tokens, in whatever currency you write them.
+  per 1,000 tokens in dollars; they override or add to `genai-prices` (`pricing`).
+- `budgets` (`gateway.proxy.budgets`): `per` fields among agent, session, customer, user,
+  feature, model (each once); `limit_usd` and/or `limit_tokens` (0 up to `gateway.limits`'
+  bounds); `period` day, week or month in `budget_timezone` (an IANA name); `filters`
+  on the same fields, a trailing `*` a prefix. Names are unique.
 - `alerts.webhook` is a URL or `{url: ...}`; it is a secret (Slack and Discord webhook
   URLs carry their token in the path).
 - `admin_token` is at least 16 characters, durations at most 366 days, and no number is
   inf or nan (`gateway.limits`); `call_loop` is checked by building its `CallLoopPolicy`.
+- `call_loop.mode` and each rule's `mode` are `enforce` (default) or `shadow`, exactly
+  (`guards.mode`); a call refused in shadow mode is forwarded with `x-loopwarden-shadow`
+  (`gateway.proxy.shadow`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     AfterValidator,
@@ -32,7 +40,8 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.limits import Duration, long_enough
+from gateway.calls.budgets import Budget, Limits, Period, nano
+from gateway.limits import MAX_TOKENS, MAX_USD, Duration, Mode, long_enough
 from guards.call_loop import CallLoopPolicy, UniquenessRule
 
 
@@ -95,11 +104,12 @@ class Upstreams(_Model):
 
 
 class CallLoopSettings(_Model):
-    """CallLoopPolicy: identical calls allowed per window, and the pause after."""
+    """CallLoopPolicy: identical calls allowed per window, the pause after, and the mode."""
 
     max_repeats: int = Field(default=5, ge=1)
     window_seconds: Duration = Field(default=60.0, gt=0)
     pause_seconds: Duration = Field(default=300.0, ge=0)
+    mode: Mode = "enforce"
 
     @model_validator(mode="after")
     def _guard_runs(self) -> CallLoopSettings:
@@ -114,8 +124,68 @@ class CallLoopSettings(_Model):
 class Price(_Model):
     """What 1,000 input and 1,000 output tokens of a model cost."""
 
-    input_per_1k: float = Field(ge=0)
-    output_per_1k: float = Field(ge=0)
+    input_per_1k: float = Field(ge=0, le=MAX_USD)
+    output_per_1k: float = Field(ge=0, le=MAX_USD)
+
+
+PerField = Literal["agent", "session", "customer", "user", "feature", "model"]
+"""`gateway.calls.budgets.PER_FIELDS` as a type (a test holds the two together)."""
+
+
+class BudgetSettings(_Model):
+    """One entry of `proxy.budgets`: a limit per group of calls per period."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[\w.@-]+$")
+    per: tuple[PerField, ...] = ()
+    limit_usd: float | None = Field(default=None, ge=0, le=MAX_USD)
+    limit_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    period: Period = "day"
+    filters: dict[PerField, Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=dict
+    )
+
+    @field_validator("per")
+    @classmethod
+    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("lists a field twice")
+        return value
+
+    @model_validator(mode="after")
+    def _has_a_limit(self) -> BudgetSettings:
+        if self.limit_usd is None and self.limit_tokens is None:
+            raise ValueError("needs limit_usd, limit_tokens or both")
+        return self
+
+    def budget(self) -> Budget:
+        """The budget the call store steps over (money in nano-dollars)."""
+        usd = None if self.limit_usd is None else nano(self.limit_usd)
+        return Budget(
+            self.name,
+            tuple(self.per),
+            Limits(usd, self.limit_tokens),
+            self.period,
+            tuple(sorted(self.filters.items())),
+        )
+
+
+def _time_zone(value: str) -> str:
+    """An IANA time zone name `zoneinfo` knows (e.g. UTC, Europe/Berlin)."""
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValueError(
+            f"unknown time zone {value[:60]!r} (an IANA name, e.g. UTC or Europe/Berlin)"
+        ) from None
+    return value
+
+
+def _budget_names(value: tuple[BudgetSettings, ...]) -> tuple[BudgetSettings, ...]:
+    names = [budget.name for budget in value]
+    duplicate = next((name for name in names if names.count(name) > 1), None)
+    if duplicate is not None:
+        raise ValueError(f"the budget name {duplicate!r} is used twice")
+    return value
 
 
 class WebhookAlert(_Model):
@@ -217,7 +287,10 @@ class ProxyConfig(_Model):
     rules: Annotated[tuple[UniquenessRule, ...], BeforeValidator(_rules)] = ()
     alerts: AlertsConfig = AlertsConfig()
     prices: dict[str, Price] = Field(default_factory=dict)
-    default_output_tokens: int = Field(default=500, ge=0)
+    default_output_tokens: int = Field(default=500, ge=0, le=MAX_TOKENS)
+    budgets: Annotated[tuple[BudgetSettings, ...], AfterValidator(_budget_names)] = ()
+    budget_timezone: Annotated[str, Field(max_length=64), AfterValidator(_time_zone)] = "UTC"
+    unpriced: Literal["allow", "refuse"] = "allow"
     admin_token: Annotated[OptionalSecret, AfterValidator(long_enough)] = None
     connect_timeout: Duration = Field(default=10.0, gt=0)
     read_timeout: Duration = Field(default=300.0, gt=0)

@@ -25,6 +25,7 @@ from gateway.proxy.provider import (
     GuardedCall,
     Usage,
     bearer,
+    first_count,
     json_object,
     message_list,
     total,
@@ -72,9 +73,12 @@ class GeminiProvider:
             return None
         data = json_object(body)
         messages = message_list(data.get("contents")) if data is not None else None
-        if messages is None:
+        if messages is None or data is None:
             return None
-        return GuardedCall(match.group(1), messages, match.group(2) == "streamGenerateContent")
+        generation = data.get("generationConfig")
+        limit = first_count(generation, "maxOutputTokens") if isinstance(generation, dict) else None
+        stream = match.group(2) == "streamGenerateContent"
+        return GuardedCall(match.group(1), messages, stream, limit)
 
     def usage(self, data: object) -> Usage | None:
         """`usageMetadata` of a response or stream chunk (thinking tokens are output)."""

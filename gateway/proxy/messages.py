@@ -59,3 +59,58 @@ def rule_alert(*, agent: str, session: str, group: str, rule: str, count: int, p
         f"(agent {agent}, session {session or 'none'}) for {format_duration(pause)}. "
         f"Reopen early: loopwarden circuits reopen '{group}'"
     )
+
+
+def money(nano_usd: int | None, tokens: int | None) -> str:
+    """A spend or limit in plain numbers: `$12.3400`, `150000 tokens`, or both."""
+    parts = []
+    if nano_usd is not None:
+        parts.append(f"${nano_usd / 1e9:.4f}")
+    if tokens is not None:
+        parts.append(f"{tokens} tokens")
+    return " and ".join(parts) or "-"
+
+
+def budget_refusal(*, budget: str, group: str, limit: str, ends: str, unpriced: str | None) -> str:
+    """A call refused by a budget: which budget and group, its limit, when it resets.
+
+    It names no figure of another group (another customer's spend is not this client's).
+    """
+    if unpriced is not None:
+        return (
+            f"loopwarden: budget {budget} ({group}) is in dollars and model {unpriced!r} has "
+            "no price, so the call was refused (proxy.unpriced: refuse)."
+        )
+    return (
+        f"loopwarden: budget {budget} for {group} would be passed by this call "
+        f"(limit {limit} this period); it resets at {ends}."
+    )
+
+
+def spend_alert_subject(budget: str, group: str, threshold: int) -> str:
+    """The subject line of a spend alert mail."""
+    return f"loopwarden: budget {budget} at {threshold}% ({group})"
+
+
+def spend_alert(
+    *, budget: str, group: str, threshold: int, spent: str, limit: str, ends: str
+) -> str:
+    """A group reached 50, 80 or 100 percent of its limit: the figures and how to raise it."""
+    return (
+        f"loopwarden: budget {budget} for {group} has reached {threshold}% of its limit: "
+        f"spent {spent} of {limit}; the period ends {ends}. Raise it for this period: "
+        f'POST /admin/spend/limit {{"budget": "{budget}", "limit_usd": ...}} on the '
+        "proxy's admin API, or raise it in proxy.budgets."
+    )
+
+
+def spend_reset(budget: str, group: str, found: bool) -> str:
+    """The answer to resetting one group's spend."""
+    if found:
+        return f"reset the spend of budget {budget} for {group} this period"
+    return f"budget {budget} has no spend for {group} this period: nothing to reset"
+
+
+def spend_limit(budget: str, limit: str, ends: str) -> str:
+    """The answer to setting a budget's limit for this period."""
+    return f"budget {budget}: limit {limit} until the period ends at {ends}"

@@ -21,6 +21,7 @@ from gateway.proxy.provider import (
     Usage,
     bearer,
     count,
+    first_count,
     json_object,
     message_list,
 )
@@ -74,7 +75,8 @@ class OpenAIProvider:
             messages = message_list(prompt) or [{"role": "user", "content": prompt}]
         if messages is None:
             return None
-        return GuardedCall(str(data["model"]), messages, data.get("stream") is True)
+        limit = first_count(data, "max_completion_tokens", "max_tokens", "max_output_tokens")
+        return GuardedCall(str(data["model"]), messages, data.get("stream") is True, limit)
 
     def usage(self, data: object) -> Usage | None:
         """`usage` of a completion or final stream chunk; `response.usage` of responses."""

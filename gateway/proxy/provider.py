@@ -16,6 +16,7 @@ from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
 from gateway.jsonbody import parse_json
+from gateway.limits import MAX_TOKENS
 
 ErrorKind = Literal["refused", "bad_request", "unauthorized", "not_found", "unreachable", "timeout"]
 ERROR_STATUS: Mapping[ErrorKind, int] = {
@@ -76,11 +77,16 @@ OWN_HEADER_PREFIX = "x-loopwarden-"
 
 @dataclass(frozen=True, slots=True)
 class GuardedCall:
-    """What the proxy reads from one LLM request: the model, the conversation, streaming."""
+    """What the proxy reads from one LLM request: the model, the conversation, streaming.
+
+    `max_output` is the request's own bound on output tokens (`max_tokens` or the
+    provider's name for it), which the budgets' estimate uses; None when it set none.
+    """
 
     model: str
     messages: Sequence[Message]
     stream: bool
+    max_output: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,8 +221,19 @@ def message_list(value: object) -> list[Message] | None:
 
 
 def count(value: object) -> int | None:
-    """A token count from a usage object (ints only; bools are not counts)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A token count from a usage object or a request: a whole number 0 to MAX_TOKENS.
+
+    Anything else (a bool, a float, a negative or absurd number) is no count: an
+    upstream's malformed usage is then charged by the estimate, never credited.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return value if 0 <= value <= MAX_TOKENS else None
+
+
+def first_count(data: Mapping[str, object], *names: str) -> int | None:
+    """The first of these fields of a request body that holds a token count."""
+    return next((found for name in names if (found := count(data.get(name))) is not None), None)
 
 
 def total(*values: object) -> int | None:

@@ -40,13 +40,18 @@ def refusal_outcome(decision: CallDecision) -> CallOutcome:
     return _OUTCOMES[decision.code]
 
 
-def refusal_headers(decision: CallDecision) -> dict[str, str]:
-    """The headers of a refusal: when to retry, that the SDK should not, and why."""
-    headers = {
-        "Retry-After": str(max(0, math.ceil(decision.retry_after))),
+def retry_headers(code: str, retry_after: float) -> dict[str, str]:
+    """The headers of any refusal: when to retry (whole seconds), that the SDK should not, why."""
+    return {
+        "Retry-After": str(max(0, math.ceil(retry_after))),
         "x-should-retry": "false",
-        "x-loopwarden-code": decision.code,
+        "x-loopwarden-code": code,
     }
+
+
+def refusal_headers(decision: CallDecision) -> dict[str, str]:
+    """The headers of a repeat guard's refusal (and, for a rule, which rule)."""
+    headers = retry_headers(decision.code, decision.retry_after)
     if decision.rule is not None:
         headers["x-loopwarden-rule"] = decision.rule
     return headers

@@ -39,7 +39,7 @@ def log_entry(
     """The call's entry: reported tokens where the provider gave them, estimates elsewhere."""
     model = call.call.model
     reported = usage or Usage()
-    guess_in, guess_out = prices.estimate(model, call.request_bytes)
+    guess_in, guess_out = prices.estimate(model, call.request_bytes, call.call.max_output)
     input_tokens = guess_in if reported.input_tokens is None else reported.input_tokens
     output_tokens = guess_out if reported.output_tokens is None else reported.output_tokens
     return CallLogEntry(
@@ -53,7 +53,7 @@ def log_entry(
         status=status,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        cost=prices.cost(model, input_tokens, output_tokens),
+        cost=prices.cost(model, input_tokens, output_tokens, call.provider.name),
         estimated=reported.input_tokens is None or reported.output_tokens is None,
         fingerprint=call.fingerprint,
         rule=rule,
@@ -93,8 +93,8 @@ class RequestLog:
         usage: Usage | None,
         *,
         rule: str | None = None,
-    ) -> None:
-        """Queue the call's entry; a forwarded call's output size feeds later estimates."""
+    ) -> CallLogEntry:
+        """Queue the call's entry (and return it); a forwarded call's output feeds estimates."""
         model = call.call.model
         if outcome == "forwarded" and usage is not None and usage.output_tokens is not None:
             self._prices.observe(model, usage.output_tokens)
@@ -121,6 +121,7 @@ class RequestLog:
         self._queued.append(entry)
         if self._writer is None:
             self._writer = asyncio.create_task(self._write())
+        return entry
 
     @property
     def pending(self) -> int:

@@ -8,7 +8,9 @@ A connection failure answers 502 and a timeout 504, in the provider's format, wi
 `x-should-retry` (the SDK may retry them). A stream the upstream drops midway is cut off
 for the client too (the connection is closed), never ended as if complete. Bodies are
 decoded, masked and read for usage by `relay`; the status line carries the standard
-reason phrase, never the upstream's (it may quote the key it was sent).
+reason phrase, never the upstream's (it may quote the key it was sent). A client that
+hangs up mid-reply is one INFO line naming the circuit, never a traceback; the call's
+usage, when the upstream sent it, is still charged to its budgets (`budgets.settle`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from yarl import URL
 
 from gateway.calls.store import CallOutcome, CallStore
 from gateway.proxy import messages
+from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import ProxiedCall
 from gateway.proxy.config import ProxyConfig, Upstream
 from gateway.proxy.paths import upstream_path
@@ -47,7 +50,13 @@ log = logging.getLogger("loopwarden.proxy")
 class Upstreams:
     """The configured upstreams, their keys' masked forms, and one HTTP session to them."""
 
-    def __init__(self, config: ProxyConfig, store: CallStore, request_log: RequestLog) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        store: CallStore,
+        request_log: RequestLog,
+        budgets: ProxyBudgets,
+    ) -> None:
         self._upstreams: dict[str, Upstream] = {
             name: upstream
             for name, upstream in (
@@ -63,6 +72,7 @@ class Upstreams:
         }
         self._store = store
         self._log = request_log
+        self._budgets = budgets
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
@@ -131,7 +141,8 @@ class Upstreams:
         log.warning("%s upstream failed: %s", provider.name, reason)
         if call is not None and call.decision is not None:
             await self._store.record_outcome(call.decision, None, reason)
-            self._log.record(call, "upstream_error", None, None)
+            entry = self._log.record(call, "upstream_error", None, None)
+            await self._budgets.settle(call, entry, None, status=None, error=reason)
         if kind == "timeout":
             text = messages.UPSTREAM_TIMEOUT.format(provider=provider.name)
         else:
@@ -153,7 +164,7 @@ class Upstreams:
         try:
             decoder = BodyDecoder(answer.headers.get("Content-Encoding", ""))
         except EncodedBodyError as exc:
-            return self._unreadable(provider, call, status, str(exc))
+            return await self._unreadable(provider, call, status, str(exc))
         secrets = self._secrets[provider.name]
         headers = response_headers(answer.headers, secrets)
         if decoder.encoding is not None:
@@ -167,9 +178,9 @@ class Upstreams:
             if call is not None
             else None
         )
-        await response.prepare(request)
         broken: str | None = None
         try:
+            await response.prepare(request)
             while True:
                 try:
                     chunk = await answer.content.readany()
@@ -186,8 +197,10 @@ class Upstreams:
                 await response.write(masker.flush())
                 await response.write_eof()
         except ConnectionError:
-            # The client went away; the call did reach the provider and stays counted.
-            log.info("%s client disconnected during the response", provider.name)
+            # The client went away (every `wrk` run ends so): one line, no traceback. The
+            # call did reach the provider: it stays counted, and is charged.
+            circuit = call.circuit if call is not None else "an unguarded request"
+            log.info("%s client disconnected during the response on %s", provider.name, circuit)
         if broken is not None:
             log.warning("%s upstream response broke off midway: %s", provider.name, broken)
             # Cut the client off too: ending the body normally would pass it as complete.
@@ -200,16 +213,18 @@ class Upstreams:
             outcome: CallOutcome = (
                 "forwarded" if status < 400 and broken is None else "upstream_error"
             )
-            self._log.record(call, outcome, status, usage)
+            entry = self._log.record(call, outcome, status, usage)
+            await self._budgets.settle(call, entry, usage, status=status, error=broken)
         return response
 
-    def _unreadable(
+    async def _unreadable(
         self, provider: Provider, call: ProxiedCall | None, status: int, reason: str
     ) -> web.Response:
         """An answer that cannot be checked for keys: a 502 instead, logged, never retried."""
         log.warning("%s upstream answered in an unreadable encoding: %s", provider.name, reason)
         if call is not None:
-            self._log.record(call, "upstream_error", status, None)
+            entry = self._log.record(call, "upstream_error", status, None)
+            await self._budgets.settle(call, entry, None, status=status)
         text = messages.UPSTREAM_UNREADABLE.format(provider=provider.name, reason=reason)
         # The upstream answers every retry the same way.
         headers = {"x-should-retry": "false"}

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from gateway.proxy.pricing import catalogue_price
 from tests.fakes.llm_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeLLM
 from tests.gateway.proxy.proxy_helpers import PROXY_KEY, UPSTREAM_KEY, Rig, running_proxy
 
@@ -48,7 +49,11 @@ async def test_generate_content_is_forwarded_with_the_upstream_key(
     (entry,) = await rig.logged()
     assert (entry.provider, entry.model, entry.session) == ("gemini", MODEL, "crawl-1")
     assert (entry.input_tokens, entry.output_tokens) == (INPUT_TOKENS, OUTPUT_TOKENS)
-    assert entry.cost is None  # no price for gemini models in the test config
+    # No price in the test config: genai-prices has Google's (issue 14).
+    price = catalogue_price("gemini", MODEL)
+    assert price is not None
+    expected = (INPUT_TOKENS * price.input_per_1k + OUTPUT_TOKENS * price.output_per_1k) / 1000
+    assert entry.cost == pytest.approx(expected)
 
 
 async def test_a_key_in_the_query_string_works_and_is_never_forwarded(

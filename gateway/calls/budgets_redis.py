@@ -1,0 +1,245 @@
+"""The spend step in Lua: the Redis call store's one second version of gateway.calls.budgets.
+
+`SPEND_CHECK` and `SPEND_HOLD` run inside the call store's decide script, so the budgets,
+the circuit and the uniqueness rules of a call are decided in one script call, one round
+trip: the budgets are checked first (a refused call is counted by nothing), the estimate
+is held where the decide script admits the call. `CHARGE` is `step_charge` (and, with no
+usage, `step_release`). Held to the Python step by
+tests/gateway/calls/test_call_store_conformance.py.
+
+Keys, under the call store's `{calls}:` base: `spend:<group key>`, a hash (su, st: spent
+nano-dollars and tokens; hu, ht: held; al: the highest alert sent; ea: when the period
+ends) and `spendlimit:<budget and period>`, an admin's limits (u, t; '' for none; ea).
+Both expire a minute after their period ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.calls.budgets import (
+    Amount,
+    GroupSpend,
+    Limits,
+    SpendAlert,
+    SpendEvent,
+    SpendGroup,
+    SpendHold,
+)
+
+SPEND_PRELUDE = """
+local function spend_load(key, now)
+  local g = redis.call('HMGET', key, 'su', 'st', 'hu', 'ht', 'al', 'ea')
+  if not g[6] then return nil end
+  if tonumber(g[6]) <= now then
+    redis.call('DEL', key)
+    return nil
+  end
+  return {su = tonumber(g[1]), st = tonumber(g[2]), hu = tonumber(g[3]), ht = tonumber(g[4]),
+    al = tonumber(g[5]), ea = tonumber(g[6])}
+end
+local function spend_new(ea)
+  return {su = 0, st = 0, hu = 0, ht = 0, al = 0, ea = ea}
+end
+local function spend_save(key, g, now)
+  redis.call('HSET', key, 'su', g.su, 'st', g.st, 'hu', g.hu, 'ht', g.ht, 'al', g.al,
+    'ea', num(g.ea))
+  redis.call('PEXPIRE', key, ttl(g.ea - now))
+end
+-- The limits in force: an admin's for this period, else the config's ('' is none).
+local function spend_limits(key, now, usd, tokens)
+  local l = redis.call('HMGET', key, 'u', 't', 'ea')
+  if l[3] and tonumber(l[3]) > now then return tonumber(l[1]), tonumber(l[2]) end
+  return tonumber(usd), tonumber(tokens)
+end
+local function spend_share(spent, limit)
+  if not limit then return 0 end
+  if limit == 0 then return math.huge end
+  return 100 * spent / limit
+end
+local function spend_crossed(g, lu, lt)
+  local share = math.max(spend_share(g.su, lu), spend_share(g.st, lt))
+  local found = 0
+  for _, t in ipairs({50, 80, 100}) do
+    if t > g.al and share >= t then found = t end
+  end
+  return found
+end
+"""
+
+# Needs `now`, `KEYS` from index `skeys + 1` (per group: its record, its admin's limits)
+# and ARGV from `sargs + 1` (the estimate's nano-dollars and tokens, then per group: the
+# config's limits and the period's end). Refused: {4, retry_after, group index, alert
+# threshold or 0, spent nano-dollars, spent tokens, limit nano-dollars, limit tokens}.
+SPEND_CHECK = """
+local eu, et = tonumber(ARGV[sargs + 1]), tonumber(ARGV[sargs + 2])
+local spend = {}
+for j = 1, ngroups do
+  local key, a = KEYS[skeys + 2 * j - 1], sargs + 2 + 3 * (j - 1)
+  local g = spend_load(key, now)
+  local lu, lt = spend_limits(KEYS[skeys + 2 * j], now, ARGV[a + 1], ARGV[a + 2])
+  local ea = tonumber(ARGV[a + 3])
+  spend[j] = g or false
+  local su, st, hu, ht = 0, 0, 0, 0
+  if g then su, st, hu, ht = g.su, g.st, g.hu, g.ht end
+  if (lu and su + hu + eu > lu) or (lt and st + ht + et > lt) then
+    local alert = 0
+    if not g or g.al < 100 then
+      g = g or spend_new(ea)
+      g.al = 100
+      spend_save(key, g, now)
+      alert = 100
+    end
+    return {4, num(math.max(0, ea - now)), j, alert, su, st, lu or -1, lt or -1}
+  end
+end
+"""
+
+SPEND_HOLD = """
+for j = 1, ngroups do
+  local g = spend[j] or spend_new(tonumber(ARGV[sargs + 2 + 3 * (j - 1) + 3]))
+  g.hu, g.ht = g.hu + eu, g.ht + et
+  spend_save(KEYS[skeys + 2 * j - 1], g, now)
+end
+"""
+
+# KEYS: per group its record and its admin's limits. ARGV: now, held nano-dollars and
+# tokens, used (1) or released (0), used nano-dollars and tokens, then per group the
+# config's limits and the period's end. Returns per group {threshold, spent nano-dollars,
+# spent tokens, limit nano-dollars, limit tokens} when it crossed one, else false.
+CHARGE = """
+local now = clock(ARGV[1])
+local hu, ht, used = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
+local uu, ut = tonumber(ARGV[5]), tonumber(ARGV[6])
+local out = {}
+for j = 1, #KEYS / 2 do
+  local key, a = KEYS[2 * j - 1], 6 + 3 * (j - 1)
+  local g = spend_load(key, now)
+  out[j] = false
+  if g or used then
+    g = g or spend_new(tonumber(ARGV[a + 3]))
+    g.hu, g.ht = math.max(0, g.hu - hu), math.max(0, g.ht - ht)
+    if used then
+      g.su, g.st = g.su + uu, g.st + ut
+      local lu, lt = spend_limits(KEYS[2 * j], now, ARGV[a + 1], ARGV[a + 2])
+      local t = spend_crossed(g, lu, lt)
+      if t > 0 then
+        g.al = t
+        out[j] = {t, g.su, g.st, lu or -1, lt or -1}
+      end
+    end
+    spend_save(key, g, now)
+  end
+end
+return out
+"""
+
+# KEYS: group records. Returns per key {su, st, hu, ht, al, ea} or false (ended, absent).
+LIVE = """
+local now = clock(ARGV[1])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local g = spend_load(key, now)
+  if g then out[i] = {g.su, g.st, g.hu, g.ht, g.al, num(g.ea)} else out[i] = false end
+end
+return out
+"""
+
+# KEYS: admin-limit keys. Returns per key {u, t} ('' none) or false (ended).
+LIVE_LIMITS = """
+local now = clock(ARGV[1])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local l = redis.call('HMGET', key, 'u', 't', 'ea')
+  if l[3] and tonumber(l[3]) > now then out[i] = {l[1], l[2]} else out[i] = false end
+end
+return out
+"""
+
+
+def _optional(value: int | None) -> str:
+    return "" if value is None else str(value)
+
+
+def group_args(groups: Sequence[SpendGroup]) -> list[str]:
+    """Per group: the config's limits ('' for none) and the period's end."""
+    args: list[str] = []
+    for group in groups:
+        args += [
+            _optional(group.limits.nano_usd),
+            _optional(group.limits.tokens),
+            repr(group.ends_at),
+        ]
+    return args
+
+
+def check_args(event: SpendEvent) -> list[str]:
+    """The spend part of the decide script's ARGV (its group count goes last)."""
+    estimate = event.estimate
+    return [str(estimate.nano_usd), str(estimate.tokens), *group_args(event.groups)]
+
+
+def charge_args(now: str, hold: SpendHold, used: Amount | None) -> list[str]:
+    """The charge script's ARGV."""
+    spent = used or Amount()
+    held = hold.amount
+    return [
+        now,
+        str(held.nano_usd),
+        str(held.tokens),
+        "0" if used is None else "1",
+        str(spent.nano_usd),
+        str(spent.tokens),
+        *group_args(hold.groups),
+    ]
+
+
+def _limit(value: object) -> int | None:
+    number = int(str(value))
+    return None if number < 0 else number
+
+
+def refused_alert(group: SpendGroup, reply: Sequence[object]) -> tuple[Limits, SpendAlert | None]:
+    """The limits and (when due) the alert of a refusal reply `{4, retry, j, alert, ...}`."""
+    limits = Limits(_limit(reply[6]), _limit(reply[7]))
+    spent = Amount(int(str(reply[4])), int(str(reply[5])))
+    if not int(str(reply[3])):
+        return limits, None
+    return limits, SpendAlert(group.budget, group.group, 100, spent, limits, group.ends_at)
+
+
+def charge_alerts(hold: SpendHold, reply: Sequence[object]) -> list[SpendAlert]:
+    """The alerts of a charge reply."""
+    alerts = []
+    for group, crossed in zip(hold.groups, reply, strict=True):
+        if not isinstance(crossed, list):
+            continue
+        threshold, su, st, lu, lt = crossed
+        alerts.append(
+            SpendAlert(
+                group.budget,
+                group.group,
+                int(threshold),
+                Amount(int(su), int(st)),
+                Limits(_limit(lu), _limit(lt)),
+                group.ends_at,
+            )
+        )
+    return alerts
+
+
+def live_group(reply: Sequence[object]) -> GroupSpend:
+    """A group record from the LIVE script's reply."""
+    su, st, hu, ht, al, ea = reply
+    return GroupSpend(
+        Amount(int(str(su)), int(str(st))),
+        Amount(int(str(hu)), int(str(ht))),
+        int(str(al)),
+        float(str(ea)),
+    )
+
+
+def live_limit(reply: Sequence[object]) -> Limits:
+    """An admin's limits from the LIVE_LIMITS script's reply."""
+    usd, tokens = (str(value) for value in reply)
+    return Limits(int(usd) if usd else None, int(tokens) if tokens else None)

@@ -1,0 +1,265 @@
+"""Spend limits in the proxy: each call's budget groups and estimate, the refusal, the charge.
+
+Before forwarding, `ProxyBudgets.admit` builds the call's `SpendEvent` (every budget of
+`proxy.budgets` whose filters it passes, in the group of its `per` values, a missing one
+`(none)`; its estimated cost from `pricing`) and has the call store decide it with the
+repeat guard in one atomic step (`CallStore.admit`: one script call on Redis). A refusal
+is `budget_exceeded` in the provider's own error format (429; on the Gemini routes 400
+`FAILED_PRECONDITION`, as every other refusal there, since Google's clients retry a 429
+whatever the body says), with `Retry-After` to the period's end, `x-should-retry: false`,
+`x-loopwarden-code` and `x-loopwarden-budget`. After the call, `settle` replaces the
+estimate it held with what the request log says it used, and alerts go out through
+`proxy.alerts` when a group crosses 50, 80 or 100 percent of its limit.
+
+Decisions where DESIGN.md is silent:
+- What a call is charged: the tokens the upstream reported (and their price); when it
+  reported none, its estimate if the upstream answered below 400 (a client that hung up
+  is charged too: the provider did the work), nothing for a provider failure (429, 408,
+  5xx, no answer, a stream broken off) or another error answer. A usage block with a
+  count missing or malformed (negative, fractional, absurd) is logged and the missing
+  count charged by the estimate.
+- A model without a price is charged its tokens and no money; with `unpriced: refuse`,
+  a call to it that falls in a budget with `limit_usd` is refused `budget_exceeded`.
+- A call the repeat guard refuses holds nothing; one it refuses in shadow mode is
+  forwarded and charged afterwards without having held its estimate.
+- Periods are worked out on this process's wall clock in `budget_timezone` (cached until
+  the period ends), the same way on every replica.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from aiohttp import web
+
+from gateway.calls.budgets import (
+    ADMITTED_FREE,
+    Amount,
+    Budget,
+    Period,
+    PeriodSpan,
+    SpendAlert,
+    SpendEvent,
+    SpendGroup,
+    SpendHold,
+    SpendVerdict,
+    group_key,
+    limit_key,
+    nano,
+    period_span,
+)
+from gateway.calls.store import Admission, CallLogEntry, CallStore
+from gateway.proxy import messages
+from gateway.proxy.alerts import Alert, Alerter
+from gateway.proxy.calls import ProxiedCall
+from gateway.proxy.config import ProxyConfig
+from gateway.proxy.pricing import PriceTable
+from gateway.proxy.provider import Usage, error_response
+from gateway.proxy.refusal import retry_headers
+from guards.call_loop import is_provider_failure
+
+log = logging.getLogger("loopwarden.proxy")
+
+CODE = "budget_exceeded"
+BUDGET_HEADER = "x-loopwarden-budget"
+
+
+class Periods:
+    """The current period of each kind in one time zone, worked out once per period."""
+
+    def __init__(self, zone: ZoneInfo) -> None:
+        self.zone = zone
+        self._spans: dict[Period, PeriodSpan] = {}
+
+    def span(self, period: Period, now: float) -> PeriodSpan:
+        """The period of this kind holding `now`."""
+        span = self._spans.get(period)
+        if span is None or span.ends_at <= now:
+            span = self._spans[period] = period_span(period, self.zone, now)
+        return span
+
+    def show(self, at: float) -> str:
+        """An instant as people read it in this zone: `2026-01-02 00:00 UTC`."""
+        return datetime.fromtimestamp(at, self.zone).strftime("%Y-%m-%d %H:%M %Z")
+
+
+class ProxyBudgets:
+    """The proxy's budgets: admission with the call store, refusals, charges and alerts."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        store: CallStore,
+        prices: PriceTable,
+        alerter: Alerter,
+        *,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.budgets: tuple[Budget, ...] = tuple(b.budget() for b in config.budgets)
+        self.periods = Periods(ZoneInfo(config.budget_timezone))
+        self._refuse_unpriced = config.unpriced == "refuse"
+        self._store = store
+        self._prices = prices
+        self._alerter = alerter
+        self._wall_clock = wall_clock
+
+    def event(self, call: ProxiedCall, now: float) -> SpendEvent:
+        """The call's budget groups in their current periods, and its estimated cost."""
+        fields = call.fields
+        groups = []
+        for budget in self.budgets:
+            if not budget.matches(fields):
+                continue
+            span = self.periods.span(budget.period, now)
+            groups.append(
+                SpendGroup(
+                    budget.name,
+                    budget.group(fields),
+                    group_key(budget.name, span.label, budget.values(fields)),
+                    limit_key(budget.name, span.label),
+                    budget.limits,
+                    span.ends_at,
+                )
+            )
+        model, provider = call.call.model, call.provider.name
+        tokens_in, tokens_out = self._prices.estimate(
+            model, call.request_bytes, call.call.max_output
+        )
+        cost = self._prices.cost(model, tokens_in, tokens_out, provider) if groups else None
+        return SpendEvent(tuple(groups), Amount(nano(cost or 0.0), tokens_in + tokens_out))
+
+    async def admit(self, call: ProxiedCall) -> Admission:
+        """The budgets' and the repeat guard's verdicts on a call, decided together."""
+        store = self._store
+        if not self.budgets:
+            decision = await store.decide(call.circuit, call.fingerprint, call.fields)
+            return Admission(decision, ADMITTED_FREE)
+        now = self._wall_clock()
+        event = self.event(call, now)
+        unpriced = self._unpriced(call, event)
+        if unpriced is not None:
+            verdict = SpendVerdict(
+                False, refused=unpriced, limits=unpriced.limits, retry_after=unpriced.ends_at - now
+            )
+            call.spend = verdict
+            return Admission(None, verdict)
+        admission = await store.admit(call.circuit, call.fingerprint, call.fields, event)
+        call.spend = admission.spend
+        if admission.spend.alert is not None:
+            self._alert(call, admission.spend.alert)
+        return admission
+
+    def _unpriced(self, call: ProxiedCall, event: SpendEvent) -> SpendGroup | None:
+        """With `unpriced: refuse`, the dollar budget group a call to an unpriced model is in."""
+        if not self._refuse_unpriced:
+            return None
+        dollars = [group for group in event.groups if group.limits.nano_usd is not None]
+        if not dollars or self._prices.price(call.call.model, call.provider.name) is not None:
+            return None
+        return dollars[0]
+
+    def waived(self, call: ProxiedCall) -> None:
+        """A call the repeat guard refused in shadow mode goes on: charge it, holding nothing."""
+        verdict = call.spend
+        if verdict is not None and verdict.hold is not None:
+            hold = SpendHold(verdict.hold.groups, Amount())
+            call.spend = replace(verdict, hold=hold)
+
+    def refusal(self, call: ProxiedCall, verdict: SpendVerdict) -> web.Response:
+        """The `budget_exceeded` answer, in the provider's format."""
+        group = verdict.refused
+        if group is None:
+            raise ValueError("a refusal names the group it would pass")
+        limits = verdict.limits or group.limits
+        dollars = limits.nano_usd is not None
+        unpriced = call.call.model if dollars and self._is_unpriced(call) else None
+        log.info(
+            "agent %s: budget_exceeded on %s: budget %s, group %s",
+            call.client.agent,
+            call.circuit,
+            group.budget,
+            group.group,
+        )
+        text = messages.budget_refusal(
+            budget=group.budget,
+            group=group.group,
+            limit=messages.money(limits.nano_usd, limits.tokens),
+            ends=self.periods.show(group.ends_at),
+            unpriced=unpriced,
+        )
+        headers = retry_headers(CODE, verdict.retry_after)
+        headers[BUDGET_HEADER] = group.budget
+        return error_response(call.provider, "refused", CODE, text, headers)
+
+    def _is_unpriced(self, call: ProxiedCall) -> bool:
+        return (
+            self._refuse_unpriced
+            and self._prices.price(call.call.model, call.provider.name) is None
+        )
+
+    async def settle(
+        self,
+        call: ProxiedCall,
+        entry: CallLogEntry,
+        usage: Usage | None,
+        *,
+        status: int | None,
+        error: str | None = None,
+    ) -> None:
+        """Replace the call's hold with what it used; a provider failure costs nothing."""
+        verdict = call.spend
+        hold = verdict.hold if verdict is not None else None
+        if hold is None:
+            return
+        reported = usage is not None and (
+            usage.input_tokens is not None or usage.output_tokens is not None
+        )
+        if usage is not None and entry.estimated:
+            log.warning(
+                "%s upstream reported a usage block without valid token counts for %s; "
+                "the missing counts are charged by the estimate",
+                call.provider.name,
+                call.circuit,
+            )
+        failed = is_provider_failure(status, error) or status is None or status >= 400
+        used: Amount | None = None
+        if reported or not failed:
+            tokens = (entry.input_tokens or 0) + (entry.output_tokens or 0)
+            used = Amount(nano(entry.cost or 0.0), tokens)
+        for alert in await self._store.charge(hold, used):
+            self._alert(call, alert)
+
+    def _alert(self, call: ProxiedCall, alert: SpendAlert) -> None:
+        """Send one threshold alert through `proxy.alerts`."""
+        limits = alert.limits
+        ends = self.periods.show(alert.ends_at)
+        log.warning(
+            "budget %s for %s reached %d%% of its limit", alert.budget, alert.group, alert.threshold
+        )
+        text = messages.spend_alert(
+            budget=alert.budget,
+            group=alert.group,
+            threshold=alert.threshold,
+            spent=messages.money(
+                alert.spent.nano_usd if limits.nano_usd is not None else None,
+                alert.spent.tokens if limits.tokens is not None else None,
+            ),
+            limit=messages.money(limits.nano_usd, limits.tokens),
+            ends=ends,
+        )
+        self._alerter.notify(
+            Alert(
+                agent=call.client.agent,
+                session=call.session,
+                circuit=f"{alert.budget} {alert.group}",
+                count=alert.threshold,
+                code="spend_alert",
+                subject=messages.spend_alert_subject(alert.budget, alert.group, alert.threshold),
+                text=text,
+            )
+        )
