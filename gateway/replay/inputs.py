@@ -31,6 +31,7 @@ from typing import IO, Protocol
 
 import ijson
 
+from gateway.errors import LoopwardenError
 from gateway.jsonbody import MAX_DEPTH, JsonBodyError, parse_json
 from gateway.replay.records import ReplayInputError, Skipped
 
@@ -56,7 +57,7 @@ class Limits:
     max_document_bytes: int = 256 * 1024**2
 
 
-class DepthError(ValueError):
+class DepthError(LoopwardenError, ValueError):
     """The bytes nest deeper than MAX_DEPTH."""
 
 
