@@ -22,6 +22,12 @@ Decisions where DESIGN.md is silent:
 - A stored override the policy refuses today is ignored with a logged warning
   (`gateway.config.resolve_policy`) and does not stop a `set` of another field.
 - `set` and `pause` apply to the room (`platform:channel`), across its threads.
+- `set bot_loop.mode shadow` (also `tool_loop.mode`, `call_loop.mode`) takes exactly
+  `enforce` or `shadow`; `status` then says "<guard>: shadow: would have refused N" for
+  each guard in shadow mode (N counted in this process since it started).
+- `forget` empties the transcript (DESIGN.md §3) of the thread it is typed in, or of the
+  room and all its threads when typed outside one, for every hosted bot; the chat stage
+  names a DM's transcript (`gateway.middlewares.transcript.conversation_room`).
 - `circuits` and `reopen <circuit>` act on the LLM-call circuits of the CallStore given
   (the gateway's own agents, and the proxy's when both share a sqlite or redis state);
   they are not tied to the room the command is typed in.
@@ -42,17 +48,16 @@ from gateway import messages
 from gateway.calls.store import CallStore
 from gateway.config import Config, Policy, ToolLoopSettings, first_error, with_override
 from gateway.errors import LoopwardenError
-from gateway.limits import MAX_DURATION_SECONDS
+from gateway.limits import parse_duration
 from gateway.metrics import ReportsOutages
 from gateway.policies import PolicyCache
 from gateway.refusals import RecentRefusals
 from gateway.safeyaml import YamlLimitError, load_yaml
+from gateway.state import transcripts
 from gateway.state.base import StateStore
 from guards.lookalike import fold
 from guards.loop_guard import LoopGuardConfig
 
-_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhd]?)", re.IGNORECASE | re.ASCII)
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3_600, "d": 86_400}
 _MENTION = re.compile(r"<@!?(\w+)>")
 _JSON_SCALARS = (str, int, float, bool, type(None))
 MAX_VALUE_CHARS = 500
@@ -87,11 +92,17 @@ class AdminService:
         self._calls = calls
         self._recent = recent or RecentRefusals()
         self._bot_users: dict[str, str] = {}
+        self._hosted_users: frozenset[str] = frozenset()
 
     def register_bot(self, bot_id: str, user_id: str) -> None:
         """Learn a hosted bot's platform user id, so `reset <bot>` and `status` can use names."""
         if user_id and self._bot_users.get(bot_id) != user_id:
             self._bot_users[bot_id] = user_id
+            self._hosted_users = frozenset(self._bot_users.values())
+
+    def is_hosted_bot(self, user_id: str) -> bool:
+        """Whether `user_id` is the platform user of a hosted bot registered so far."""
+        return user_id in self._hosted_users
 
     async def run(
         self, room: str, args: Sequence[str], *, thread_id: str | None = None, prefix: str = "/loop"
@@ -120,6 +131,8 @@ class AdminService:
             if len(rest) < 2:
                 return AdminAck(messages.set_usage(prefix), ok=False)
             return await self._set(room, rest[0], " ".join(rest[1:]), thread_id)
+        if name == "forget":
+            return AdminAck(await self.forget(room, thread_id=thread_id))
         if name == "circuits":
             return AdminAck(await self.circuits())
         if name == "reopen":
@@ -129,7 +142,7 @@ class AdminService:
         return AdminAck(messages.help_text(prefix), ok=name == "help")
 
     async def status(self, room: str, *, thread_id: str | None = None) -> str:
-        """The room's policy summary, pause, pairs held and recent refusals."""
+        """The room's policy summary, shadow guards, pause, pairs held and recent refusals."""
         policy = await self.effective_policy(room, thread_id=thread_id)
         names = {user: bot for bot, user in self._bot_users.items()}
         pairs = [
@@ -152,6 +165,7 @@ class AdminService:
             paused=await self._state.pause_remaining(room),
             pairs=pairs,
             refusals=refusals,
+            shadowed=self._recent.shadowed(room),
         )
         if isinstance(self._state, ReportsOutages) and self._state.degraded:
             text += "\n" + messages.STATUS_DEGRADED
@@ -190,6 +204,13 @@ class AdminService:
         was_paused = await self._state.pause_remaining(room) is not None
         await self._state.resume(room)
         return messages.resume_ack(was_paused)
+
+    async def forget(self, room: str, *, thread_id: str | None = None) -> str:
+        """Empty the thread's transcript, or the room's and its threads' when not in one."""
+        dropped = await self._state.transcript_forget(
+            transcripts.scope(room, thread_id), threads=thread_id is None
+        )
+        return messages.forget_ack(dropped, thread=thread_id is not None)
 
     async def circuits(self) -> str:
         """The LLM-call circuits (and rule groups) paused now."""
@@ -236,15 +257,6 @@ def split_room(room: str) -> tuple[str, str]:
     return platform, channel
 
 
-def parse_duration(text: str) -> float | None:
-    """`30s`, `10m`, `2h`, `1d` or bare seconds; None when unreadable, not positive or too long."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
-        return None
-    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2).lower()]
-    return seconds if 0 < seconds <= MAX_DURATION_SECONDS else None
-
-
 def _field_problem(dotted: str) -> str | None:
     """Why `dotted` is not a settable leaf field of Policy, or None when it is."""
     model: type[BaseModel] = Policy
@@ -273,19 +285,22 @@ def _model_of(annotation: object) -> type[BaseModel] | None:
 
 
 def _leaf_names(model: type[BaseModel]) -> list[str]:
-    if model is ToolLoopSettings:
-        return [f.name for f in dataclasses.fields(LoopGuardConfig)]
+    if model is ToolLoopSettings:  # its declared `mode`, then the LoopGuardConfig fields
+        return [*model.model_fields, *(f.name for f in dataclasses.fields(LoopGuardConfig))]
     return list(model.model_fields)
 
 
 def _parse_value(raw: str) -> object:
     """The value as YAML (`6`, `true`, `[a, b]`), the raw text when that is not YAML.
 
-    Raises `_RefusedValue` for what no field can take: an over-long text, YAML beyond the
-    parser's bounds, a non-finite number, a number written in look-alike digits.
+    Raises `_RefusedValue` for what no field can take: an over-long text, leading or
+    trailing whitespace (`" shadow"` is no mode), YAML beyond the parser's bounds, a
+    non-finite number, a number written in look-alike digits.
     """
     if len(raw) > MAX_VALUE_CHARS:
         raise _RefusedValue(messages.value_too_long(MAX_VALUE_CHARS))
+    if raw != raw.strip():  # only the admin API can send it: chat splits on spaces
+        raise _RefusedValue(messages.VALUE_SPACES)
     try:
         value = load_yaml(raw)
     except YamlLimitError as exc:

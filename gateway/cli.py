@@ -38,11 +38,11 @@ from contextlib import contextmanager
 from typing import TypeAlias, cast
 
 from gateway import __version__
-from gateway.admin import parse_duration
 from gateway.calls import commands
 from gateway.calls.budgets import PER_FIELDS, PERIODS
 from gateway.config import Config, load_config
 from gateway.errors import ConfigError
+from gateway.limits import parse_duration
 from gateway.logs import configure_logging, secret_values
 from gateway.proxy.app import ProxyServer
 from gateway.proxy.spend import spend_command

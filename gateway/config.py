@@ -19,6 +19,11 @@ Decisions where DESIGN.md is silent:
   bounds (nesting, alias expansion, digits); such errors name the file.
 - A stored runtime override that today's policy refuses is ignored with a warning by
   `resolve_policy`: the room keeps working on the config's value for that field.
+- `bot_loop`, `tool_loop` and `call_loop` take `mode: enforce | shadow` (DESIGN.md §5),
+  exactly those words (`gateway.limits.Mode`), in the config, a channel rule or `/loop set`.
+- `pipeline.transcript` (`max_messages` 0 switches room memory off, `ttl` in seconds or
+  `7d`) and every agent's `history` (`max_messages` 0: no history) are bounded by
+  `gateway.limits` (DESIGN.md §3; `gateway.middlewares.transcript`).
 """
 
 from __future__ import annotations
@@ -48,7 +53,14 @@ from pydantic import (
 )
 
 from gateway.errors import ConfigError
-from gateway.limits import Duration, long_enough
+from gateway.limits import (
+    MAX_TOKENS,
+    MAX_TRANSCRIPT_MESSAGES,
+    Duration,
+    DurationText,
+    Mode,
+    long_enough,
+)
 from gateway.proxy.config import ProxyConfig
 from gateway.safeyaml import YamlLimitError, load_yaml
 from guards.bot_loop import BotLoopPolicy
@@ -104,6 +116,13 @@ class HttpConfig(_Frozen):
     admin_token: ChosenSecret = None
 
 
+class HistoryConfig(_Frozen):
+    """How much of the room's transcript an agent's turn gets: the newest, within both."""
+
+    max_messages: int = Field(default=40, ge=0, le=MAX_TRANSCRIPT_MESSAGES)
+    max_tokens: int = Field(default=6_000, ge=0, le=MAX_TOKENS)
+
+
 class ScriptedRule(_Frozen):
     """`match` is a regex tried with `re.search`; `reply` a template with {text} and {sender}."""
 
@@ -127,6 +146,7 @@ class ScriptedAgentConfig(_Frozen):
     rules: tuple[ScriptedRule, ...] = ()
     default: str | None = None
     delay: Duration = Field(default=0.0, ge=0)
+    history: HistoryConfig = HistoryConfig()
 
 
 class PythonAgentConfig(_Frozen):
@@ -134,6 +154,7 @@ class PythonAgentConfig(_Frozen):
 
     kind: Literal["python"]
     function: str = Field(pattern=r"^[\w.]+:[\w]+$")
+    history: HistoryConfig = HistoryConfig()
 
 
 MCP_SERVER_NAME_MAX = 32
@@ -233,6 +254,9 @@ class OpenAIAgentConfig(_Frozen):
     timeout: Duration = Field(default=60.0, gt=0)
     temperature: float | None = None
     mcp_servers: tuple[McpServerConfig, ...] = ()
+    stream: bool = False
+    stream_edit_seconds: Duration = Field(default=1.0, gt=0)
+    history: HistoryConfig = HistoryConfig()
 
     @field_validator("tools")
     @classmethod
@@ -288,6 +312,7 @@ class HttpAgentConfig(_Frozen):
     secret: Annotated[Token, AfterValidator(long_enough)]
     timeout: Duration = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1, le=MAX_HTTP_ATTEMPTS)
+    history: HistoryConfig = HistoryConfig()
 
 
 AgentConfig = Annotated[
@@ -413,6 +438,7 @@ class BotLoopSettings(_Frozen):
     cooldown_seconds: Duration = Field(default=60.0, ge=0)
     max_consecutive_bot_turns: int = Field(default=30, ge=0)
     announce_cooldown: bool = True
+    mode: Mode = "enforce"
 
     @model_validator(mode="after")
     def _guard_runs(self) -> BotLoopSettings:
@@ -466,9 +492,14 @@ _UNKNOWN_FIELD = "unknown field (check the spelling; see the README's config ref
 
 
 class ToolLoopSettings(_Frozen):
-    """LoopGuardConfig fields, each typed and bounded, checked by building the guard's config."""
+    """LoopGuardConfig fields, each typed and bounded, checked by building the guard's config.
+
+    Besides them, `mode` (enforce or shadow), which the agents read and the guard never sees.
+    """
 
     model_config = ConfigDict(frozen=True, extra="allow")
+
+    mode: Mode = "enforce"
 
     @model_validator(mode="before")
     @classmethod
@@ -477,6 +508,9 @@ class ToolLoopSettings(_Frozen):
             return data
         typed: dict[str, object] = {}
         for key, value in data.items():
+            if key in cls.model_fields:  # `mode`: declared here, validated by pydantic
+                typed[key] = value
+                continue
             adapter = _LOOP_GUARD_FIELDS.get(str(key))
             if adapter is None:
                 raise _FieldError(str(key), _UNKNOWN_FIELD)
@@ -506,6 +540,7 @@ class CallLoopSettings(_Frozen):
     max_repeats: int = Field(default=5, ge=1, le=MAX_CALL_REPEATS)
     window_seconds: Duration = Field(default=60.0, gt=0)
     pause_seconds: Duration = Field(default=300.0, ge=0)
+    mode: Mode = "enforce"
 
     @model_validator(mode="after")
     def _guard_runs(self) -> CallLoopSettings:
@@ -552,8 +587,15 @@ class ChannelRule(_Frozen):
     policy: dict[str, object] = Field(default_factory=dict)
 
 
+class TranscriptConfig(_Frozen):
+    """Room memory: the messages kept per room and thread (0: none), forgotten `ttl` idle."""
+
+    max_messages: int = Field(default=200, ge=0, le=MAX_TRANSCRIPT_MESSAGES)
+    ttl: DurationText = Field(default=7 * 86_400.0, gt=0)
+
+
 class PipelineConfig(_Frozen):
-    """Stages that can be switched off, and dedupe receipt lifetime."""
+    """Stages that can be switched off, dedupe receipt lifetime, and room memory."""
 
     dedupe: bool = True
     dedupe_ttl_seconds: Duration = Field(default=600.0, gt=0)
@@ -561,6 +603,7 @@ class PipelineConfig(_Frozen):
     typing_indicator: bool = True
     turn_timeout_seconds: Duration = Field(default=120.0, gt=0)
     drain_seconds: Duration = Field(default=10.0, gt=0)
+    transcript: TranscriptConfig = TranscriptConfig()
 
 
 class Config(_Frozen):

@@ -8,7 +8,7 @@ people ("90 s", "10 min", "2 h 5 min"), never as raw floats.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import yaml
@@ -60,9 +60,15 @@ def cooldown_notice(
     a: str, b: str, *, cooldown: float, budget: int, window: float, prefix: str
 ) -> str:
     """Posted once per cooldown when a bot pair goes quiet."""
+    pause = pair_cooldown_notice(a, b, cooldown=cooldown, budget=budget, window=window)
+    return f"{pause} An admin can {prefix} reset."
+
+
+def pair_cooldown_notice(a: str, b: str, *, cooldown: float, budget: int, window: float) -> str:
+    """The cooldown notice without an admin command: what `integrations.RoomGuard` posts."""
     return (
         f"Loop guard: pausing replies between {a} and {b} for {format_duration(cooldown)} "
-        f"({budget} bot messages in {format_duration(window)}). An admin can {prefix} reset."
+        f"({budget} bot messages in {format_duration(window)})."
     )
 
 
@@ -100,6 +106,15 @@ def cooling_down_detail(left: float) -> str:
     return f"cooling down, {format_duration(left)} left"
 
 
+# What a guard in shadow mode would have refused, as the decision log says it.
+SHADOW_CALL_DETAIL = "the model call was sent anyway"
+
+
+def shadow_tool_detail(action: str, tool: str) -> str:
+    """A tool call the tool-call guard in shadow mode would have blocked or halted."""
+    return f"{action} of {tool}; the call ran anyway"
+
+
 def help_text(prefix: str) -> str:
     """The list of loop commands, with the prefix the platform allows (`/loop` or `!loop`)."""
     return "\n".join(
@@ -114,11 +129,19 @@ def help_text(prefix: str) -> str:
             f"{prefix} set <field> <value> - change this room's policy, "
             f"e.g. {prefix} set bot_loop.max_events_per_window 6",
             f"{prefix} policy - show this room's effective policy",
+            f"{prefix} forget - empty this room's (or thread's) memory for every bot",
             f"{prefix} circuits - LLM-call circuits paused after a likely loop",
             f"{prefix} reopen <circuit> - lift a circuit's pause before it ends",
             f"{prefix} help - this list",
         )
     )
+
+
+def forget_ack(dropped: int, *, thread: bool) -> str:
+    """Acknowledges `forget` (or `/new` in a DM): the conversation's memory is emptied."""
+    where = "this thread's conversation" if thread else "this conversation"
+    noun = "message" if dropped == 1 else "messages"
+    return f"Forgot {where} ({dropped} {noun}); the bots start afresh from here."
 
 
 def reset_room_ack(pairs: int) -> str:
@@ -177,6 +200,7 @@ def set_refused(field: str, reason: str) -> str:
 
 
 NOT_FINITE = "not a finite number"
+VALUE_SPACES = "the value starts or ends with whitespace; send it without"
 LOOKALIKE_DIGITS = "write the number in plain digits 0-9 (this one has look-alike characters)"
 
 
@@ -250,9 +274,17 @@ def status_text(
     paused: float | None,
     pairs: Sequence[PairLine],
     refusals: Sequence[RefusalLine],
+    shadowed: Mapping[str, int],
 ) -> str:
-    """The answer to `status`: policy summary, pause, pairs held and recent refusals."""
+    """The answer to `status`: policy summary, shadow guards, pause, pairs, recent refusals.
+
+    `shadowed` counts, per guard, what it would have refused here in shadow mode.
+    """
     lines = [f"Loop status for {room}", "Policy: " + policy_summary(policy)]
+    lines.extend(
+        f"{guard}: shadow: would have refused {shadowed.get(guard, 0)}"
+        for guard in _shadow_guards(policy)
+    )
     if paused is None:
         lines.append("Paused: no")
     elif math.isinf(paused):
@@ -272,6 +304,16 @@ def status_text(
     else:
         lines.append("Recent refusals: none")
     return "\n".join(lines)
+
+
+def _shadow_guards(policy: Policy) -> list[str]:
+    """The guards of the policy that run in shadow mode, in pipeline order."""
+    modes = {
+        "bot_loop": policy.bot_loop.mode,
+        "tool_loop": policy.tool_loop.mode,
+        "call_loop": policy.call_loop.mode,
+    }
+    return [guard for guard, mode in modes.items() if mode == "shadow"]
 
 
 def policy_summary(policy: Policy) -> str:

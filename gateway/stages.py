@@ -2,8 +2,8 @@
 
 Outermost first:
 
-    errors → dedupe → self_filter → delivery → admin → channel_policy → bot_turns
-           → admission → bot_loop → silence → agent_dispatch
+    errors → dedupe → self_filter → delivery → admin → transcript → channel_policy
+           → bot_turns → admission → bot_loop → silence → history → agent_dispatch
 
 - errors: counts every message in; nothing raised inside escapes to the connector.
 - dedupe: a redelivered or retried platform event is handled once (`pipeline.dedupe`).
@@ -16,6 +16,9 @@ Outermost first:
   reply still flows agent → silence → delivery, as the design's diagram has it.
 - admin: `/loop` commands, handled here and never passed on (`pipeline.admin_commands`);
   they come before admission and the loop guard, so they work in a paused room.
+- transcript: room memory (`pipeline.transcript`; off with `max_messages: 0`): every
+  message that is not a command, and this bot's reply as it goes out, appended to the
+  room's or thread's transcript (gateway/middlewares/transcript.py says what is not).
 - channel_policy: the room's effective policy, with its guard policies, into
   `ctx.resolved` (from the policy cache `/loop` commands share).
 - bot_turns: the room's consecutive-bot-turn count, updated for every message (the
@@ -24,6 +27,8 @@ Outermost first:
 - admission: paused rooms; who this bot answers (`respond_to`).
 - bot_loop: consecutive-bot-turn cap, pair budget, cooldown notice.
 - silence: NO_REPLY and narration never reach delivery.
+- history: the transcript read into `turn.history` within the agent's `history`, only
+  for a turn the agent takes (with room memory on).
 - agent_dispatch: the agent's turn, bounded by the turn timeout; the tool-loop and
   call-loop verdicts the agent reports are counted and a halt is logged.
 
@@ -47,8 +52,10 @@ from gateway.middlewares import (
     DedupeMiddleware,
     DeliveryMiddleware,
     ErrorsMiddleware,
+    HistoryMiddleware,
     SelfFilterMiddleware,
     SilenceMiddleware,
+    TranscriptMiddleware,
 )
 from gateway.pipeline import Handler, Middleware, build_pipeline
 from gateway.refusals import DecisionLog, RecentRefusals
@@ -68,18 +75,23 @@ def build_gateway_pipeline(
     policy comes from `admin.policies`, the cache `/loop status`, `policy` and `set` use.
     """
     decisions = DecisionLog(metrics or delivery.metrics, recent)
+    memory = config.pipeline.transcript
     inner: list[Middleware] = []
     if config.pipeline.dedupe:
         inner.append(DedupeMiddleware(config.pipeline.dedupe_ttl_seconds, decisions))
     inner += [SelfFilterMiddleware(decisions), DeliveryMiddleware(delivery)]
     if config.pipeline.admin_commands:
         inner.append(AdminMiddleware(config, admin, decisions))
+    if memory.max_messages:
+        inner.append(TranscriptMiddleware(memory, admin, decisions.metrics))
     inner += [
         ChannelPolicyMiddleware(admin.policies),
         BotTurnsMiddleware(),
         AdmissionMiddleware(decisions),
         BotLoopMiddleware(decisions),
         SilenceMiddleware(decisions),
-        AgentDispatchMiddleware(config.pipeline, decisions),
     ]
+    if memory.max_messages:
+        inner.append(HistoryMiddleware(admin, decisions.metrics))
+    inner.append(AgentDispatchMiddleware(config.pipeline, decisions))
     return build_pipeline([ErrorsMiddleware(decisions.metrics, inner), *inner])

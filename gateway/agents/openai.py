@@ -1,10 +1,11 @@
 """The `openai` agent: any OpenAI-compatible chat-completions endpoint, with guarded tools.
 
-One turn is one user message (system prompt + "sender: text"; no history) and a
-tool-calling loop. Every tool call goes through a LoopGuard made for the turn from the
-room's `policy.tool_loop` (`turn.resolved.tool_loop`; check → run → record → check,
-`guards.tool_wrapper`): a BLOCK result
-or a WARN-annotated result is fed back to the model as the tool message; HALT ends the
+One turn is the system prompt, the room's history (`turn.history`, DESIGN.md §3: the
+bot's own messages as `assistant`, everyone else's as `user` with "Name: text"), the
+message as "sender: text", and a tool-calling loop. Every tool call goes through a
+LoopGuard made for the turn from the room's `policy.tool_loop`
+(`turn.resolved.tool_loop`; check → run → record → check, `guards.tool_wrapper`): a BLOCK
+result or a WARN-annotated result is fed back to the model as the tool message; HALT ends the
 turn with a short message in the room and `halt=Halt("tool_loop", code)`. Every HTTP
 request to the model goes through the agent's CallStore (circuit = agent name + room
 and thread; the fingerprint is the model plus the last two messages) under the room's
@@ -86,7 +87,7 @@ from gateway.calls.store import CallStore, MemoryCallStore
 from gateway.config import OpenAIAgentConfig
 from gateway.errors import ConfigError, LoopwardenError
 from gateway.jsonbody import JsonBodyError, parse_json
-from gateway.types import AgentResult, Halt, ToolCall
+from gateway.types import AgentResult, Halt, HistoryEntry, ToolCall
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
@@ -352,6 +353,7 @@ class OpenAIAgent:
         conversation: list[WireMessage] = []
         if self._config.system_prompt:
             conversation.append({"role": "system", "content": self._config.system_prompt})
+        conversation.extend(_history_message(entry) for entry in turn.history)
         conversation.append({"role": "user", "content": f"{msg.sender_name}: {msg.text}"})
         calls: list[ToolCall] = []
         rounds = self._config.max_tool_rounds
@@ -648,6 +650,13 @@ def _parse_arguments(raw: str) -> object:
         return parse_json(raw) if raw.strip() else {}
     except JsonBodyError:
         return None
+
+
+def _history_message(entry: HistoryEntry) -> WireMessage:
+    """An earlier message of the room: the bot's own as it said it, another's as "Name: text"."""
+    if entry.role == "assistant":
+        return {"role": "assistant", "content": entry.text}
+    return {"role": "user", "content": f"{entry.name}: {entry.text}"}
 
 
 def _assistant_message(answer: _WireMessage) -> WireMessage:

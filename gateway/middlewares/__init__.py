@@ -10,6 +10,7 @@ from gateway.middlewares.delivery import DeliveryMiddleware
 from gateway.middlewares.errors import ErrorsMiddleware
 from gateway.middlewares.self_filter import SelfFilterMiddleware
 from gateway.middlewares.silence import SilenceMiddleware
+from gateway.middlewares.transcript import HistoryMiddleware, TranscriptMiddleware
 
 __all__ = [
     "AdminMiddleware",
@@ -21,6 +22,8 @@ __all__ = [
     "DedupeMiddleware",
     "DeliveryMiddleware",
     "ErrorsMiddleware",
+    "HistoryMiddleware",
     "SelfFilterMiddleware",
     "SilenceMiddleware",
+    "TranscriptMiddleware",
 ]

@@ -1,5 +1,10 @@
 """Admin commands in chat: `/loop …` and `!loop …` (also `/loop@botname …`) as the first word.
 
+`/new` (also `!new`, `/new@botname`) is `/loop forget`: it empties the conversation's
+memory (DESIGN.md §3). In a direct message the person talking to the bot may run it, and
+`/loop forget`, for their own conversation; in a group both are admin commands, and a
+non-admin's is refused like any other and changes nothing.
+
 The stage parses, authorises, claims and audits; `AdminService` does the work. A command
 never reaches the agent. It is executed and acknowledged once per message however many
 hosted bots see it (`admin:` + message key, claimed in the state store), and that one
@@ -23,12 +28,14 @@ from gateway import messages
 from gateway.admin import AdminService
 from gateway.config import Config
 from gateway.context import TurnContext
+from gateway.middlewares.transcript import conversation_room
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
 from gateway.state.base import AuditEntry
 from gateway.types import Reply
 
 _PREFIXES = ("/loop", "!loop")
+_NEW = ("/new", "!new")
 _AUDITED_COMMAND_CHARS = 200
 
 
@@ -41,12 +48,17 @@ class Command:
 
 
 def parse_command(text: str) -> Command | None:
-    """The command in `text`, or None when its first word is not `/loop` or `!loop`."""
+    """The command in `text`, or None when its first word is not `/loop`, `!loop` or `/new`.
+
+    `/new` (the words after it ignored) reads as `forget`.
+    """
     stripped = text.lstrip()
-    if stripped[:5].lower() not in _PREFIXES:
+    if stripped[:5].lower() not in _PREFIXES and stripped[:4].lower() not in _NEW:
         return None
     words = stripped.split()
     prefix = words[0].lower().partition("@")[0]
+    if prefix in _NEW:
+        return Command(prefix, ("forget",))
     if prefix not in _PREFIXES:
         return None
     return Command(prefix, tuple(words[1:]))
@@ -84,7 +96,10 @@ class AdminMiddleware:
             await self._audit(ctx, allowed=False, outcome="ignored: sent by a bot")
             self._decisions.refuse(ctx, self.name, "bot_command", "bots cannot run commands")
             return None
-        if msg.sender_id not in self._admins.for_platform(msg.platform):
+        forget = bool(command.args) and command.args[0].lower() == "forget"
+        if msg.sender_id not in self._admins.for_platform(msg.platform) and not (
+            forget and msg.is_direct
+        ):
             await self._audit(ctx, allowed=False, outcome="refused")
             self._decisions.refuse(ctx, self.name, "not_authorised", "command refused")
             return Reply(
@@ -93,8 +108,9 @@ class AdminMiddleware:
                 reply_to=msg.message_id,
                 ephemeral_to=msg.sender_id,
             )
+        room = conversation_room(msg) if forget else msg.room
         ack = await self._admin.run(
-            msg.room, command.args, thread_id=msg.thread_id, prefix=command.prefix
+            room, command.args, thread_id=msg.thread_id, prefix=command.prefix
         )
         outcome = "done" if ack.ok else "rejected"
         await self._audit(ctx, allowed=True, outcome=outcome)

@@ -31,8 +31,30 @@ class AuditEntry:
     outcome: str
 
 
+@dataclass(frozen=True, slots=True)
+class TranscriptEntry:
+    """One message of a room's transcript (DESIGN.md §3), as every hosted bot shares it.
+
+    `key` is the message's identity (`InboundMessage.message_key`, or the reply's): an
+    entry is appended once per key, however many hosted bots or redeliveries report it.
+    """
+
+    key: str
+    sender_id: str
+    sender_name: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transcript:
+    """A transcript read: its entries, oldest first, and how many records were unreadable."""
+
+    entries: tuple[TranscriptEntry, ...] = ()
+    skipped: int = 0
+
+
 class StateStore(Protocol):
-    """Budgets, cooldowns, counters, claims, receipts, overrides, pauses and the audit log."""
+    """Budgets, cooldowns, counters, claims, receipts, overrides, pauses, audit, transcripts."""
 
     async def start(self) -> None:
         """Open connections and create schemas; called once before the first message."""
@@ -94,3 +116,18 @@ class StateStore(Protocol):
 
     async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
         """The newest audit entries first, optionally for one room."""
+
+    async def transcript_append(
+        self, scope: str, entry: TranscriptEntry, *, max_messages: int, ttl: float
+    ) -> bool:
+        """Append to a transcript, once per `entry.key`; False when the key is there already.
+
+        The oldest entries beyond `max_messages` go; the transcript is forgotten `ttl`
+        seconds after its last append. `scope` comes from `transcripts.scope`.
+        """
+
+    async def transcript_recent(self, scope: str, limit: int) -> Transcript:
+        """The newest `limit` entries, oldest first; unreadable records skipped and counted."""
+
+    async def transcript_forget(self, scope: str, *, threads: bool = False) -> int:
+        """Empty a transcript (with `threads`, its threads' too); returns the entries dropped."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
 
-from gateway.state import receipts
-from gateway.state.base import AuditEntry
+from gateway.state import receipts, transcripts
+from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
 from gateway.state.receipts import Receipt
 from guards.bot_loop import (
     BotLoopGuard,
@@ -23,6 +25,18 @@ _AUDIT_KEEP = 1000
 # same count; hosted bots see a message within moments of each other, so a few thousand
 # recent messages is plenty.
 _TURNS_SEEN_KEEP = 4096
+# Transcripts held; past this the least recently written one goes, so a flood of rooms
+# costs bounded memory (each transcript is bounded by `max_messages` and the text cap).
+TRANSCRIPTS_KEEP = 10_000
+
+
+@dataclass(slots=True)
+class _Transcript:
+    """One room's or thread's messages, the keys they were appended under, and its expiry."""
+
+    expires_at: float
+    entries: deque[TranscriptEntry] = field(default_factory=deque)
+    keys: set[str] = field(default_factory=set)
 
 
 class MemoryStateStore:
@@ -43,6 +57,8 @@ class MemoryStateStore:
         self._overrides: dict[str, dict[str, object]] = {}
         self._pauses: dict[str, float] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=_AUDIT_KEEP)
+        # Least recently written first, so expired transcripts are swept from the front.
+        self._transcripts: OrderedDict[str, _Transcript] = OrderedDict()
 
     async def start(self) -> None:
         """Nothing to open."""
@@ -167,3 +183,61 @@ class MemoryStateStore:
         """Newest first."""
         entries = (e for e in reversed(self._audit) if scope is None or e.room == scope)
         return [e for _, e in zip(range(limit), entries, strict=False)]
+
+    async def transcript_append(
+        self, scope: str, entry: TranscriptEntry, *, max_messages: int, ttl: float
+    ) -> bool:
+        """Append once per key; trim to `max_messages`; the transcript lives `ttl` from now."""
+        now = self._clock()
+        held = self._live_transcript(scope, now)
+        if held is not None and entry.key in held.keys:
+            return False
+        self._sweep_transcripts(now)
+        if held is None:
+            held = self._transcripts[scope] = _Transcript(now + ttl)
+            if len(self._transcripts) > TRANSCRIPTS_KEEP:
+                self._transcripts.popitem(last=False)
+        else:
+            held.expires_at = now + ttl
+            self._transcripts.move_to_end(scope)
+        held.entries.append(transcripts.bounded(entry))
+        held.keys.add(entry.key)
+        while len(held.entries) > max_messages:
+            held.keys.discard(held.entries.popleft().key)
+        return True
+
+    async def transcript_recent(self, scope: str, limit: int) -> Transcript:
+        """The newest `limit` entries, oldest first (nothing here can be unreadable)."""
+        held = self._live_transcript(scope, self._clock())
+        if held is None or limit <= 0:
+            return Transcript()
+        newest = list(islice(reversed(held.entries), limit))
+        newest.reverse()
+        return Transcript(tuple(newest))
+
+    async def transcript_forget(self, scope: str, *, threads: bool = False) -> int:
+        """Drop the transcript (and, with `threads`, every thread's of it)."""
+        held = self._transcripts.pop(scope, None)
+        dropped = 0 if held is None else len(held.entries)
+        if threads:
+            prefix = scope + transcripts.SEP
+            for name in [name for name in self._transcripts if name.startswith(prefix)]:
+                dropped += len(self._transcripts.pop(name).entries)
+        return dropped
+
+    def _live_transcript(self, scope: str, now: float) -> _Transcript | None:
+        """The scope's transcript unless it has expired (an expired one is dropped)."""
+        held = self._transcripts.get(scope)
+        if held is not None and held.expires_at <= now:
+            del self._transcripts[scope]
+            return None
+        return held
+
+    def _sweep_transcripts(self, now: float) -> None:
+        """Drop expired transcripts from the front: O(1) amortised per append."""
+        held = self._transcripts
+        while held:
+            oldest = next(iter(held.values()))
+            if oldest.expires_at > now:
+                return
+            held.popitem(last=False)

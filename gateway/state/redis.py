@@ -23,6 +23,11 @@ Keys, under `key_prefix` (default `lw:`):
   store runs and deleted by `aclose` (gateway/state/receipts.py says how they decide).
 - `ovr:<room>`: a hash of runtime overrides (JSON values); `pause:<room>`; `audit`: a list
   of JSON entries, newest first, capped.
+- `transcript:{scope}`: a transcript (DESIGN.md §3), a list of JSON entries oldest first
+  (`gateway.state.transcripts`), capped at `max_messages` as it is appended to;
+  `transcript:{scope}:keys`, the set of message keys it holds (a redelivered message is
+  appended once); `transcript:{scope}:until`, when it is forgotten. All three expire
+  `ttl` after the last append; an append is one script call and a read one more.
 
 Decisions where DESIGN.md is silent:
 - Outage (connection refused, timeout, read-only replica, out of memory): decisions follow
@@ -55,6 +60,10 @@ Decisions where DESIGN.md is silent:
 - A room's consecutive-bot-turn count expires after a day without bot messages.
 - The URL is never logged (it may hold a password); error texts are logged with the
   password masked.
+- A transcript key of another type (not ours, or written by hand) is left alone: the
+  append is dropped and a read counts it as one unreadable record, as it does a list
+  value that is not an entry. While Redis is down appends are dropped and reads answer
+  an empty transcript (the turn goes on without history); `transcript_forget` raises.
 """
 
 from __future__ import annotations
@@ -70,8 +79,8 @@ from typing import Literal, cast
 from urllib.parse import unquote
 
 from gateway.errors import StateError
-from gateway.state import receipts
-from gateway.state.base import AuditEntry
+from gateway.state import receipts, transcripts
+from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
 from guards.bot_loop import (
@@ -251,6 +260,76 @@ return num(left)
 """
 )
 
+# The body of a Lua function `ours()`: 1 when each of KEYS list, keys set and until is
+# absent or of its own type, else 0 (a key of another type is not ours to touch).
+_TRANSCRIPT_TYPES = """
+local expected = {'list', 'set', 'string'}
+for i = 1, 3 do
+  local kind = redis.call('TYPE', KEYS[i]).ok
+  if kind ~= 'none' and kind ~= expected[i] then return 0 end
+end
+return 1
+"""
+
+# KEYS: list, keys set, until. ARGV: now, entry JSON, message key, max messages, ttl s.
+# Returns 1 appended, 0 the key was there, -1 a key is not ours.
+_TRANSCRIPT_APPEND = (
+    _PRELUDE
+    + "local function ours()\n"
+    + _TRANSCRIPT_TYPES
+    + """end
+if ours() == 0 then return -1 end
+local now = clock(ARGV[1])
+local held = redis.call('GET', KEYS[3])
+local until_at = held and tonumber(held)
+if not until_at or until_at <= now then redis.call('DEL', KEYS[1], KEYS[2]) end
+if redis.call('SADD', KEYS[2], ARGV[3]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[1], ARGV[2])
+for _ = 1, redis.call('LLEN', KEYS[1]) - tonumber(ARGV[4]) do
+  local ok, old = pcall(cjson.decode, redis.call('LPOP', KEYS[1]))
+  if ok and type(old) == 'table' and type(old.k) == 'string' then
+    redis.call('SREM', KEYS[2], old.k)
+  end
+end
+local ttl = tonumber(ARGV[5])
+redis.call('SET', KEYS[3], num(now + ttl), 'PX', ms(ttl))
+redis.call('PEXPIRE', KEYS[1], ms(ttl))
+redis.call('PEXPIRE', KEYS[2], ms(ttl))
+return 1
+"""
+)
+
+# KEYS: list, keys set, until. ARGV: now, limit. Returns the newest `limit` records,
+# oldest first: their count and one string, a line each (one reply to parse, not one
+# per record); nil
+# when there is no live transcript, -1 when a key is not ours. A record with a byte that
+# `transcripts.encode` never writes (outside ASCII, or a line break) is not ours: it is
+# returned empty, so the client never decodes what is not UTF-8 nor miscounts lines.
+_TRANSCRIPT_RECENT = (
+    _PRELUDE
+    + "local function ours()\n"
+    + _TRANSCRIPT_TYPES
+    + """end
+if ours() == 0 then return -1 end
+local held = redis.call('GET', KEYS[3])
+local until_at = held and tonumber(held)
+if not until_at or until_at <= clock(ARGV[1]) then return false end
+local records = redis.call('LRANGE', KEYS[1], -tonumber(ARGV[2]), -1)
+for i, record in ipairs(records) do
+  if string.find(record, '[\\128-\\255\\n]') then records[i] = '' end
+end
+return {#records, table.concat(records, '\\n')}
+"""
+)
+
+# KEYS: list, keys set, until. Returns the entries the list held (0 when not a list).
+_TRANSCRIPT_FORGET = """
+local held = 0
+if redis.call('TYPE', KEYS[1]).ok == 'list' then held = redis.call('LLEN', KEYS[1]) end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+return held
+"""
+
 
 class RedisStateStore(RedisLinked):
     """A StateStore in Redis: one atomic script per decision, server time, self-expiring keys."""
@@ -292,6 +371,9 @@ class RedisStateStore(RedisLinked):
         self._receive = script(_RECEIVE)
         self._confirm = script(_CONFIRM)
         self._alive = script(_ALIVE)
+        self._transcript_append = script(_TRANSCRIPT_APPEND)
+        self._transcript_recent = script(_TRANSCRIPT_RECENT)
+        self._transcript_forget = script(_TRANSCRIPT_FORGET)
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
@@ -583,6 +665,67 @@ class RedisStateStore(RedisLinked):
             return await self._link.guarded(recent)
         except StateError:
             return []
+
+    # Transcripts
+
+    def _transcript_keys(self, scope: str) -> list[str]:
+        """The list, keys-set and until keys of one transcript."""
+        head = f"{self._prefix}transcript:{{{scope}}}"
+        return [head, f"{head}:keys", f"{head}:until"]
+
+    async def transcript_append(
+        self, scope: str, entry: TranscriptEntry, *, max_messages: int, ttl: float
+    ) -> bool:
+        """RPUSH once per key, trim, expire: one script call; dropped while Redis is down."""
+        stored = transcripts.bounded(entry)
+        keys = self._transcript_keys(scope)
+        args = (
+            self._link.now(),
+            transcripts.encode(stored),
+            stored.key,
+            max_messages,
+            repr(float(ttl)),
+        )
+        try:
+            added = await self._link.guarded(lambda: self._transcript_append(keys=keys, args=args))
+        except StateError:
+            return False
+        if added == -1:
+            log.warning("transcript key %s is not a transcript: message not recorded", keys[0])
+        return bool(added == 1)
+
+    async def transcript_recent(self, scope: str, limit: int) -> Transcript:
+        """The newest `limit` records (LRANGE in one script call); unreadable ones counted."""
+        if limit <= 0:
+            return Transcript()
+        keys = self._transcript_keys(scope)
+        args = (self._link.now(), limit)
+        try:
+            held = await self._link.guarded(lambda: self._transcript_recent(keys=keys, args=args))
+        except StateError:
+            return Transcript()
+        if held is None:
+            return Transcript()
+        if held == -1:  # a key of another type
+            return Transcript(skipped=1)
+        count, lines = held
+        return Transcript(*transcripts.decode_many(lines.split("\n") if count else []))
+
+    async def transcript_forget(self, scope: str, *, threads: bool = False) -> int:
+        """Delete the transcript (and, with `threads`, its threads', found by SCAN)."""
+
+        async def forget() -> int:
+            scopes = [scope]
+            if threads:
+                head = f"{self._prefix}transcript:{{"
+                pattern = glob_escape(head + scope + transcripts.SEP) + "*}"
+                scopes += [key[len(head) : -1] async for key in self._link.scan(pattern)]
+            dropped = 0
+            for each in scopes:
+                dropped += int(await self._transcript_forget(keys=self._transcript_keys(each)))
+            return dropped
+
+        return await self._link.guarded(forget)
 
 
 def _escape(name: str) -> str:

@@ -27,6 +27,10 @@ Decisions where DESIGN.md is silent:
 - Expired rows (idle pairs, claims, message receipts) are swept a few per call, never
   by a scan; a pause that ran out is deleted when it is read.
 - The audit log keeps the newest `audit_keep` (10,000) entries.
+- Schema 4 adds the transcripts (DESIGN.md §3): a row per message, its entry as JSON
+  (`gateway.state.transcripts`), unique per transcript and message key, and a row per
+  transcript with its expiry. An older file gets the new tables and keeps every other.
+  A row that cannot be read (not UTF-8, not JSON, not an entry) is skipped and counted.
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from gateway.errors import StateError
-from gateway.state import receipts
-from gateway.state.base import AuditEntry
+from gateway.state import receipts, transcripts
+from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
 from gateway.state.receipts import Receipt
 from gateway.state.sqlite_db import SqliteDb, transaction
 from guards.bot_loop import (
@@ -54,7 +58,7 @@ from guards.bot_loop import (
     step_pair,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # The first schema whose pair rows are `PairRecord`s; older pair rows are dropped.
 _PAIR_RECORD_SCHEMA = 3
 _SCHEMA = (
@@ -88,6 +92,13 @@ _SCHEMA = (
         room TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT NOT NULL,
         command TEXT NOT NULL, allowed INTEGER NOT NULL, outcome TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS audit_room ON audit (room, id)",
+    # A transcript's messages (entry: `transcripts.encode`), oldest first by id.
+    """CREATE TABLE IF NOT EXISTS transcript (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT NULL, key TEXT NOT NULL,
+        entry TEXT NOT NULL, UNIQUE (scope, key))""",
+    "CREATE INDEX IF NOT EXISTS transcript_scope ON transcript (scope, id)",
+    "CREATE TABLE IF NOT EXISTS transcripts (scope TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS transcripts_expiry ON transcripts (expires_at)",
 )
 
 # Expired rows removed per call that may have added one: twice the rate they appear, so
@@ -354,6 +365,80 @@ class SqliteStateStore:
             ]
 
         return await self._sqlite.read(recent)
+
+    async def transcript_append(
+        self, scope: str, entry: TranscriptEntry, *, max_messages: int, ttl: float
+    ) -> bool:
+        """Insert once per key, trim to `max_messages`, expire `ttl` from now: one transaction."""
+        stored = transcripts.bounded(entry)
+        encoded = transcripts.encode(stored)
+
+        def append(db: sqlite3.Connection, now: float) -> bool:
+            held = db.execute(
+                "SELECT expires_at FROM transcripts WHERE scope = ?", (scope,)
+            ).fetchone()
+            if held is None:
+                _sweep_transcripts(db, now)
+            elif held[0] <= now:
+                db.execute("DELETE FROM transcript WHERE scope = ?", (scope,))
+            added = db.execute(
+                "INSERT OR IGNORE INTO transcript (scope, key, entry) VALUES (?, ?, ?)",
+                (scope, stored.key, encoded),
+            ).rowcount
+            if not added:
+                return False
+            db.execute(
+                "INSERT OR REPLACE INTO transcripts (scope, expires_at) VALUES (?, ?)",
+                (scope, now + ttl),
+            )
+            db.execute(
+                "DELETE FROM transcript WHERE scope = ? AND id <= (SELECT id FROM transcript "
+                "WHERE scope = ? ORDER BY id DESC LIMIT 1 OFFSET ?)",
+                (scope, scope, max_messages),
+            )
+            return True
+
+        return await self._sqlite.write(append)
+
+    async def transcript_recent(self, scope: str, limit: int) -> Transcript:
+        """The newest `limit` rows, oldest first; a row that cannot be read is skipped."""
+
+        def recent(db: sqlite3.Connection, now: float) -> Transcript:
+            held = db.execute(
+                "SELECT expires_at FROM transcripts WHERE scope = ?", (scope,)
+            ).fetchone()
+            if held is None or held[0] <= now or limit <= 0:
+                return Transcript()
+            # As bytes: a row that is not UTF-8 must not fail the whole query.
+            rows = db.execute(
+                "SELECT CAST(entry AS BLOB) FROM transcript WHERE scope = ? "
+                "ORDER BY id DESC LIMIT ?",
+                (scope, limit),
+            ).fetchall()
+            return Transcript(*transcripts.decode_many([row[0] for row in reversed(rows)]))
+
+        return await self._sqlite.read(recent)
+
+    async def transcript_forget(self, scope: str, *, threads: bool = False) -> int:
+        """Delete the transcript's rows (and, with `threads`, its threads')."""
+        prefix = scope + transcripts.SEP
+
+        def forget(db: sqlite3.Connection, now: float) -> int:
+            where = "scope = ?" + (" OR substr(scope, 1, ?) = ?" if threads else "")
+            params: tuple[object, ...] = (scope, len(prefix), prefix) if threads else (scope,)
+            db.execute(f"DELETE FROM transcripts WHERE {where}", params)
+            return db.execute(f"DELETE FROM transcript WHERE {where}", params).rowcount
+
+        return await self._sqlite.write(forget)
+
+
+def _sweep_transcripts(db: sqlite3.Connection, now: float) -> None:
+    """Delete a few expired transcripts, their rows with them."""
+    for (scope,) in db.execute(
+        "SELECT scope FROM transcripts WHERE expires_at <= ? LIMIT ?", (now, _SWEEP_PER_CALL)
+    ).fetchall():
+        db.execute("DELETE FROM transcript WHERE scope = ?", (scope,))
+        db.execute("DELETE FROM transcripts WHERE scope = ?", (scope,))
 
 
 def _create_schema(db: sqlite3.Connection, path: str) -> None:

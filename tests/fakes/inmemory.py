@@ -25,6 +25,7 @@ from gateway.errors import DeliveryError
 from gateway.metrics import Metrics
 from gateway.refusals import RecentRefusals
 from gateway.stages import build_gateway_pipeline
+from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
 from gateway.types import AgentResult, InboundMessage, Reply
 
@@ -205,7 +206,11 @@ def rig_config(yaml_text: str = "", *, bots: Collection[str] = ("parrot",)) -> C
 
 
 class PipelineRig:
-    """The real pipeline around in-memory connectors, memory state and a fake clock."""
+    """The real pipeline around in-memory connectors, memory state and a fake clock.
+
+    `state` and `clock` replace the memory store and the fake clock (a store of another
+    backend, driven by that clock).
+    """
 
     def __init__(
         self,
@@ -216,10 +221,12 @@ class PipelineRig:
         typing: bool = False,
         max_attempts: int = 5,
         command_prefix: str = "/loop",
+        state: StateStore | None = None,
+        clock: FakeClock | None = None,
     ) -> None:
         self.config = config
-        self.clock = FakeClock()
-        self.state = MemoryStateStore(clock=self.clock)
+        self.clock = clock or FakeClock()
+        self.state = state if state is not None else MemoryStateStore(clock=self.clock)
         self.metrics = Metrics()
         self.recent = RecentRefusals(clock=self.clock)
         self.admin = AdminService(config, self.state, recent=self.recent)

@@ -50,7 +50,9 @@ async def running(tmp_path: Path) -> AsyncIterator[Running]:
 state: {{backend: sqlite, path: '{state_path}'}}
 http: {{host: 127.0.0.1, port: 0, admin_token: {TOKEN}}}
 agents:
-  helper: {{kind: openai, base_url: '{upstream.url}/v1', model: gpt-4o-mini}}
+  # No history: each request is then the message alone, so the 6th identical one loops.
+  helper: {{kind: openai, base_url: '{upstream.url}/v1', model: gpt-4o-mini,
+           history: {{max_messages: 0}}}}
 bots:
   - {{id: bot-a, platform: room, agent: helper}}
 admins: {{room: [alice]}}

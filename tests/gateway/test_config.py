@@ -434,3 +434,51 @@ def test_issue9_a_stored_override_the_policy_refuses_is_ignored_with_a_warning(
     assert "bot_loop.window_seconds" in warned
     assert "silence.tokens" in warned
     assert "room:C1" in warned
+
+
+def test_issue11_room_memory_defaults_and_a_ttl_written_as_days() -> None:
+    config = parse_config(AGENT, env={})
+    assert (config.pipeline.transcript.max_messages, config.pipeline.transcript.ttl) == (
+        200,
+        7 * 86_400,
+    )
+    assert config.agents["parrot"].history.max_messages == 40
+    assert config.agents["parrot"].history.max_tokens == 6_000
+    config = parse_config(
+        AGENT + "pipeline: {transcript: {max_messages: 0, ttl: 12h}}\n"
+        "agents: {p: {kind: python, function: 'm:f', history: {max_messages: 5}}}\n",
+        env={},
+    )
+    assert (config.pipeline.transcript.max_messages, config.pipeline.transcript.ttl) == (0, 43_200)
+    assert (
+        parse_config("pipeline: {transcript: {ttl: 3600}}\n", env={}).pipeline.transcript.ttl
+        == 3_600
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "path"),
+    [
+        ("pipeline: {transcript: {ttl: 7 days}}", "pipeline.transcript.ttl"),
+        ("pipeline: {transcript: {ttl: ７d}}", "pipeline.transcript.ttl"),
+        ("pipeline: {transcript: {ttl: 367d}}", "pipeline.transcript.ttl"),
+        ("pipeline: {transcript: {ttl: 0s}}", "pipeline.transcript.ttl"),
+        ("pipeline: {transcript: {ttl: 1e308}}", "pipeline.transcript.ttl"),
+        ("pipeline: {transcript: {ttl: .inf}}", "pipeline.transcript.ttl"),
+        (f"pipeline: {{transcript: {{ttl: '{'9' * 5000}d'}}}}", "pipeline.transcript.ttl"),
+        ("pipeline: {transcript: {max_messages: -1}}", "pipeline.transcript.max_messages"),
+        ("pipeline: {transcript: {max_messages: 10001}}", "pipeline.transcript.max_messages"),
+        ("pipeline: {transcript: {size: 3}}", "pipeline.transcript.size"),
+        (
+            "agents: {a: {kind: scripted, history: {max_tokens: 1e308}}}",
+            "agents.a.history.max_tokens",
+        ),
+        (
+            "agents: {a: {kind: scripted, history: {max_messages: 100000}}}",
+            "agents.a.history.max_messages",
+        ),
+    ],
+)
+def test_issue11_room_memory_bounds_are_refused_naming_the_field(text: str, path: str) -> None:
+    error = error_of(text + "\n")
+    assert error.path == path

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from gateway import config as config_module
-from gateway.admin import parse_duration
+from gateway.limits import parse_duration
 from gateway.middlewares.admin import parse_command
 from gateway.state.base import GLOBAL_SCOPE
 from tests.fakes.inmemory import ConstantAgent, InMemoryRoom, PipelineRig, rig_config

@@ -107,6 +107,8 @@ def test_issue10_every_stage_names_itself_uniquely() -> None:
         "dedupe",
         "delivery",
         "errors",
+        "history",
         "self_filter",
         "silence",
+        "transcript",
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -19,8 +20,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from redis.asyncio import Redis
 
-from gateway.state.base import AuditEntry, StateStore
+from gateway.state import transcripts
+from gateway.state.base import AuditEntry, StateStore, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import OWNER_SECONDS, RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
@@ -786,3 +789,200 @@ def test_issue10_every_backend_steps_like_step_pair_through_policy_changes(
     with tempfile.TemporaryDirectory() as workdir:
         store = build_store(backend, clock, workdir=Path(workdir), redis_url=url)
         asyncio.run(_replay(store, clock, chosen, trace))
+
+
+# Transcripts (issue 11, DESIGN.md §3)
+
+THREAD = transcripts.scope(ROOM, "t1")
+DAY = 86_400.0
+
+
+def said(key: str, text: str = "", sender: str = "U1", name: str = "ann") -> TranscriptEntry:
+    """A transcript entry; its text defaults to its key."""
+    return TranscriptEntry(key, sender, name, text or key)
+
+
+async def append(
+    store: StateStore, entry: TranscriptEntry, scope: str = ROOM, *, keep: int = 200
+) -> bool:
+    """Append under the default bounds (`keep` messages, a day's ttl)."""
+    return await store.transcript_append(scope, entry, max_messages=keep, ttl=DAY)
+
+
+async def texts(store: StateStore, scope: str = ROOM, limit: int = 50) -> list[str]:
+    """The texts a read of the transcript answers, oldest first."""
+    return [entry.text for entry in (await store.transcript_recent(scope, limit)).entries]
+
+
+async def test_issue11_a_transcript_reads_its_newest_entries_oldest_first(
+    store: StateStore,
+) -> None:
+    for key in ("m1", "m2", "m3"):
+        assert await append(store, said(key))
+    assert await texts(store, limit=2) == ["m2", "m3"]
+    got = await store.transcript_recent(ROOM, 10)
+    assert got == Transcript((said("m1"), said("m2"), said("m3")), skipped=0)
+    assert await texts(store, OTHER_ROOM) == []
+    assert await texts(store, limit=0) == []
+
+
+async def test_issue11_a_transcript_keeps_its_newest_max_messages(store: StateStore) -> None:
+    for index in range(7):
+        await append(store, said(f"m{index}"), keep=3)
+    assert await texts(store) == ["m4", "m5", "m6"]
+    # A trimmed message's key is free again; a held one is not.
+    assert await append(store, said("m0"), keep=3)
+    assert not await append(store, said("m6"), keep=3)
+    assert await texts(store) == ["m5", "m6", "m0"]
+
+
+async def test_issue11_a_redelivered_message_is_appended_once(store: StateStore) -> None:
+    assert await append(store, said("discord:1100:42", "hello"))
+    assert not await append(store, said("discord:1100:42", "hello"))
+    assert not await append(store, said("discord:1100:42", "edited"))
+    results = await asyncio.gather(*(append(store, said("discord:1100:43")) for _ in range(8)))
+    assert sorted(results) == [False] * 7 + [True]
+    assert await texts(store) == ["hello", "discord:1100:43"]
+
+
+async def test_issue11_a_transcript_is_forgotten_ttl_after_its_last_message(
+    store: StateStore, clock: Clock
+) -> None:
+    await store.transcript_append(ROOM, said("m1"), max_messages=10, ttl=60.0)
+    clock.advance(50.0)
+    await store.transcript_append(ROOM, said("m2"), max_messages=10, ttl=60.0)
+    clock.advance(50.0)
+    assert await texts(store) == ["m1", "m2"]
+    clock.advance(10.0)
+    assert await texts(store) == []
+    # A message after the expiry starts a fresh transcript, its old keys gone too.
+    assert await store.transcript_append(ROOM, said("m1"), max_messages=10, ttl=60.0)
+    assert await texts(store) == ["m1"]
+
+
+async def test_issue11_threads_have_transcripts_of_their_own_and_forget_goes_by_scope(
+    store: StateStore,
+) -> None:
+    await append(store, said("room-1"))
+    await append(store, said("thread-1"), THREAD)
+    await append(store, said("thread-2"), transcripts.scope(ROOM, "t2"))
+    await append(store, said("elsewhere"), OTHER_ROOM)
+    await append(store, said("room-1"), THREAD)  # the same key in another scope is its own
+    assert await texts(store) == ["room-1"]
+    assert await texts(store, THREAD) == ["thread-1", "room-1"]
+    assert await store.transcript_forget(THREAD) == 2
+    assert await texts(store, THREAD) == []
+    assert await texts(store) == ["room-1"]
+    assert await store.transcript_forget(ROOM, threads=True) == 2
+    assert await texts(store) == []
+    assert await texts(store, transcripts.scope(ROOM, "t2")) == []
+    assert await texts(store, OTHER_ROOM) == ["elsewhere"]
+    assert await store.transcript_forget(ROOM) == 0
+    assert await append(store, said("room-1"))  # forgotten keys are free again
+
+
+async def test_issue11_a_transcript_survives_a_restart_except_in_memory(
+    store: StateStore, restart: Restart
+) -> None:
+    await append(store, said("m1"))
+    await append(store, said("m2"), THREAD)
+    again = await restart()
+    if isinstance(store, MemoryStateStore):
+        assert await texts(again) == []
+        return
+    assert await texts(again) == ["m1"]
+    assert await texts(again, THREAD) == ["m2"]
+    assert not await append(again, said("m1"))
+
+
+async def test_issue11_huge_texts_and_lone_surrogates_are_stored_bounded(
+    store: StateStore,
+) -> None:
+    huge = "x" * 1_000_000
+    assert await append(store, said("big", huge, name="n" * 10_000))
+    assert await append(store, said("odd\ud800", "half \ud83d a pair", name="bad\udfff"))
+    assert await append(store, said("ok", "emoji 😀 and ünïcode"))
+    big, odd, ok = (await store.transcript_recent(ROOM, 10)).entries
+    assert big.text == "x" * transcripts.MAX_TEXT_CHARS
+    assert big.sender_name == "n" * transcripts.MAX_NAME_CHARS
+    assert (odd.key, odd.text, odd.sender_name) == ("odd\ufffd", "half \ufffd a pair", "bad\ufffd")
+    assert ok.text == "emoji 😀 and ünïcode"
+
+
+_UNREADABLE = (
+    b"\xff\xfe not UTF-8",
+    b"not JSON",
+    b'{"k": 1, "t": ["wrong"]}',
+    b"[" * 100_000,
+    b"42",
+    # Valid UTF-8 and JSON, but not what `transcripts.encode` writes (ASCII only).
+    '{"k":"x","id":"U","n":"é","t":"é"}'.encode(),
+)
+
+
+async def _corrupt(store: StateStore, request: pytest.FixtureRequest) -> None:
+    """Write the `_UNREADABLE` records straight into ROOM's transcript, as its own rows."""
+    if isinstance(store, SqliteStateStore):
+        with sqlite3.connect(store.path) as db:
+            for index, record in enumerate(_UNREADABLE):
+                # As TEXT, even where it is not UTF-8, and once more as a BLOB.
+                db.execute(
+                    "INSERT INTO transcript (scope, key, entry) VALUES (?, ?, CAST(? AS TEXT))",
+                    (ROOM, f"text{index}", record),
+                )
+            db.execute(
+                "INSERT INTO transcript (scope, key, entry) VALUES (?, 'blob', ?), (?, 'int', 7)",
+                (ROOM, b"\xff", ROOM),
+            )
+        return
+    assert isinstance(store, RedisStateStore)
+    client = Redis.from_url(request.getfixturevalue("redis_url"))
+    try:
+        # The store's own key for ROOM's transcript.
+        await client.rpush(f"{store._prefix}transcript:{{{ROOM}}}", *_UNREADABLE, b"\xff", b"7")
+    finally:
+        await client.aclose()
+
+
+async def test_issue11_unreadable_transcript_records_are_skipped_and_counted(
+    store: StateStore, request: pytest.FixtureRequest
+) -> None:
+    if isinstance(store, MemoryStateStore):
+        pytest.skip("the memory backend holds entries, not records that can be corrupted")
+    await append(store, said("before"))
+    await _corrupt(store, request)
+    await append(store, said("after"))
+    got = await store.transcript_recent(ROOM, 50)
+    assert [entry.text for entry in got.entries] == ["before", "after"]
+    assert got.skipped == len(_UNREADABLE) + 2
+    # The limit counts the records read: of the newest two, one is unreadable.
+    newest = await store.transcript_recent(ROOM, 2)
+    assert ([entry.text for entry in newest.entries], newest.skipped) == (["after"], 1)
+    # Trimming past unreadable records works too.
+    for index in range(3):
+        await append(store, said(f"later{index}"), keep=3)
+    assert await store.transcript_recent(ROOM, 50) == Transcript(
+        (said("later0"), said("later1"), said("later2"))
+    )
+
+
+@pytest.mark.redis
+async def test_issue11_a_foreign_key_at_a_transcript_is_skipped_not_fatal(
+    redis_url: str, clock: Clock
+) -> None:
+    store = RedisStateStore(redis_url, key_prefix="foreign11:", clock=clock)
+    await store.start()
+    client = Redis.from_url(redis_url)
+    try:
+        await client.set(f"foreign11:transcript:{{{ROOM}}}", "someone else's")
+        await client.hset(f"foreign11:transcript:{{{OTHER_ROOM}}}:until", "a", "b")
+        for scope in (ROOM, OTHER_ROOM):
+            assert not await append(store, said("m1"), scope)
+            assert await store.transcript_recent(scope, 10) == Transcript(skipped=1)
+        assert await client.get(f"foreign11:transcript:{{{ROOM}}}") == b"someone else's"
+        assert await store.transcript_forget(ROOM) == 0
+        assert await append(store, said("m1"))  # once the key is gone, the room is recorded
+        assert await texts(store) == ["m1"]
+    finally:
+        await client.aclose()
+        await store.aclose()

@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from gateway.errors import StateError
-from gateway.state.base import AuditEntry
+from gateway.state.base import AuditEntry, TranscriptEntry
 from gateway.state.sqlite import SCHEMA_VERSION, SqliteStateStore
 from guards.bot_loop import BotLoopPolicy, PairDecision
 from tests.gateway.state.hammer import ROOT, admitted_across_processes
@@ -156,7 +156,32 @@ async def test_issue10_a_schema_2_file_keeps_all_but_its_pairs(tmp_path: Path) -
         assert await store.pause_remaining(ROOM) == math.inf
         assert [e.command for e in await store.recent_audit()] == ["/loop pause"]
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+
+
+async def test_issue11_a_schema_3_file_gets_transcripts_and_keeps_every_other_table(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    clock = Clock()
+    async with opened(path, clock) as store:
+        await decide(store)
+        await store.pause(ROOM, None)
+        await store.set_override(ROOM, "bot_loop.max_events_per_window", 6)
+    # What schema 3 wrote: everything but the transcript tables.
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE transcript")
+        db.execute("DROP TABLE transcripts")
+        db.execute("PRAGMA user_version=3")
+    async with opened(path, clock) as store:
+        assert (await decide(store)).count == 2
+        assert await store.pause_remaining(ROOM) == math.inf
+        assert await store.get_overrides(ROOM) == {"bot_loop.max_events_per_window": 6}
+        entry = TranscriptEntry("discord:1:1", "U1", "ann", "hello")
+        assert await store.transcript_append(ROOM, entry, max_messages=10, ttl=60.0)
+        assert (await store.transcript_recent(ROOM, 10)).entries == (entry,)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 4
 
 
 async def test_issue10_a_pair_row_is_its_pair_record(tmp_path: Path) -> None:
