@@ -17,6 +17,7 @@ counted the message, so a human message refused here still resets it.
 from __future__ import annotations
 
 from gateway import messages
+from gateway.config import RespondToPolicy
 from gateway.context import TurnContext
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
@@ -37,20 +38,42 @@ class AdmissionMiddleware:
         if paused is not None:
             self._decisions.refuse(ctx, self.name, "paused", messages.paused_detail(paused))
             return None
-        respond = ctx.policy.respond_to
-        if msg.sender_is_bot:
-            mode = respond.bots
-            addressed = msg.mentions_bot or msg.is_direct
-            kind = "bots"
-        else:
-            mode = respond.humans
-            addressed = msg.addressed
-            kind = "humans"
-        if mode == "all" or (mode == "mentions" and addressed):
+        refusal = turned_away(
+            ctx.policy.respond_to,
+            sender_is_bot=msg.sender_is_bot,
+            mentions_bot=msg.mentions_bot,
+            reply_to_bot=msg.reply_to_bot,
+            is_direct=msg.is_direct,
+        )
+        if refusal is None:
             return await call_next(ctx)
-        if mode == "none":
-            code, detail = f"{kind}_off", messages.answers_none_detail(kind)
-        else:
-            code, detail = "not_addressed", messages.must_mention_detail(kind)
+        code, detail = refusal
         self._decisions.refuse(ctx, self.name, code, detail, remember=True)
         return None
+
+
+def turned_away(
+    respond: RespondToPolicy,
+    *,
+    sender_is_bot: bool,
+    mentions_bot: bool,
+    reply_to_bot: bool,
+    is_direct: bool,
+) -> tuple[str, str] | None:
+    """(code, detail) when `respond_to` does not answer this sender, None when it does.
+
+    Shared with `integrations.RoomGuard`, so a guarded bot answers whom a hosted one would.
+    """
+    if sender_is_bot:
+        mode = respond.bots
+        addressed = mentions_bot or is_direct
+        kind = "bots"
+    else:
+        mode = respond.humans
+        addressed = mentions_bot or reply_to_bot or is_direct
+        kind = "humans"
+    if mode == "all" or (mode == "mentions" and addressed):
+        return None
+    if mode == "none":
+        return f"{kind}_off", messages.answers_none_detail(kind)
+    return "not_addressed", messages.must_mention_detail(kind)
