@@ -100,8 +100,11 @@ _LOG_COLUMNS = (
     "output_tokens, cost, estimated, fingerprint, rule, retry, duration_ms, fields"
 )
 _SEP = "\x1f"
-# Expired rows removed per decision: more than a decision adds, so idle rows go quickly.
-_SWEEP_PER_CALL = 4
+# Expired rows are removed _SWEEP_ROWS of each table every _SWEEP_EVERY decisions: four
+# per decision, more than one adds, so idle rows go quickly. A DELETE costs about what a
+# decision's own statements do, so one sweep serves several decisions.
+_SWEEP_EVERY = 8
+_SWEEP_ROWS = 32
 
 
 class SqliteCallStore:
@@ -124,6 +127,7 @@ class SqliteCallStore:
         self._rules = tuple(rules_by_name(rules).values())
         self._wall_clock = wall_clock
         self._log_keep = log_keep
+        self._decisions = 0
         self._sqlite = SqliteDb(
             path,
             name="sqlite call store",
@@ -152,7 +156,8 @@ class SqliteCallStore:
         """Decide one call and count it when allowed, in one transaction."""
         chosen = self._policy if policy is None else policy
         event = call_event(circuit, fingerprint, fields, self._rules)
-        return await self._sqlite.write(lambda db, now: _decide(db, now, event, chosen))
+        sweep = self._sweeps()
+        return await self._sqlite.write(lambda db, now: _decide(db, now, event, chosen, sweep))
 
     async def admit(
         self,
@@ -166,18 +171,24 @@ class SqliteCallStore:
         """The budgets' step, then `decide`'s, in one transaction."""
         chosen = self._policy if policy is None else policy
         event = call_event(circuit, fingerprint, fields, self._rules)
+        sweep = self._sweeps()
 
         def admit(db: sqlite3.Connection, now: float) -> Admission:
             record, verdict = step_spend(budgets_sqlite.load(db, spend, now), spend, now)
             decision = None
             if verdict.allowed:
-                decision = _decide(db, now, event, chosen)
+                decision = _decide(db, now, event, chosen, sweep)
                 if not decision.allowed and verdict.hold is not None:
                     record = step_release(record, verdict.hold, now)
             budgets_sqlite.save(db, spend, record)
             return Admission(decision, verdict)
 
         return await self._sqlite.write(admit)
+
+    def _sweeps(self) -> bool:
+        """Whether this decision sweeps expired rows: one in every _SWEEP_EVERY."""
+        self._decisions += 1
+        return self._decisions % _SWEEP_EVERY == 0
 
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
         """`step_charge` on the stored records, in one transaction."""
@@ -283,7 +294,7 @@ class SqliteCallStore:
             if newest is not None and newest > keep:
                 db.execute("DELETE FROM call_log WHERE id <= ?", (newest - keep,))
 
-        await self._sqlite.write(append, background=True)
+        await self._sqlite.write(append)
 
     async def calls_since(self, seconds: float) -> list[CallLogEntry]:
         """Entries at or after now - seconds, oldest first."""
@@ -353,10 +364,11 @@ def _create_schema(db: sqlite3.Connection, path: str) -> None:
 
 
 def _decide(
-    db: sqlite3.Connection, now: float, event: CallEvent, policy: CallLoopPolicy
+    db: sqlite3.Connection, now: float, event: CallEvent, policy: CallLoopPolicy, sweep: bool
 ) -> CallDecision:
     """`step_call` on the stored record: load it, step it, save what changed."""
-    _sweep(db, now)
+    if sweep:
+        _sweep(db, now)
     circuit = event.circuit
     call = _call_key(circuit, event.identity)
     groups = [rule_group(rule, key) for rule, key in event.rules]
@@ -393,7 +405,7 @@ def _sweep(db: sqlite3.Connection, now: float) -> None:
         db.execute(
             f"DELETE FROM {table} WHERE rowid IN "
             f"(SELECT rowid FROM {table} WHERE {column} <= ? LIMIT ?)",
-            (now, _SWEEP_PER_CALL),
+            (now, _SWEEP_ROWS),
         )
 
 

@@ -1,25 +1,41 @@
-"""One SQLite file in WAL mode, its connection owned by one worker thread.
+"""One SQLite file in WAL mode: quick writes on the event loop, waits on a worker thread.
 
 The state store (gateway/state/sqlite.py) and the call store (gateway/calls/sqlite_store.py)
-each hold one `SqliteDb`. Every call is handed to the worker thread, so any number of
-coroutines can use a store and the event loop never blocks on disk. A write is one
-`BEGIN IMMEDIATE` transaction that reads the clock only once it holds the write lock, so
-writes are serialised in time order, also between processes sharing the file
-(`busy_timeout` makes the others wait). A committed write survives SIGKILL (the WAL is in
-the file system); `synchronous=NORMAL` may lose the last transactions on a power cut only.
+each hold one `SqliteDb`. A write is one `BEGIN IMMEDIATE` transaction that reads the
+clock only once it holds the write lock, so writes are serialised in time order, also
+between processes sharing the file. The event loop never waits for a lock or an fsync:
+- A write runs on the loop thread, on a connection with `busy_timeout` 0, when the write
+  lock is free at once and no earlier write waits on the worker (so writes keep their
+  order). Handing each decision to a thread and back cost two thread wake-ups, more than
+  the transaction itself; a WAL commit only writes to the OS (`synchronous=NORMAL` syncs
+  at checkpoints), so it does not wait for the disk.
+- When another connection holds the lock (`SQLITE_BUSY` at `BEGIN`, before `work` runs),
+  the write goes to the worker thread, whose connection waits up to `busy_timeout`. Reads
+  (which may be long, a log export) always run there.
+- Neither connection checkpoints by itself (`wal_autocheckpoint=0`): after every
+  `CHECKPOINT_EVERY` writes the worker copies the WAL into the file and makes the write
+  that restarts the WAL (the one that syncs its header), while loop writes queue behind.
+  Another connection to the file (another store, another process) checkpoints and
+  restarts the WAL the same way; only a loop write landing between its two steps would
+  sync the header itself, one fsync at most per such checkpoint.
+A committed write survives SIGKILL (the WAL is in the file system); `synchronous=NORMAL`
+may lose the last transactions on a power cut only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import queue
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from gateway.errors import StateError
 
@@ -28,9 +44,25 @@ T = TypeVar("T")
 SchemaHook = Callable[[sqlite3.Connection, str], None]
 """Creates a store's tables, given the connection and the file's path (for error texts)."""
 
+CHECKPOINT_EVERY = 200
+"""Writes between checkpoints: about SQLite's default of 1,000 WAL pages at 3-5 pages each."""
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _Job:
+    """Work for the worker thread and the future its answer goes to (None: nobody waits)."""
+
+    work: Callable[[], Any]
+    future: asyncio.Future[Any] | None
+    loop: asyncio.AbstractEventLoop
+    holds_writes: bool
+    """Loop writes go to the worker behind it until it is answered (order, checkpoints)."""
+
 
 class SqliteDb:
-    """A WAL SQLite connection on its own thread; `write` is one BEGIN IMMEDIATE transaction."""
+    """A WAL SQLite file: `write` is one BEGIN IMMEDIATE transaction, on the loop when free."""
 
     def __init__(
         self,
@@ -47,10 +79,10 @@ class SqliteDb:
         Args:
             path: the database file (":memory:" for a private in-memory database).
             name: what the owner is called in errors, e.g. "sqlite state store".
-            thread_name: the worker thread's name prefix.
+            thread_name: the worker thread's name.
             create_schema: run once the file is open, inside one transaction.
             clock: the time passed to `write` and `read` work.
-            busy_timeout: seconds to wait for another process's write lock.
+            busy_timeout: seconds the worker waits for another process's write lock.
         """
         self._path = os.fspath(path)
         self._name = name
@@ -58,9 +90,15 @@ class SqliteDb:
         self._create_schema = create_schema
         self._clock = clock
         self._busy_timeout = busy_timeout
-        self._executor: ThreadPoolExecutor | None = None
-        # Opened, used and closed on the executor's one thread only.
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The worker's connection: opened, used and closed on the worker thread only.
         self._db: sqlite3.Connection | None = None
+        # The loop thread's connection (none for ":memory:", private to each connection):
+        # opened and closed by the worker, used by the loop thread only in between.
+        self._here: sqlite3.Connection | None = None
+        self._holding = 0  # jobs handed to the worker that loop writes wait behind
+        self._writes = 0  # writes since the last checkpoint
 
     @property
     def path(self) -> str:
@@ -68,41 +106,102 @@ class SqliteDb:
         return self._path
 
     async def start(self) -> None:
-        """Open the file (creating its directory and schema) on the worker thread."""
-        if self._executor is not None:
+        """Start the worker thread and open the file (its directory, its schema) there."""
+        if self._loop is not None:
             return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._thread_name)
+        self._loop = asyncio.get_running_loop()
+        # A queue per thread: a thread still finishing after `aclose` never takes new jobs.
+        self._jobs = queue.SimpleQueue()
+        threading.Thread(
+            target=self._serve, args=(self._jobs,), name=self._thread_name, daemon=True
+        ).start()
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._open)
+            await self._submit(self._open)
         except BaseException:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+            self._stop()
             raise
 
     async def aclose(self) -> None:
-        """Close the connection and stop the thread."""
-        executor, self._executor = self._executor, None
-        if executor is None:
+        """Close both connections and stop the thread."""
+        if self._loop is None:
             return
+        here, self._here = self._here, None
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._close)
+            await self._submit(lambda: self._close(here))
         finally:
-            executor.shutdown(wait=False)
+            self._stop()
+
+    def _stop(self) -> None:
+        self._loop = None
+        self._jobs.put(None)
+
+    def _serve(self, jobs: queue.SimpleQueue[_Job | None]) -> None:
+        """The worker thread: run the jobs in the order they came, until told to stop."""
+        while (job := jobs.get()) is not None:
+            try:
+                result = job.work()
+            except BaseException as exc:  # the waiting coroutine gets it, as raised
+                self._answer(job, None, exc)
+            else:
+                self._answer(job, result, None)
+
+    def _answer(self, job: _Job, result: object, error: BaseException | None) -> None:
+        # RuntimeError: the loop has closed, nobody is left to answer.
+        with suppress(RuntimeError):
+            job.loop.call_soon_threadsafe(self._settle, job, result, error)
+
+    def _settle(self, job: _Job, result: object, error: BaseException | None) -> None:
+        """On the loop thread: release the writes held behind the job, answer its future."""
+        if job.holds_writes:
+            self._holding -= 1
+        future = job.future
+        if future is None:
+            if error is not None:
+                log.warning("%s: WAL checkpoint failed: %s", self._name, error)
+        elif not future.done():
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
+
+    def _queue(
+        self, work: Callable[[], Any], future: asyncio.Future[Any] | None, holds: bool
+    ) -> None:
+        if self._loop is None:
+            raise StateError(f"the {self._name} is not started")
+        loop = asyncio.get_running_loop() if future is None else future.get_loop()
+        self._holding += holds
+        self._jobs.put(_Job(work, future, loop, holds))
+
+    async def _submit(self, work: Callable[[], T], *, holds: bool = False) -> T:
+        """Run `work` on the worker thread and wait for its answer."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue(work, future, holds)
+        return await future
 
     def _open(self) -> None:
         if self._path != ":memory:":
             Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(self._path, timeout=self._busy_timeout, isolation_level=None)
+        db = self._connect(self._busy_timeout)
         try:
             self._enter_wal(db)
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute(f"PRAGMA busy_timeout={int(self._busy_timeout * 1000)}")
             with transaction(db):
                 self._create_schema(db, self._path)
+            if self._path != ":memory:":
+                self._here = self._connect(0.0)
         except BaseException:
             db.close()
             raise
         self._db = db
+
+    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+        db = sqlite3.connect(
+            self._path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        return db
 
     def _enter_wal(self, db: sqlite3.Connection) -> None:
         """Switch to WAL, waiting out another process doing the same on a new file.
@@ -121,36 +220,89 @@ class SqliteDb:
             else:
                 return
 
-    def _close(self) -> None:
+    def _close(self, here: sqlite3.Connection | None) -> None:
         db, self._db = self._db, None
-        if db is not None:
-            db.close()
+        for connection in (here, db):
+            if connection is not None:
+                connection.close()
 
-    async def _call(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """Run `work` with the connection on the worker thread."""
-        executor = self._executor
-        if executor is None:
-            raise StateError(f"the {self._name} is not started")
-        return await asyncio.get_running_loop().run_in_executor(executor, self._with_db, work)
-
-    def _with_db(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    def _connection(self) -> sqlite3.Connection:
+        """The worker's connection (on the worker thread)."""
         db = self._db
         if db is None:
             raise StateError(f"the {self._name} is not started")
-        return work(db)
+        return db
+
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the file; once all of it is, restart it here, not on the loop.
+
+        The first commit after a complete checkpoint rewrites the WAL from its start and
+        syncs its header: rewriting the (unused) application id with its own value is that
+        commit, made on the worker while loop writes wait behind this job.
+        """
+        db = self._connection()
+        busy, frames, copied = db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if busy or frames <= 0 or copied < frames:
+            return
+        with transaction(db):
+            (application_id,) = db.execute("PRAGMA application_id").fetchone()
+            db.execute(f"PRAGMA application_id={int(application_id)}")
+
+    def _wrote(self) -> None:
+        """Count a committed write; every CHECKPOINT_EVERY, queue a checkpoint."""
+        self._writes += 1
+        if self._writes >= CHECKPOINT_EVERY:
+            self._writes = 0
+            self._queue(self._checkpoint, None, holds=True)
+
+    def _free_here(self) -> sqlite3.Connection | None:
+        """The loop's connection, if this loop may write on it now (nothing held before)."""
+        if self._holding or asyncio.get_running_loop() is not self._loop:
+            return None
+        return self._here
 
     async def write(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
-        """Run `work(db, now)` in one write transaction, `now` read under the write lock."""
+        """Run `work(db, now)` in one write transaction, `now` read under the write lock.
 
-        def run(db: sqlite3.Connection) -> T:
+        On the loop thread when the lock is free at once, else on the worker (which waits
+        for it).
+        """
+        here = self._free_here()
+        if here is not None and _begin_at_once(here):
+            # No context manager on the path every decision takes: it costs as much as a
+            # statement.
+            try:
+                result = work(here, self._clock())
+            except BaseException:
+                here.execute("ROLLBACK")
+                raise
+            here.execute("COMMIT")
+            self._wrote()
+            return result
+
+        def run() -> T:
+            db = self._connection()
             with transaction(db):
                 return work(db, self._clock())
 
-        return await self._call(run)
+        result = await self._submit(run, holds=True)
+        self._wrote()
+        return result
 
     async def read(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
-        """Run `work(db, now)` without taking the write lock (WAL readers never wait)."""
-        return await self._call(lambda db: work(db, self._clock()))
+        """Run `work(db, now)` on the worker without the write lock (WAL readers never wait)."""
+        return await self._submit(lambda: work(self._connection(), self._clock()))
+
+
+def _begin_at_once(db: sqlite3.Connection) -> bool:
+    """BEGIN IMMEDIATE on a connection that never waits: False if another holds the lock."""
+    try:
+        db.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError as exc:
+        if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+            raise
+        return False
+    return True
 
 
 @contextmanager

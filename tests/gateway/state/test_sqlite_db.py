@@ -1,0 +1,263 @@
+"""SqliteDb, the one SQLite helper: where each write runs, another process's lock, the WAL."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, closing
+from pathlib import Path
+
+import pytest
+
+from gateway.calls.sqlite_store import SqliteCallStore
+from gateway.calls.store import CallLogEntry
+from gateway.errors import StateError
+from gateway.state.sqlite_db import CHECKPOINT_EVERY, SqliteDb
+from tests.gateway.state.hammer import ROOT, WAIT_SECONDS
+
+# Long enough that a write waiting for the lock on the loop thread would be seen stuck.
+BUSY_TIMEOUT = 60.0
+HOLD_LOCK = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+db.execute("COMMIT")
+"""
+WRITE_THEN_DIE = """
+import asyncio, os, signal, sys, threading
+from gateway.state.sqlite_db import SqliteDb
+from tests.gateway.state.test_sqlite_db import create, insert
+
+async def main():
+    db = SqliteDb(sys.argv[1], name="t", thread_name="t", create_schema=create,
+                  clock=lambda: 1.0, busy_timeout=5.0)
+    await db.start()
+    for n in range(int(sys.argv[2])):
+        assert await db.write(insert(n)) == threading.current_thread().name
+    print("written", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main())
+"""
+
+
+class Clock:
+    """A settable clock."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def create(db: sqlite3.Connection, path: str) -> None:
+    """One table of numbered rows: the time and the thread each was written at."""
+    db.execute("CREATE TABLE IF NOT EXISTS t (n INTEGER, at REAL, thread TEXT)")
+
+
+Write = Callable[[sqlite3.Connection, float], str]
+
+
+def insert(n: int) -> Write:
+    """The write of row `n`; it answers the name of the thread it ran on."""
+
+    def write(db: sqlite3.Connection, now: float) -> str:
+        thread = threading.current_thread().name
+        db.execute("INSERT INTO t (n, at, thread) VALUES (?, ?, ?)", (n, now, thread))
+        return thread
+
+    return write
+
+
+@asynccontextmanager
+async def started(path: Path, clock: Clock) -> AsyncIterator[SqliteDb]:
+    db = SqliteDb(
+        path,
+        name="test db",
+        thread_name="lw-test",
+        create_schema=create,
+        clock=clock,
+        busy_timeout=BUSY_TIMEOUT,
+    )
+    await db.start()
+    try:
+        yield db
+    finally:
+        await db.aclose()
+
+
+@asynccontextmanager
+async def lock_held_elsewhere(path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
+    """Another process holding the file's write lock until a line is written to it."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        HOLD_LOCK,
+        str(path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    try:
+        line = await asyncio.wait_for(child.stdout.readline(), WAIT_SECONDS)
+        assert line == b"locked\n"
+        yield child
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await child.wait()
+
+
+async def release(child: asyncio.subprocess.Process) -> None:
+    assert child.stdin is not None
+    child.stdin.write(b"go\n")
+    await child.stdin.drain()
+
+
+def size(path: Path) -> int:
+    return path.stat().st_size
+
+
+def stored(path: Path) -> list[tuple[int, float, str]]:
+    with closing(sqlite3.connect(path)) as db:
+        return list(db.execute("SELECT n, at, thread FROM t ORDER BY rowid"))
+
+
+async def test_issue10_a_write_with_the_lock_free_runs_on_the_loop_thread(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    async with started(path, Clock()) as db:
+        loop_thread = threading.current_thread().name
+        assert [await db.write(insert(n)) for n in range(3)] == [loop_thread] * 3
+        assert await db.read(lambda c, now: threading.current_thread().name) == "lw-test"
+    assert stored(path) == [
+        (0, 100.0, loop_thread),
+        (1, 100.0, loop_thread),
+        (2, 100.0, loop_thread),
+    ]
+
+
+async def test_issue10_another_process_holding_the_lock_never_blocks_the_loop(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db.sqlite3"
+    clock = Clock(100.0)
+    async with started(path, clock) as db, lock_held_elsewhere(path) as child:
+        first = asyncio.create_task(db.write(insert(1)))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(db.write(insert(2)))
+        for _ in range(20):
+            await asyncio.sleep(0)  # the loop goes on serving while both writes wait
+        assert not first.done()
+        assert not second.done()
+        clock.now = 200.0  # read under the lock: after the other process lets go
+        await release(child)
+        done = await asyncio.wait_for(asyncio.gather(first, second), WAIT_SECONDS)
+        assert list(done) == ["lw-test", "lw-test"]
+        # The worker has answered them all: the loop takes the next write itself again.
+        assert await db.write(insert(3)) == threading.current_thread().name
+    rows = stored(path)
+    assert [n for n, _, _ in rows] == [1, 2, 3]  # in the order asked, each once
+    assert [at for n, at, _ in rows if n in (1, 2)] == [200.0, 200.0]
+
+
+async def test_issue10_reads_go_on_while_another_process_holds_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "calls.sqlite3"
+    entry = CallLogEntry(
+        at=1_000.0,
+        provider="openai",
+        agent="billing-bot",
+        session="s-1",
+        circuit="billing-bot/s-1",
+        model="gpt-4o-mini",
+        outcome="forwarded",
+        status=200,
+        input_tokens=10,
+        output_tokens=5,
+        cost=0.001,
+        estimated=False,
+        fingerprint="f" * 16,
+    )
+    store = SqliteCallStore(path, wall_clock=lambda: 1_010.0, busy_timeout=BUSY_TIMEOUT)
+    await store.start()
+    try:
+        await store.log_call(entry)
+        async with lock_held_elsewhere(path) as child:
+            assert await store.calls_since(60.0) == [entry]
+            assert await store.paused() == []
+            await release(child)
+    finally:
+        await store.aclose()
+
+
+async def test_issue10_a_failing_write_on_the_loop_rolls_back_and_the_next_is_served(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db.sqlite3"
+
+    def half_then_fail(db: sqlite3.Connection, now: float) -> str:
+        insert(1)(db, now)
+        raise StateError("a malformed record")
+
+    async with started(path, Clock()) as db:
+        with pytest.raises(StateError, match="a malformed record"):
+            await db.write(half_then_fail)
+        assert await db.write(insert(2)) == threading.current_thread().name
+    assert [n for n, _, _ in stored(path)] == [2]
+
+
+async def test_the_wal_is_checkpointed_and_restarted_as_writes_go_on(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    wal = Path(f"{path}-wal")
+    async with started(path, Clock()) as db:
+        for n in range(CHECKPOINT_EVERY):
+            await db.write(insert(n))
+        one_round = size(wal)
+        for n in range(5 * CHECKPOINT_EVERY):
+            await db.write(insert(n))
+        # Restarted after each checkpoint, the WAL is rewritten from its start, not grown.
+        assert size(wal) <= 2 * one_round
+        assert await db.read(lambda c, now: c.execute("SELECT count(*) FROM t").fetchone()[0]) == (
+            6 * CHECKPOINT_EVERY
+        )
+
+
+def test_writes_committed_on_the_loop_thread_survive_sigkill(tmp_path: Path) -> None:
+    path = tmp_path / "db.sqlite3"
+    child = subprocess.run(
+        [sys.executable, "-c", WRITE_THEN_DIE, str(path), "50"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS,
+        check=False,
+    )
+    assert (child.returncode, child.stdout) == (-signal.SIGKILL, "written\n"), child.stderr
+    assert [n for n, _, _ in stored(path)] == list(range(50))
+    assert {thread for _, _, thread in stored(path)} == {"MainThread"}
+
+
+async def test_idle_call_windows_are_swept_as_decisions_go_on(tmp_path: Path) -> None:
+    path = tmp_path / "calls.sqlite3"
+    clock = Clock(1_000.0)
+    store = SqliteCallStore(path, clock=clock)
+    await store.start()
+    try:
+        for n in range(40):
+            await store.decide("billing-bot/s-1", f"question {n}")
+        clock.now += 86_400.0  # every window has long gone idle
+        for n in range(16):
+            await store.decide("billing-bot/s-2", f"later question {n}")
+    finally:
+        await store.aclose()
+    with closing(sqlite3.connect(path)) as db:
+        idle = db.execute("SELECT count(*) FROM call_windows WHERE idle_at <= ?", (clock.now,))
+        assert idle.fetchone()[0] == 0
