@@ -2,8 +2,9 @@
 
 The tables live in the state file (`state.path`) next to the StateStore's, prefixed
 `call_`, with their own schema version (`call_meta`), so neither store's migrations touch
-the other's tables. As for the StateStore, the file runs in WAL mode with one connection
-owned by one worker thread (gateway/state/sqlite_db.py), and every decision is one
+the other's tables. As for the StateStore, the file runs in WAL mode through
+gateway/state/sqlite_db.py (a decision runs on the event loop while the write lock is
+free, on a worker thread while another process holds it), and every decision is one
 `BEGIN IMMEDIATE` transaction that reads the clock once it holds the write lock, so
 decisions are serialised in time order, also between processes sharing the file (a proxy
 and the `loopwarden circuits` command, say).
@@ -16,11 +17,13 @@ Decisions where DESIGN.md is silent:
   `guards.call_loop.step_call` and saves what changed, so it answers exactly as
   CallLoopGuard does. Counted calls are one row per key (`call_windows`: the times,
   packed as little-endian doubles, and when the record goes idle); idle records and
-  expired holds are swept a few per decision, never by a scan.
+  expired holds are swept a few at a time every eighth decision, never by a scan.
 - Schema 2 replaced the per-call rows of schema 1 (`call_events`); an older file is
   upgraded in place and its counted calls are dropped (they last one window at most),
   its pauses kept.
 - The request log keeps the newest `log_keep` entries (one indexed DELETE per append).
+  Listing it (`calls_since`) and the pauses (`paused`) are reads: they never wait for
+  another process's write lock.
 - Budgets (`gateway.calls.budgets_sqlite`) add their tables to schema 2 with
   `CREATE TABLE IF NOT EXISTS`: an older loopwarden reading the file ignores them.
 """
@@ -108,7 +111,7 @@ _SWEEP_ROWS = 32
 
 
 class SqliteCallStore:
-    """A CallStore in the SQLite state file: one writer thread, a transaction per decision."""
+    """A CallStore in the SQLite state file: a transaction per decision."""
 
     def __init__(
         self,

@@ -1,8 +1,9 @@
 """SQLite state: one gateway node whose budgets, cooldowns and receipts survive restarts.
 
-The database runs in WAL mode with one connection, owned by one worker thread
-(gateway/state/sqlite_db.py): any number of coroutines can use the store and the event
-loop never blocks on disk. Each decision is one `BEGIN IMMEDIATE` transaction that reads
+The database runs in WAL mode through gateway/state/sqlite_db.py: a decision runs on the
+event loop while the write lock is free at once, and waits for another process's lock on a
+worker thread, so any number of coroutines can use the store and the event loop never
+waits on a lock or the disk. Each decision is one `BEGIN IMMEDIATE` transaction that reads
 the clock only once it holds the write lock, so decisions are serialised in time order,
 also between processes sharing the file (`busy_timeout` makes the others wait). A
 committed decision survives SIGKILL of the gateway (the WAL is in the file system);
@@ -110,7 +111,7 @@ _TURNS_SEEN_SECONDS = 600.0
 
 
 class SqliteStateStore:
-    """A StateStore in one SQLite file: WAL, one writer thread, a transaction per decision."""
+    """A StateStore in one SQLite file: WAL, a transaction per decision."""
 
     def __init__(
         self,
