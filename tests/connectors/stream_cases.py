@@ -7,7 +7,7 @@ its fake) and runs these cases. The edit pace and every retry-after wait run on 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -243,3 +243,16 @@ async def reasoning_never_reaches_the_room(room: StreamRoom) -> None:
     assert await stream.finish(Reply(final))
     assert all("think" not in shown and "user" not in shown for _, _, shown in recording.calls)
     assert room.shown(room.channel) == ["Hello there!"]
+
+
+StreamCase = Callable[[StreamRoom], Awaitable[None]]
+
+CASES: dict[str, StreamCase] = {
+    "long_reply_continues_and_ends_as_unstreamed": long_reply_continues_and_ends_as_unstreamed,
+    "silent_turn_posts_nothing": silent_turn_posts_nothing,
+    "reply_starting_no_never_flashes_no": reply_starting_no_never_flashes_no,
+    "429_on_an_edit_is_waited_for": rate_limited_edit_is_waited_for,
+    "failed_edit_sends_the_rest_as_a_new_message": failed_edit_sends_the_rest,
+    "reasoning_never_reaches_the_room": reasoning_never_reaches_the_room,
+}
+"""The streaming cases every platform runs, by name (`test_issue11_streaming[<name>]`)."""

@@ -64,26 +64,9 @@ async def room() -> AsyncIterator[StreamRoom]:
             await connector.aclose()
 
 
-async def test_issue11_long_streamed_reply_continues_and_ends_as_unstreamed(
-    room: StreamRoom,
-) -> None:
-    await stream_cases.long_reply_continues_and_ends_as_unstreamed(room)
-
-
-async def test_issue11_silent_streamed_turn_posts_nothing(room: StreamRoom) -> None:
-    await stream_cases.silent_turn_posts_nothing(room)
-
-
-async def test_issue11_reply_starting_no_never_flashes_no(room: StreamRoom) -> None:
-    await stream_cases.reply_starting_no_never_flashes_no(room)
-
-
-async def test_issue11_429_on_an_edit_is_waited_for(room: StreamRoom) -> None:
-    await stream_cases.rate_limited_edit_is_waited_for(room)
-
-
-async def test_issue11_failed_edit_sends_the_rest_as_a_new_message(room: StreamRoom) -> None:
-    await stream_cases.failed_edit_sends_the_rest(room)
+@pytest.mark.parametrize("case", list(stream_cases.CASES))
+async def test_issue11_streaming(room: StreamRoom, case: str) -> None:
+    await stream_cases.CASES[case](room)
 
 
 async def test_issue11_gateway_streams_openai_replies_and_silent_turns_post_nothing(
@@ -118,7 +101,3 @@ async def test_issue11_gateway_streams_openai_replies_and_silent_turns_post_noth
         assert fake.updates, "the reply was edited as it streamed"
         everything = [p.text for p in fake.posted] + [update.text for update in fake.updates]
         assert all("NO_REPLY" not in text for text in everything)
-
-
-async def test_issue11_reasoning_never_reaches_the_room(room: StreamRoom) -> None:
-    await stream_cases.reasoning_never_reaches_the_room(room)
