@@ -1,4 +1,5 @@
-"""Build TurnContexts for agent tests: only the message and policy matter to an agent."""
+"""Helpers for agent tests: TurnContexts (only the message and policy matter to an agent)
+and an injected sleep that records its waits."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ from gateway.context import TurnContext
 from gateway.state.memory import MemoryStateStore
 from gateway.types import AgentResult, InboundMessage
 from tests.fakes.inmemory import InMemoryConnector
+
+
+class SleepRecorder:
+    """An injected sleep that only records how long it was asked to wait."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
 
 
 class NullAgent:

@@ -36,7 +36,7 @@ from gateway.errors import ConfigError
 from gateway.types import HistoryEntry
 from tests.fakes.inmemory import InMemoryConnector, PipelineRig
 from tests.fakes.loopback import serve_loopback
-from tests.gateway.agents.agent_turns import make_turn
+from tests.gateway.agents.agent_turns import SleepRecorder, make_turn
 
 SECRET = "hmac-secret-0123456789"
 NOW = 1_700_000_000.0
@@ -153,16 +153,6 @@ class Service:
         self._release.set()
         if self._runner is not None:
             await self._runner.cleanup()
-
-
-class SleepRecorder:
-    """An injected sleep that only records how long it was asked to wait."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 @pytest.fixture

@@ -27,20 +27,10 @@ from tests.fakes.llm_upstream import (
     text_response,
     tool_call_response,
 )
-from tests.gateway.agents.agent_turns import make_turn
+from tests.gateway.agents.agent_turns import SleepRecorder, make_turn
 from tests.gateway.agents.tools_for_tests import search_orders
 
 TOOLS = "tests.gateway.agents.tools_for_tests"
-
-
-class SleepRecorder:
-    """An injected sleep that only records how long it was asked to wait."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 @pytest.fixture
