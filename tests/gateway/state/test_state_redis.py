@@ -381,10 +381,12 @@ async def said(ws: aiohttp.ClientWebSocketResponse, sender: str | None, needle: 
                 return text
 
 
-async def test_issue5_humans_are_answered_through_an_outage_and_budgets_resume_after(
-    redis: RedisServer,
-) -> None:
-    gateway = Gateway(parse_config(GATEWAY_CONFIG % redis.url))
+@asynccontextmanager
+async def carol_in_the_lobby(
+    config: str,
+) -> AsyncIterator[tuple[Gateway, RedisStateStore, aiohttp.ClientWebSocketResponse]]:
+    """A running gateway on Redis state with carol joined to its web room's lobby."""
+    gateway = Gateway(parse_config(config))
     store = gateway.state
     assert isinstance(store, RedisStateStore)
     await gateway.start()
@@ -394,31 +396,38 @@ async def test_issue5_humans_are_answered_through_an_outage_and_budgets_resume_a
             client.ws_connect(f"http://127.0.0.1:{gateway.port}/room/ws") as ws,
         ):
             await ws.send_json({"type": "join", "name": "carol", "room": "lobby"})
-            await ws.send_json({"type": "say", "text": "@ping one"})
-            await said(ws, "pong", "pong")
-
-            redis.stop()
-            await ws.send_json({"type": "say", "text": "@ping two"})
-            assert await said(ws, "ping", "@pong") == "@pong ping"
-            await said(ws, "pong", "pong")
-            assert store.degraded
-            assert gateway.metrics.value("state_degraded") == 1
-            assert gateway.metrics.value("state_unavailable_calls_total") > 0
-
-            redis.start()
-            await until_back(store)
-            assert gateway.metrics.value("state_degraded") == 0
-            # Redis came back empty: two exchanges fit the budget, the third opens a cooldown.
-            for text in ("@ping three", "@ping four"):
-                await ws.send_json({"type": "say", "text": text})
-                await said(ws, "pong", "pong")
-            await ws.send_json({"type": "say", "text": "@ping five"})
-            await said(ws, "pong", "Loop guard: pausing replies between pong and ping")
-            [pair] = await store.pair_snapshot("room:lobby")
-            assert (pair.bot_a, pair.bot_b, pair.count) == ("ping", "pong", 2)
-            assert pair.cooldown_remaining > 3500
+            yield gateway, store, ws
     finally:
         await gateway.stop(5.0)
+
+
+async def test_issue5_humans_are_answered_through_an_outage_and_budgets_resume_after(
+    redis: RedisServer,
+) -> None:
+    async with carol_in_the_lobby(GATEWAY_CONFIG % redis.url) as (gateway, store, ws):
+        await ws.send_json({"type": "say", "text": "@ping one"})
+        await said(ws, "pong", "pong")
+
+        redis.stop()
+        await ws.send_json({"type": "say", "text": "@ping two"})
+        assert await said(ws, "ping", "@pong") == "@pong ping"
+        await said(ws, "pong", "pong")
+        assert store.degraded
+        assert gateway.metrics.value("state_degraded") == 1
+        assert gateway.metrics.value("state_unavailable_calls_total") > 0
+
+        redis.start()
+        await until_back(store)
+        assert gateway.metrics.value("state_degraded") == 0
+        # Redis came back empty: two exchanges fit the budget, the third opens a cooldown.
+        for text in ("@ping three", "@ping four"):
+            await ws.send_json({"type": "say", "text": text})
+            await said(ws, "pong", "pong")
+        await ws.send_json({"type": "say", "text": "@ping five"})
+        await said(ws, "pong", "Loop guard: pausing replies between pong and ping")
+        [pair] = await store.pair_snapshot("room:lobby")
+        assert (pair.bot_a, pair.bot_b, pair.count) == ("ping", "pong", 2)
+        assert pair.cooldown_remaining > 3500
 
 
 PING_PONG_CONFIG = """
@@ -455,33 +464,22 @@ async def until_said(ws: aiohttp.ClientWebSocketResponse, needle: str) -> list[t
 async def test_issue9_a_bot_ping_pong_is_cut_at_the_budget_while_redis_is_down(
     redis: RedisServer,
 ) -> None:
-    gateway = Gateway(parse_config(PING_PONG_CONFIG % redis.url))
-    store = gateway.state
-    assert isinstance(store, RedisStateStore)
-    await gateway.start()
-    try:
-        async with (
-            aiohttp.ClientSession() as client,
-            client.ws_connect(f"http://127.0.0.1:{gateway.port}/room/ws") as ws,
-        ):
-            await ws.send_json({"type": "join", "name": "carol", "room": "lobby"})
-            redis.stop()
-            await ws.send_json({"type": "say", "text": "@ping go"})
-            seen = await until_said(ws, "Loop guard: pausing")
-            bot_lines = [text for sender, text in seen if sender in ("ping", "pong")]
-            # ping answers carol, then three bot-to-bot exchanges fit the local budget.
-            assert len(bot_lines) == 1 + 3 + 1, bot_lines
-            assert gateway.metrics.value("state_degraded") == 1
-            await ws.send_json({"type": "say", "text": "/loop status"})
-            status = (await until_said(ws, "Loop status for room:lobby"))[-1][1]
-            assert "budgets and cooldowns are local to this process" in status
-            assert "cooling down" in status
+    async with carol_in_the_lobby(PING_PONG_CONFIG % redis.url) as (gateway, store, ws):
+        redis.stop()
+        await ws.send_json({"type": "say", "text": "@ping go"})
+        seen = await until_said(ws, "Loop guard: pausing")
+        bot_lines = [text for sender, text in seen if sender in ("ping", "pong")]
+        # ping answers carol, then three bot-to-bot exchanges fit the local budget.
+        assert len(bot_lines) == 1 + 3 + 1, bot_lines
+        assert gateway.metrics.value("state_degraded") == 1
+        await ws.send_json({"type": "say", "text": "/loop status"})
+        status = (await until_said(ws, "Loop status for room:lobby"))[-1][1]
+        assert "budgets and cooldowns are local to this process" in status
+        assert "cooling down" in status
 
-            redis.start()
-            await until_back(store)
-            await ws.send_json({"type": "say", "text": "/loop status"})
-            status = (await until_said(ws, "Loop status for room:lobby"))[-1][1]
-            assert "local to this process" not in status
-            assert gateway.metrics.value("state_degraded") == 0
-    finally:
-        await gateway.stop(5.0)
+        redis.start()
+        await until_back(store)
+        await ws.send_json({"type": "say", "text": "/loop status"})
+        status = (await until_said(ws, "Loop status for room:lobby"))[-1][1]
+        assert "local to this process" not in status
+        assert gateway.metrics.value("state_degraded") == 0
