@@ -12,7 +12,8 @@ Decisions where DESIGN.md is silent:
   LoopGuardConfig and CallLoopPolicy (the stages and agents use the same `guard_policy()`
   / `guard_config()`), so the config, a channel rule, `/loop set` and the admin API all
   refuse the same values. `tool_loop` refuses unknown keys like every other section.
-  `call_loop.max_repeats` is at most a million (`MAX_CALL_REPEATS`).
+  The guards' counts (`bot_loop.max_events_per_window`, `max_consecutive_bot_turns`,
+  `call_loop.max_repeats`) are at most a million (`gateway.limits.MAX_COUNT`).
 - No number is inf or nan; every duration is at most 366 days and chosen secrets
   (`http.admin_token`, a Telegram `webhook_secret`, an `http` agent's `secret`) at least
   16 characters (`gateway.limits`). The file must be UTF-8 and stay within `gateway.safeyaml`'s
@@ -54,6 +55,7 @@ from pydantic import (
 
 from gateway.errors import ConfigError
 from gateway.limits import (
+    MAX_COUNT,
     MAX_TOKENS,
     MAX_TRANSCRIPT_MESSAGES,
     Duration,
@@ -433,10 +435,10 @@ class BotLoopSettings(_Frozen):
     """Pair budget, cooldown, the consecutive-bot-turn cap and the cooldown notice."""
 
     enabled: bool = True
-    max_events_per_window: int = Field(default=20, ge=1)
+    max_events_per_window: int = Field(default=20, ge=1, le=MAX_COUNT)
     window_seconds: Duration = Field(default=60.0, gt=0)
     cooldown_seconds: Duration = Field(default=60.0, ge=0)
-    max_consecutive_bot_turns: int = Field(default=30, ge=0)
+    max_consecutive_bot_turns: int = Field(default=30, ge=0, le=MAX_COUNT)
     announce_cooldown: bool = True
     mode: Mode = "enforce"
 
@@ -530,14 +532,10 @@ class ToolLoopSettings(_Frozen):
         return LoopGuardConfig.from_dict(self.model_extra)
 
 
-MAX_CALL_REPEATS = 1_000_000
-"""The most identical LLM calls `call_loop.max_repeats` allows per window: a bound, not a goal."""
-
-
 class CallLoopSettings(_Frozen):
     """Identical LLM calls an `openai` agent may send per window in a room, and the pause after."""
 
-    max_repeats: int = Field(default=5, ge=1, le=MAX_CALL_REPEATS)
+    max_repeats: int = Field(default=5, ge=1, le=MAX_COUNT)
     window_seconds: Duration = Field(default=60.0, gt=0)
     pause_seconds: Duration = Field(default=300.0, ge=0)
     mode: Mode = "enforce"

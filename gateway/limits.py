@@ -34,6 +34,8 @@ MAX_DURATION_SECONDS = 366 * 86_400
 MIN_SECRET_LENGTH = 16
 # Money and token counts (a budget's limit, a price): far above any real bill, and inside
 # what every backend adds up exactly (nano-dollars below 2**53, `gateway.calls.budgets`).
+MAX_COUNT = 1_000_000
+"""The most a guard's count allows (a pair budget, a bot-turn cap, repeats): a bound, not a goal."""
 MAX_USD = 1_000_000.0
 MAX_TOKENS = 10**12
 MAX_TRANSCRIPT_MESSAGES = 10_000

@@ -290,6 +290,16 @@ def test_check_config_as_a_process(tmp_path: Path) -> None:
             "policy.tool_loop.max_time_per_turn",
             "finite",
         ),
+        (
+            "policy: {bot_loop: {max_events_per_window: 99999999999999999999999}}",
+            "policy.bot_loop.max_events_per_window",
+            "less than or equal to 1000000",
+        ),
+        (
+            "policy: {bot_loop: {max_consecutive_bot_turns: 10000001}}",
+            "policy.bot_loop.max_consecutive_bot_turns",
+            "less than or equal to 1000000",
+        ),
     ],
 )
 def test_issue9_config_refuses_what_the_guards_cannot_run_with(

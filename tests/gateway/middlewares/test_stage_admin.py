@@ -384,6 +384,7 @@ SMALL_BOMB = (
         ("bot_loop.window_seconds", "nan", "finite"),
         ("bot_loop.cooldown_seconds", "inf", "finite"),
         ("bot_loop.window_seconds", "1e308", "366 days"),
+        ("bot_loop.max_events_per_window", "99999999999999999999999", "1000000"),
         ("bot_loop.cooldown_seconds", "99999999999", "366 days"),
         ("tool_loop.max_time_per_turn", "1e300", "366 days"),
         ("bot_loop.window_seconds", "-5", "greater than 0"),
