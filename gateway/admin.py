@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import yaml
@@ -73,6 +73,8 @@ class AdminAck:
 
     text: str
     ok: bool = True
+    data: Mapping[str, object] | None = None
+    """Structured fields answered beside `text` by the JSON admin API (the console reads them)."""
 
 
 class AdminService:

@@ -19,7 +19,8 @@ Decisions where DESIGN.md is silent:
   (64 KiB; larger is 413), read by `gateway.jsonbody.parse_json` (anything it refuses, such
   as deep nesting or a 5,000-digit number, is 400 with its reason). Both are validated like
   the config (unknown fields refused; 400 naming the field). Answers are JSON
-  `{"ok": true, "result": <the text the chat command acknowledges with>}`; a `set` the
+  `{"ok": true, "result": <the text the chat command acknowledges with>, ...}`, with the
+  structured fields of `AdminAck.data` beside `result` where a route has them; a `set` the
   policy refuses (validated exactly as the chat command, guard policies included) is 422
   `{"ok": false, "error": <why>}` and changes nothing. `pause` takes `seconds` up to 366
   days (`gateway.limits`); more, inf or a negative is 400 naming `seconds`. Rooms are room
@@ -158,13 +159,33 @@ class _BadRequest(LoopwardenError):
         self.status = status
 
 
+class AdminAccess:
+    """Who may call the admin API: the bearer `admin_token`; with none configured, nobody."""
+
+    def __init__(self, token: SecretStr | None) -> None:
+        self._token = token.get_secret_value().encode() if token is not None else None
+
+    def denied(self, request: web.Request) -> web.Response | None:
+        """None when the bearer token matches; else the 403/401 answer to give."""
+        if self._token is None:
+            return web.json_response({"error": "admin API disabled"}, status=403)
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            presented.strip().encode(), self._token
+        ):
+            return None
+        return web.json_response(
+            {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
 class _AdminApi:
     """The admin routes: authorisation, audit, and a thin mapping onto AdminService."""
 
     def __init__(self, admin: AdminService, state: StateStore, token: SecretStr | None) -> None:
         self._admin = admin
         self._state = state
-        self._token = token.get_secret_value().encode() if token is not None else None
+        self._access = AdminAccess(token)
 
     def routes(self) -> list[web.RouteDef]:
         """The admin API's routes, each wrapped in authorisation and audit."""
@@ -195,19 +216,6 @@ class _AdminApi:
             ),
         ]
 
-    def _denied(self, request: web.Request) -> web.Response | None:
-        """None when the bearer token matches; else the 403/401 answer to give."""
-        if self._token is None:
-            return web.json_response({"error": "admin API disabled"}, status=403)
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            presented.strip().encode(), self._token
-        ):
-            return None
-        return web.json_response(
-            {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"}
-        )
-
     def _route(
         self,
         method: str,
@@ -217,7 +225,7 @@ class _AdminApi:
     ) -> web.RouteDef:
         async def handle(request: web.Request) -> web.Response:
             room = GLOBAL_SCOPE
-            response = self._denied(request)
+            response = self._access.denied(request)
             if response is None:
                 try:
                     body = await _parse(request, model)
@@ -289,9 +297,10 @@ async def _ack(text: Awaitable[str]) -> AdminAck:
 
 
 def _answer(ack: AdminAck) -> web.Response:
+    extra = dict(ack.data or {})
     if ack.ok:
-        return web.json_response({"ok": True, "result": ack.text})
-    return web.json_response({"ok": False, "error": ack.text}, status=422)
+        return web.json_response({"ok": True, "result": ack.text, **extra})
+    return web.json_response({"ok": False, "error": ack.text, **extra}, status=422)
 
 
 async def _parse(request: web.Request, model: type[_B]) -> _B:
