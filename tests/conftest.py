@@ -16,6 +16,8 @@ import pytest
 from tests.fakes.redis_server import RedisServer, RedisServerMissing
 from tests.network_guard import guarded_connect, guarded_connect_ex
 
+pytest_plugins = ["tests.browser.plugin"]
+
 
 @pytest.fixture(autouse=True)
 def _loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
