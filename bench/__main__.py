@@ -13,12 +13,14 @@ BENCHES = (
     "bench.loop_guard_bench",
     "bench.call_loop_bench",
     "bench.pipeline_bench",
+    "bench.console_bench",
     "bench.telegram_bench",
     "bench.room_guard_bench",
     "bench.state_bench",
     "bench.proxy_bench",
     "bench.replay_bench",
     "bench.history_bench",
+    "bench.calls_query_bench",
 )
 
 

@@ -31,6 +31,9 @@ Decisions where DESIGN.md is silent:
 - `circuits` and `reopen <circuit>` act on the LLM-call circuits of the CallStore given
   (the gateway's own agents, and the proxy's when both share a sqlite or redis state);
   they are not tied to the room the command is typed in.
+- `spend` lists the budget groups of the room's `policy.spend` (`gateway.spend`), and
+  `status` adds a `Spend:` line per group; `set spend.limit_usd 5` gives a room without
+  `policy.spend` a budget (the other fields at their defaults).
 """
 
 from __future__ import annotations
@@ -38,25 +41,40 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from gateway import messages
+from gateway.adminviews import PairView, RoomView, circuit_json, room_json, status_text
 from gateway.calls.store import CallStore
-from gateway.config import Config, Policy, ToolLoopSettings, first_error, with_override
+from gateway.config import (
+    Config,
+    Policy,
+    SpendSettings,
+    ToolLoopSettings,
+    first_error,
+    with_override,
+)
 from gateway.errors import LoopwardenError
 from gateway.limits import parse_duration
 from gateway.metrics import ReportsOutages
-from gateway.policies import PolicyCache
+from gateway.policies import PolicyCache, merged
 from gateway.refusals import RecentRefusals
 from gateway.safeyaml import YamlLimitError, load_yaml
 from gateway.state import transcripts
-from gateway.state.base import StateStore
+from gateway.state.base import GLOBAL_SCOPE, StateStore
+from guards.bot_loop import PairSnapshot
 from guards.lookalike import fold
 from guards.loop_guard import LoopGuardConfig
+
+if TYPE_CHECKING:
+    from gateway.spend import AgentBudgets
 
 _MENTION = re.compile(r"<@!?(\w+)>")
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -88,10 +106,12 @@ class AdminService:
         recent: RecentRefusals | None = None,
         calls: CallStore | None = None,
         policies: PolicyCache | None = None,
+        spend: AgentBudgets | None = None,
     ) -> None:
         self.policies = policies or PolicyCache(config)
         self._state = state
         self._calls = calls
+        self._spend = spend
         self._recent = recent or RecentRefusals()
         self._bot_users: dict[str, str] = {}
         self._hosted_users: frozenset[str] = frozenset()
@@ -113,7 +133,7 @@ class AdminService:
         name = args[0].lower() if args else "help"
         rest = list(args[1:])
         if name == "status":
-            return AdminAck(await self.status(room, thread_id=thread_id))
+            return await self.status_ack(room, thread_id=thread_id)
         if name == "policy":
             return AdminAck(await self.policy(room, thread_id=thread_id))
         if name == "reset":
@@ -136,7 +156,9 @@ class AdminService:
         if name == "forget":
             return AdminAck(await self.forget(room, thread_id=thread_id))
         if name == "circuits":
-            return AdminAck(await self.circuits())
+            return await self.circuits()
+        if name == "spend":
+            return await self.spend(room, thread_id=thread_id)
         if name == "reopen":
             if len(rest) != 1:
                 return AdminAck(messages.reopen_usage(prefix), ok=False)
@@ -145,33 +167,52 @@ class AdminService:
 
     async def status(self, room: str, *, thread_id: str | None = None) -> str:
         """The room's policy summary, shadow guards, pause, pairs held and recent refusals."""
-        policy = await self.effective_policy(room, thread_id=thread_id)
+        view = await self.room_view(room, thread_id=thread_id)
+        return status_text(view) + await self._status_spend(room, view.policy.spend)
+
+    async def status_ack(self, room: str, *, thread_id: str | None = None) -> AdminAck:
+        """`status`, with the room object the console reads (`adminviews.room_json`) as data."""
+        view = await self.room_view(room, thread_id=thread_id)
+        spend = await self._status_spend(room, view.policy.spend)
+        return AdminAck(status_text(view) + spend, data=room_json(view))
+
+    async def room_view(
+        self,
+        room: str,
+        *,
+        thread_id: str | None = None,
+        pairs: Sequence[PairSnapshot] | None = None,
+    ) -> RoomView:
+        """What `status` and the console's Rooms page show of a room, read once.
+
+        `pairs` are the room's live pairs when the caller has read them already (the Rooms
+        page reads every room's pairs in one call).
+        """
+        state = self._state
+        platform, channel = split_room(room)
+        overrides = merged(await state.get_overrides(GLOBAL_SCOPE), await state.get_overrides(room))
+        resolved = self.policies.resolve(platform, channel, thread_id, overrides)
+        if pairs is None:
+            pairs = await state.pair_snapshot(room)
         names = {user: bot for bot, user in self._bot_users.items()}
-        pairs = [
-            messages.PairLine(
-                a=names.get(snap.bot_a, snap.bot_a),
-                b=names.get(snap.bot_b, snap.bot_b),
-                count=snap.count,
-                cooldown_left=snap.cooldown_remaining,
-            )
-            for snap in await self._state.pair_snapshot(room)
-        ]
         now = self._recent.clock()
-        refusals = [
-            messages.RefusalLine(age=now - r.at, stage=r.stage, code=r.code, detail=r.detail)
-            for r in self._recent.recent(room)
-        ]
-        text = messages.status_text(
-            room,
-            policy,
-            paused=await self._state.pause_remaining(room),
-            pairs=pairs,
-            refusals=refusals,
+        return RoomView(
+            room=room,
+            policy=resolved.policy,
+            overrides=overrides,
+            paused=await state.pause_remaining(room),
+            pairs=tuple(
+                PairView(snap, names.get(snap.bot_a, snap.bot_a), names.get(snap.bot_b, snap.bot_b))
+                for snap in pairs
+            ),
+            bot_turns=await state.bot_turns_peek(room),
             shadowed=self._recent.shadowed(room),
+            refusals=tuple(
+                messages.RefusalLine(age=now - r.at, stage=r.stage, code=r.code, detail=r.detail)
+                for r in self._recent.recent(room)
+            ),
+            degraded=isinstance(state, ReportsOutages) and state.degraded,
         )
-        if isinstance(self._state, ReportsOutages) and self._state.degraded:
-            text += "\n" + messages.STATUS_DEGRADED
-        return text
 
     async def policy(self, room: str, *, thread_id: str | None = None) -> str:
         """The room's effective policy as compact YAML."""
@@ -214,11 +255,32 @@ class AdminService:
         )
         return messages.forget_ack(dropped, thread=thread_id is not None)
 
-    async def circuits(self) -> str:
-        """The LLM-call circuits (and rule groups) paused now."""
+    async def circuits(self) -> AdminAck:
+        """The LLM-call circuits (and rule groups) paused now, as text and as data."""
         if self._calls is None:
-            return messages.NO_CALL_GUARD
-        return messages.circuits_text(await self._calls.paused())
+            return AdminAck(messages.NO_CALL_GUARD, data={"circuits": []})
+        paused = await self._calls.paused()
+        return AdminAck(
+            messages.circuits_text(paused), data={"circuits": [circuit_json(p) for p in paused]}
+        )
+
+    async def spend(self, room: str, *, thread_id: str | None = None) -> AdminAck:
+        """Each budget group the room's agents are charged to: spent, limit, period end."""
+        settings = (await self.effective_policy(room, thread_id=thread_id)).spend
+        if settings is None:
+            return AdminAck(messages.NO_SPEND_LIMIT, data={"room": room, "groups": []})
+        if self._spend is None or self._calls is None:
+            return AdminAck(messages.NO_SPEND_KEPT, ok=False)
+        lines = await self._spend.lines(self._calls, settings, room)
+        text = messages.spend_text(room, self._spend.figures(settings, lines))
+        return AdminAck(text, data={"room": room, "groups": [line.as_json() for line in lines]})
+
+    async def _status_spend(self, room: str, settings: SpendSettings | None) -> str:
+        """The `status` lines of the room's spend (none without `policy.spend`)."""
+        if settings is None or self._spend is None or self._calls is None:
+            return ""
+        lines = await self._spend.lines(self._calls, settings, room)
+        return "\n" + messages.status_spend(self._spend.figures(settings, lines))
 
     async def reopen_circuit(self, circuit: str) -> AdminAck:
         """Lift a circuit's (or rule group's) pause and start its counts afresh."""
@@ -281,6 +343,10 @@ def _field_problem(dotted: str) -> str | None:
 
 
 def _model_of(annotation: object) -> type[BaseModel] | None:
+    # An optional section (`spend: SpendSettings | None`) is set field by field too.
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        annotation = members[0] if len(members) == 1 else annotation
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     return None

@@ -22,9 +22,16 @@ Decisions where DESIGN.md is silent:
   `resolve_policy`: the room keeps working on the config's value for that field.
 - `bot_loop`, `tool_loop` and `call_loop` take `mode: enforce | shadow` (DESIGN.md §5),
   exactly those words (`gateway.limits.Mode`), in the config, a channel rule or `/loop set`.
+- `http.console_session_hours` (default 12) is more than 0 and at most 366 days of hours;
+  it is the proxy's console's too. `http.public_url` (and `proxy.public_url`) is where
+  browsers reach the server (`gateway.console.urls`); https there makes the console's
+  cookie Secure.
 - `pipeline.transcript` (`max_messages` 0 switches room memory off, `ttl` in seconds or
   `7d`) and every agent's `history` (`max_messages` 0: no history) are bounded by
   `gateway.limits` (DESIGN.md §3; `gateway.middlewares.transcript`).
+- `policy.spend` (`gateway.spend`) is optional: without it the `openai` agents' calls
+  have no limit. Its limits are bounded as `proxy.budgets`' are (`gateway.limits`), it
+  needs `limit_usd`, `limit_tokens` or both, and `per` lists `room` and/or `bot` once each.
 """
 
 from __future__ import annotations
@@ -53,17 +60,21 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.calls.budgets import Budget, Limits, Period, nano
+from gateway.console.sessions import DEFAULT_SESSION_HOURS
+from gateway.console.urls import PublicUrl
 from gateway.errors import ConfigError
 from gateway.limits import (
     MAX_COUNT,
     MAX_TOKENS,
     MAX_TRANSCRIPT_MESSAGES,
+    MAX_USD,
     Duration,
     DurationText,
     Mode,
     long_enough,
 )
-from gateway.proxy.config import ProxyConfig
+from gateway.proxy.config import ProxyConfig, TimeZone
 from gateway.safeyaml import YamlLimitError, load_yaml
 from guards.bot_loop import BotLoopPolicy
 from guards.call_loop import CallLoopPolicy
@@ -110,12 +121,18 @@ class StateConfig(_Frozen):
     key_prefix: str = "lw:"
 
 
+MAX_SESSION_HOURS = 366 * 24
+"""The longest console session: the bound every other duration has (`gateway.limits`)."""
+
+
 class HttpConfig(_Frozen):
-    """The gateway's own aiohttp server: health, metrics, webhooks, admin API, demo room."""
+    """The gateway's own aiohttp server: health, metrics, webhooks, admin API, console, room."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8787, ge=0, le=65535)
     admin_token: ChosenSecret = None
+    console_session_hours: float = Field(default=DEFAULT_SESSION_HOURS, gt=0, le=MAX_SESSION_HOURS)
+    public_url: PublicUrl = None
 
 
 class HistoryConfig(_Frozen):
@@ -550,14 +567,58 @@ class CallLoopSettings(_Frozen):
         return CallLoopPolicy(self.max_repeats, self.window_seconds, self.pause_seconds)
 
 
+SpendPer = Literal["room", "bot"]
+"""What a `policy.spend` budget counts apart: each room (`platform:channel`), each bot."""
+
+
+class SpendSettings(_Frozen):
+    """What the `openai` agents may spend per room or per bot and period (gateway.spend)."""
+
+    limit_usd: float | None = Field(default=None, ge=0, le=MAX_USD)
+    limit_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
+    period: Period = "day"
+    per: tuple[SpendPer, ...] = ("room",)
+    timezone: TimeZone = "UTC"
+    mode: Mode = "enforce"
+
+    @field_validator("per")
+    @classmethod
+    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("lists a field twice")
+        return value
+
+    @model_validator(mode="after")
+    def _has_a_limit(self) -> SpendSettings:
+        if self.limit_usd is None and self.limit_tokens is None:
+            raise ValueError("needs limit_usd, limit_tokens or both")
+        return self
+
+    def budget(self) -> Budget:
+        """The budget the call store steps over, named apart from every `proxy.budgets` one.
+
+        The name holds `per`, the period and the zone (`gateway:room:day:UTC`): a `:` is in
+        no proxy budget's name, and rooms whose settings agree share a bot's counter.
+        """
+        usd = None if self.limit_usd is None else nano(self.limit_usd)
+        per = "+".join(self.per) or "all"
+        return Budget(
+            f"gateway:{per}:{self.period}:{self.timezone}",
+            self.per,
+            Limits(usd, self.limit_tokens),
+            self.period,
+        )
+
+
 class Policy(_Frozen):
-    """The effective policy of a channel."""
+    """The effective policy of a channel (`spend`: None, the agents' calls have no limit)."""
 
     respond_to: RespondToPolicy = RespondToPolicy()
     bot_loop: BotLoopSettings = BotLoopSettings()
     silence: SilenceSettings = SilenceSettings()
     tool_loop: ToolLoopSettings = ToolLoopSettings()
     call_loop: CallLoopSettings = CallLoopSettings()
+    spend: SpendSettings | None = None
 
 
 class ChannelMatch(_Frozen):

@@ -1,21 +1,32 @@
 """`loopwarden demo`: the embedded default, a local web room where bots loop until the guard cuts.
 
-It runs the gateway with `connectors/room/demo.yaml` (three scripted bots: ping and pong
-answer each other, echo repeats humans who mention it; a pair budget of 6 messages per
-30 s, a 20 s cooldown; admin `alice`), prints the room's URL, and then prints the room's
-transcript and every guard decision to the terminal, so the demo is readable without a
-browser. Runs until SIGINT/SIGTERM (or `--exit-after`), drains, exits 0.
+It runs the gateway with `connectors/room/demo.yaml` (six bots, one guard at work each:
+ping and pong answer each other under a pair budget of 6 messages per 30 s and a 20 s
+cooldown, echo repeats humans who mention it, finder's tool never progresses (LoopGuard),
+quiet answers NO_REPLY (silence notice), oracle keeps resending one request to its model
+(CallLoopGuard); admin `alice`) and the built-in model of finder and oracle
+(`gateway.demo_model`, on loopback, started before the gateway and stopped after it),
+prints the room's URL, and then prints the room's transcript and every guard decision to
+the terminal, so the demo is readable without a browser. Runs until SIGINT/SIGTERM (or
+`--exit-after`), drains, exits 0.
 
 Decisions where DESIGN.md is silent:
-- Once started, the demo kicks the ping-pong off by itself: the user `demo` says
-  `@ping start` in the lobby, so a newcomer sees a loop being cut without typing
-  (`--no-kickoff` leaves the room quiet).
+- Once started, the demo kicks each scenario off by itself (`KICKOFF`), 4 s apart: the
+  user `demo` says `@ping start`, `@finder find the invoice`, `@echo @quiet are you
+  there?` (echo's repeat addresses quiet as a bot) and `@oracle did the auditors
+  answer?` in the lobby, each after a room notice saying what to watch, so a newcomer
+  sees every guard act without typing (`--no-kickoff` leaves the room quiet).
 - A browser is opened only when one can be shown (a desktop session, or macOS/Windows)
   and `--no-browser` is not given; otherwise the URL is printed for you to open.
 - Terminal lines: `[lobby] ping (bot): …` for messages, `[lobby] * …` for room notices,
-  `[guard] …` for each decision logged on `loopwarden.decision` at INFO, except the
-  routine `not_addressed` (every bot sees every bot message; only the one mentioned
-  answers); other logs go to stderr at WARNING unless `--log-level` says otherwise.
+  `[guard] …` for each decision logged on `loopwarden.decision` at INFO, and the silence
+  guard's at DEBUG, except the routine `not_addressed` (every bot sees every message; only
+  the one mentioned answers); `[model] …` for what only the model sees (the loop guard's
+  warnings and blocks in tool results, a request sent again); other logs go to stderr at
+  WARNING unless `--log-level` says otherwise.
+- Without `http.admin_token` the demo makes one up for its run (never printed) and prints
+  a one-time console sign-in link (`/console/login?code=…`, valid once, for five
+  minutes) beside the room's URL.
 - `--delay` sets the scripted bots' reply delay (default 0.5 s, so a human can follow).
 """
 
@@ -26,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import sys
 import webbrowser
@@ -34,8 +46,11 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import TextIO
 
+from pydantic import SecretStr
+
 from connectors.room.hub import DEFAULT_ROOM, RoomHub, RoomMessage, RoomNotice
 from gateway.config import Config, parse_config
+from gateway.demo_model import DemoModel
 from gateway.logs import configure_logging
 from gateway.runtime import Gateway
 
@@ -43,6 +58,37 @@ DECISION_LOGGER = "loopwarden.decision"
 KICKOFF_USER = "demo"
 KICKOFF_TEXT = "@ping start"
 ROUTINE_CODES = frozenset({"not_addressed"})
+QUIET_STAGES_SHOWN = frozenset({"silence"})
+"""Stages whose admitted verdicts (logged at DEBUG) the terminal shows: the silence guard's."""
+
+
+@dataclass(frozen=True, slots=True)
+class KickoffStep:
+    """One scenario the kickoff starts: what the user `demo` says, and what to watch then."""
+
+    text: str
+    watch: str
+
+
+KICKOFF = (
+    KickoffStep(KICKOFF_TEXT, "demo starts a ping-pong: watch the bot-loop guard cut it"),
+    KickoffStep(
+        "@finder find the invoice",
+        "demo asks finder, whose tool never progresses: watch the loop guard warn, block, "
+        "then halt it",
+    ),
+    KickoffStep(
+        "@echo @quiet are you there?",
+        "demo and echo address quiet, which answers NO_REPLY: a short notice for demo, "
+        "nothing for echo",
+    ),
+    KickoffStep(
+        "@oracle did the auditors answer?",
+        "demo asks oracle, which keeps sending its model one request: watch the call guard "
+        "refuse the 6th and pause oracle (/loop circuits)",
+    ),
+)
+"""The kickoff's scenarios, one guard each, in the order they start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +101,7 @@ class DemoOptions:
     exit_after: float | None = None
     delay: float = 0.5
     kickoff: bool = True
+    kickoff_gap: float = 4.0  # seconds between the kickoff's scenarios; not on the command line
     log_level: str | None = None
 
 
@@ -90,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--delay", type=_seconds, default=0.5, metavar="SECONDS", help="each bot's reply delay"
     )
     parser.add_argument(
-        "--no-kickoff", action="store_true", help="do not start the ping-pong automatically"
+        "--no-kickoff", action="store_true", help="do not start the scenarios automatically"
     )
     parser.add_argument(
         "--log-level",
@@ -120,14 +167,26 @@ def parse_args(argv: Sequence[str] | None) -> DemoOptions:
     return options_from(parser.parse_args(argv))
 
 
-def demo_config(*, host: str = "127.0.0.1", port: int = 8787, delay: float = 0.5) -> Config:
-    """The embedded demo config (connectors/room/demo.yaml) for this host, port and delay."""
+def demo_config(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8787,
+    delay: float = 0.5,
+    model_url: str | None = None,
+) -> Config:
+    """The embedded demo config (connectors/room/demo.yaml) for this host, port and delay.
+
+    `model_url` is the built-in model's base URL (`DemoModel.url`); without it the LLM bots
+    point at the file's default, where no model answers unless one is started there.
+    """
     text = resources.files("connectors.room").joinpath("demo.yaml").read_text(encoding="utf-8")
     env = {
         "LOOPWARDEN_DEMO_HOST": host,
         "LOOPWARDEN_DEMO_PORT": str(port),
         "LOOPWARDEN_DEMO_DELAY": repr(delay),
     }
+    if model_url is not None:
+        env["LOOPWARDEN_DEMO_MODEL_URL"] = model_url
     return parse_config(text, env=env)
 
 
@@ -153,6 +212,10 @@ class TerminalReport:
         """One `[guard]` line per decision worth telling (routine ones are skipped)."""
         if getattr(record, "decision", None) in ROUTINE_CODES:
             return
+        if record.levelno < logging.INFO and getattr(record, "stage", None) not in (
+            QUIET_STAGES_SHOWN
+        ):
+            return
         self.line(f"[guard] {record.getMessage()}")
 
 
@@ -160,7 +223,7 @@ class _DecisionHandler(logging.Handler):
     """Routes `loopwarden.decision` records to the terminal report."""
 
     def __init__(self, report: TerminalReport) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)
         self._report = report
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -177,7 +240,7 @@ def _decisions_to(report: TerminalReport) -> Iterator[None]:
     handler = _DecisionHandler(report)
     saved = (logger.level, logger.propagate)
     logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # the silence guard's verdicts are logged at DEBUG
     logger.propagate = False
     try:
         yield
@@ -205,8 +268,12 @@ async def run_demo(
 
     Returns the exit code: 0 after a clean stop, 1 when the port cannot be served.
     """
-    config = demo_config(host=options.host, port=options.port, delay=options.delay)
     report = TerminalReport(out)
+    model = DemoModel(report=report.line)
+    config = demo_config(
+        host=options.host, port=options.port, delay=options.delay, model_url=await model.start()
+    )
+    config = _with_admin_token(config)
     stop = stop or asyncio.Event()
     gateway = Gateway(config)
     hub = RoomHub.for_app(gateway.app)
@@ -228,25 +295,43 @@ async def run_demo(
                 return 1
             url = f"http://{_url_host(options.host)}:{gateway.port}/room"
             _banner(report, url, config)
+            code = gateway.console.issue_code()
+            console = f"http://{_url_host(options.host)}:{gateway.port}/console/login?code={code}"
+            report.line(f"console: {console}  (sign-in link: valid once, for five minutes)")
             if options.open_browser and _can_show_browser():
                 await asyncio.to_thread(webbrowser.open, url)
-            if options.kickoff:
-                hub.notice(
-                    DEFAULT_ROOM,
-                    f"{KICKOFF_USER} starts a ping-pong with '{KICKOFF_TEXT}'; "
-                    "watch the loop guard cut it",
-                )
-                hub.say(DEFAULT_ROOM, KICKOFF_USER, KICKOFF_TEXT)
+            steps = KICKOFF if options.kickoff else ()
+            kickoff = asyncio.create_task(_kick_off(hub, steps, options.kickoff_gap))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), options.exit_after)
+            kickoff.cancel()
+            await asyncio.wait([kickoff])
             report.line("stopping: finishing turns in flight…")
             await gateway.stop(config.pipeline.drain_seconds)
     finally:
         unsubscribe()
         for signum in signals:
             loop.remove_signal_handler(signum)
+        await model.stop()
     report.line("demo stopped")
     return 0
+
+
+async def _kick_off(hub: RoomHub, steps: Sequence[KickoffStep], gap: float) -> None:
+    """Start each scenario in the lobby as the user `demo`, `gap` seconds apart."""
+    for index, step in enumerate(steps):
+        if index:
+            await asyncio.sleep(gap)
+        hub.notice(DEFAULT_ROOM, step.watch)
+        hub.say(DEFAULT_ROOM, KICKOFF_USER, step.text)
+
+
+def _with_admin_token(config: Config) -> Config:
+    """`config` with a random admin token for this run when it has none (never printed)."""
+    if config.http.admin_token is not None:
+        return config
+    token = SecretStr(secrets.token_urlsafe(24))
+    return config.model_copy(update={"http": config.http.model_copy(update={"admin_token": token})})
 
 
 def _url_host(host: str) -> str:
@@ -270,6 +355,11 @@ def _banner(report: TerminalReport, url: str, config: Config) -> None:
     report.line(
         f"join as {admins} (the admin) and type '/loop status' or '/loop reset'; "
         f"'{KICKOFF_TEXT}' starts another round"
+    )
+    report.line(
+        "finder, quiet and oracle show the loop guard, the silence notice and the call guard "
+        "(their model runs here, no key); '/loop circuits' lists paused circuits, "
+        "'/loop reopen <circuit>' reopens one"
     )
 
 

@@ -15,6 +15,12 @@ Decisions where DESIGN.md is silent:
   `{"error": "admin API disabled"}` (an open admin API would let anyone reset budgets).
   A missing or wrong token gets 401 with `WWW-Authenticate: Bearer`. Tokens are compared
   with `hmac.compare_digest`, and never logged.
+- A signed-in console (`gateway.console`) calls the same API with its session cookie
+  (`lw_console`) instead of the token. A request it sends that is not GET or HEAD must
+  also carry the page's `X-CSRF-Token` and, when the browser sends `Origin`, come from
+  this server's own origin or `public_url`'s; else 403 `{"error": "csrf"}` and nothing
+  changes. Every admin route of an app shares the app's one `AdminAccess`
+  (`app[ADMIN_ACCESS]`), whether it was built with it or with the bare token.
 - GET calls take `?room=`; POST bodies are JSON objects of at most `MAX_ADMIN_BODY_BYTES`
   (64 KiB; larger is 413), read by `gateway.jsonbody.parse_json` (anything it refuses, such
   as deep nesting or a 5,000-digit number, is 400 with its reason). Both are validated like
@@ -27,23 +33,28 @@ Decisions where DESIGN.md is silent:
   keys, `platform:channel` (e.g. `discord:1100123`).
 - Every admin call, allowed or not, is logged on the `loopwarden.audit` logger with its
   method, path, room, peer address and status. Authorised calls also go into the state
-  store's audit log like chat commands (platform `http`, user `admin-api`); refused ones
-  do not, so an unauthenticated client cannot flood it.
+  store's audit log like chat commands (platform `http`, user `admin-api`; from the
+  console: platform `console`, user `console`, the peer address as the name, and only
+  its state-changing calls, as its pages poll the reads); refused ones do not, so an
+  unauthenticated client cannot flood it, except a console request refused for its CSRF
+  token: the session shows who sent it, and it is stored refused (outcome `csrf`).
 - No per-request access log (probes would flood it); admin calls are audit-logged instead.
 - `GET /admin/circuits` lists the paused LLM-call circuits and rule groups;
   `POST /admin/circuits/reopen {"circuit": …}` lifts one pause (the proxy serves these two
   routes too, behind `proxy.admin_token`).
+- A route may answer a file instead of JSON (`AdminDownload`: the request log's CSV),
+  streamed as it is read, with `Content-Disposition: attachment`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Annotated, TypeVar
 
 from aiohttp import web
@@ -58,6 +69,9 @@ from pydantic import (
 )
 
 from gateway.admin import AdminAck, AdminService
+from gateway.adminviews import audit_json, iso_time
+from gateway.console.sessions import DEFAULT_SESSION_HOURS, ConsoleSession, ConsoleSessions
+from gateway.console.urls import origin
 from gateway.errors import LoopwardenError
 from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.limits import Duration
@@ -159,39 +173,139 @@ class _BadRequest(LoopwardenError):
         self.status = status
 
 
-class AdminAccess:
-    """Who may call the admin API: the bearer `admin_token`; with none configured, nobody."""
+SESSION_COOKIE = "lw_console"
+"""The console's session cookie: the id of a server-side `ConsoleSession`, nothing more."""
 
-    def __init__(self, token: SecretStr | None) -> None:
+CSRF_HEADER = "X-CSRF-Token"
+
+
+@dataclass(frozen=True, slots=True)
+class AdminCaller:
+    """Who an admin request comes from, as the state store's audit log records it."""
+
+    platform: str
+    user_id: str
+    session: ConsoleSession | None = None
+
+
+BEARER_CALLER = AdminCaller("http", "admin-api")
+
+
+@dataclass(frozen=True, slots=True)
+class AdminRefusal:
+    """The answer refusing an admin request, and who sent it when that is known."""
+
+    response: web.Response
+    caller: AdminCaller | None = None
+
+
+class AdminAccess:
+    """Who may call the admin API: the `admin_token`, or a console session with its CSRF token.
+
+    With no token configured, nobody. `public_url` is where browsers reach this server, an
+    `Origin` accepted beside the request's own.
+    """
+
+    def __init__(
+        self,
+        token: SecretStr | None,
+        sessions: ConsoleSessions | None = None,
+        *,
+        public_url: str | None = None,
+    ) -> None:
         self._token = token.get_secret_value().encode() if token is not None else None
+        # Without the console's own (a bare app in a test), one nobody signs in to.
+        self.sessions = sessions or ConsoleSessions(hours=DEFAULT_SESSION_HOURS)
+        self.public_url = public_url
+
+    @property
+    def enabled(self) -> bool:
+        """True when an admin token is configured (the API and the console are on)."""
+        return self._token is not None
+
+    def token_matches(self, presented: str) -> bool:
+        """True when `presented` is the admin token (compared in constant time)."""
+        return self._token is not None and hmac.compare_digest(_utf8(presented), self._token)
+
+    def session(self, request: web.Request) -> ConsoleSession | None:
+        """The live console session whose cookie the request carries, if any."""
+        if self._token is None:
+            return None
+        return self.sessions.get(request.cookies.get(SESSION_COOKIE))
+
+    def verdict(self, request: web.Request) -> AdminCaller | AdminRefusal:
+        """Who the request is authorised as, or its refusal (403 disabled or csrf, 401)."""
+        if self._token is None:
+            return AdminRefusal(web.json_response({"error": "admin API disabled"}, status=403))
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and self.token_matches(presented.strip()):
+            return BEARER_CALLER
+        session = self.session(request)
+        if session is None:
+            return AdminRefusal(
+                web.json_response(
+                    {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"}
+                )
+            )
+        caller = AdminCaller("console", "console", session)
+        if request.method in ("GET", "HEAD") or self.csrf_ok(
+            request, session, request.headers.get(CSRF_HEADER, "")
+        ):
+            return caller
+        return AdminRefusal(web.json_response({"error": "csrf"}, status=403), caller)
 
     def denied(self, request: web.Request) -> web.Response | None:
-        """None when the bearer token matches; else the 403/401 answer to give."""
-        if self._token is None:
-            return web.json_response({"error": "admin API disabled"}, status=403)
-        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            presented.strip().encode(), self._token
-        ):
-            return None
-        return web.json_response(
-            {"error": "unauthorized"}, status=401, headers={"WWW-Authenticate": "Bearer"}
-        )
+        """None when the request may call the admin API; else the 403/401 answer to give."""
+        verdict = self.verdict(request)
+        return verdict.response if isinstance(verdict, AdminRefusal) else None
+
+    def csrf_ok(
+        self, request: web.Request, session: ConsoleSession, presented: str, *, form: bool = False
+    ) -> bool:
+        """The session's CSRF token, and (when the browser says) a request from our origin.
+
+        `form`: a plain form of the console's own page, which under the console's
+        `Referrer-Policy: no-referrer` a browser posts with `Origin: null`.
+        """
+        if not hmac.compare_digest(_utf8(presented), session.csrf.encode()):
+            return False
+        sent = request.headers.get("Origin")
+        if sent is None or (form and sent == "null"):
+            return True
+        return sent.lower() in self._origins(request)
+
+    def _origins(self, request: web.Request) -> set[str]:
+        """This server's origin as the request reached it, and `public_url`'s."""
+        origins = {origin(self.public_url)} if self.public_url else set()
+        with contextlib.suppress(ValueError):  # a Host header that is no host[:port]
+            origins.add(origin(f"{request.scheme}://{request.host}"))
+        return origins
+
+
+ADMIN_ACCESS: web.AppKey[AdminAccess] = web.AppKey("loopwarden_admin_access")
+"""The app's one AdminAccess, shared by every admin route and the console."""
+
+
+def _utf8(text: str) -> bytes:
+    # A header may hold what no token holds (lone surrogates): such text never matches.
+    return text.encode("utf-8", "replace")
 
 
 class _AdminApi:
     """The admin routes: authorisation, audit, and a thin mapping onto AdminService."""
 
-    def __init__(self, admin: AdminService, state: StateStore, token: SecretStr | None) -> None:
+    def __init__(
+        self, admin: AdminService, state: StateStore, access: SecretStr | AdminAccess | None
+    ) -> None:
         self._admin = admin
         self._state = state
-        self._access = AdminAccess(token)
+        self._access = access if isinstance(access, AdminAccess) else AdminAccess(access)
 
     def routes(self) -> list[web.RouteDef]:
         """The admin API's routes, each wrapped in authorisation and audit."""
         admin = self._admin
         return [
-            self._route("GET", "/admin/status", RoomBody, lambda b: _ack(admin.status(b.room))),
+            self._route("GET", "/admin/status", RoomBody, lambda b: admin.status_ack(b.room)),
             self._route("GET", "/admin/policy", RoomBody, lambda b: _ack(admin.policy(b.room))),
             self._route("POST", "/admin/reset", ResetBody, self._reset),
             self._route(
@@ -207,7 +321,7 @@ class _AdminApi:
         """The LLM-call circuit routes (also all the proxy's admin API serves)."""
         admin = self._admin
         return [
-            self._route("GET", "/admin/circuits", NoBody, lambda b: _ack(admin.circuits())),
+            self._route("GET", "/admin/circuits", NoBody, lambda b: admin.circuits()),
             self._route(
                 "POST",
                 "/admin/circuits/reopen",
@@ -225,8 +339,14 @@ class _AdminApi:
     ) -> web.RouteDef:
         async def handle(request: web.Request) -> web.Response:
             room = GLOBAL_SCOPE
-            response = self._access.denied(request)
-            if response is None:
+            # The app's AdminAccess decides (it knows the console's sessions); a route on an
+            # app without one (a test's bare app) has its own.
+            verdict = request.app.get(ADMIN_ACCESS, self._access).verdict(request)
+            if isinstance(verdict, AdminRefusal):
+                response = verdict.response
+                if verdict.caller is not None:
+                    await self._refused(request, verdict.caller)
+            else:
                 try:
                     body = await _parse(request, model)
                 except _BadRequest as exc:
@@ -237,7 +357,9 @@ class _AdminApi:
                     room = getattr(body, "room", None) or GLOBAL_SCOPE
                     ack = await action(body)
                     response = _answer(ack)
-                    await self._audit(request, room, body, ack)
+                    # A console's pages poll their reads: only its changes are stored.
+                    if verdict.session is None or request.method not in ("GET", "HEAD"):
+                        await self._audit(request, room, body, ack, verdict)
             audit_log.info(
                 "admin api %s %s room=%s peer=%s status=%d",
                 request.method,
@@ -265,17 +387,22 @@ class _AdminApi:
     async def _read_audit(self, body: AuditBody) -> AdminAck:
         """The newest audit entries, one line each, newest first."""
         entries = await self._state.recent_audit(body.limit, body.room)
-        return AdminAck("\n".join(_audit_line(e) for e in entries) or "no audit entries")
+        return AdminAck(
+            "\n".join(_audit_line(e) for e in entries) or "no audit entries",
+            data={"entries": [audit_json(e) for e in entries]},
+        )
 
-    async def _audit(self, request: web.Request, room: str, body: _Body, ack: AdminAck) -> None:
+    async def _audit(
+        self, request: web.Request, room: str, body: _Body, ack: AdminAck, caller: AdminCaller
+    ) -> None:
         """The same audit trail as chat commands, in the state store (shared by replicas)."""
         command = f"{request.method} {request.path} {body.model_dump_json(exclude_defaults=True)}"
         await self._state.audit(
             AuditEntry(
                 at=time.time(),
-                platform="http",
+                platform=caller.platform,
                 room=room,
-                user_id="admin-api",
+                user_id=caller.user_id,
                 user_name=str(request.remote),
                 command=command[:_AUDITED_COMMAND_CHARS],
                 allowed=True,
@@ -283,10 +410,25 @@ class _AdminApi:
             )
         )
 
+    async def _refused(self, request: web.Request, caller: AdminCaller) -> None:
+        """A known caller's refused attempt: a console request without its CSRF token."""
+        await self._state.audit(
+            AuditEntry(
+                at=time.time(),
+                platform=caller.platform,
+                room=GLOBAL_SCOPE,
+                user_id=caller.user_id,
+                user_name=str(request.remote),
+                command=f"{request.method} {request.path}"[:_AUDITED_COMMAND_CHARS],
+                allowed=False,
+                outcome="csrf",
+            )
+        )
+
 
 def _audit_line(entry: AuditEntry) -> str:
     """`2026-11-30T10:00:00Z discord:1100 1234 (alice) allowed done: /loop reset`."""
-    at = datetime.fromtimestamp(entry.at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    at = iso_time(entry.at)
     verdict = "allowed" if entry.allowed else "refused"
     who = f"{entry.user_id} ({entry.user_name})" if entry.user_name else entry.user_id
     return f"{at} {entry.room} {who} {verdict} {entry.outcome}: {entry.command}"
@@ -296,7 +438,22 @@ async def _ack(text: Awaitable[str]) -> AdminAck:
     return AdminAck(await text)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdminDownload(AdminAck):
+    """An admin answer that is a file (the request log's CSV), streamed as it is read."""
+
+    chunks: AsyncIterable[bytes]
+    filename: str
+    content_type: str
+
+
 def _answer(ack: AdminAck) -> web.Response:
+    if isinstance(ack, AdminDownload):
+        headers = {
+            "Content-Type": ack.content_type,
+            "Content-Disposition": f"attachment; filename={ack.filename}",
+        }
+        return web.Response(body=ack.chunks, headers=headers)
     extra = dict(ack.data or {})
     if ack.ok:
         return web.json_response({"ok": True, "result": ack.text, **extra})
@@ -336,10 +493,18 @@ async def read_body(request: web.Request, max_bytes: int) -> bytes | None:
 
 
 def circuit_admin_routes(
-    admin: AdminService, state: StateStore, token: SecretStr | None
+    admin: AdminService, state: StateStore, access: SecretStr | AdminAccess | None
 ) -> list[web.RouteDef]:
     """`GET /admin/circuits` and `POST /admin/circuits/reopen`, with auth and audit."""
-    return _AdminApi(admin, state, token).circuit_routes()
+    return _AdminApi(admin, state, access).circuit_routes()
+
+
+def audit_admin_routes(
+    admin: AdminService, state: StateStore, access: SecretStr | AdminAccess | None
+) -> list[web.RouteDef]:
+    """`GET /admin/audit`, for the proxy's console (the gateway's API has it already)."""
+    api = _AdminApi(admin, state, access)
+    return [api._route("GET", "/admin/audit", AuditBody, api._read_audit)]
 
 
 class AdminBody(_Body):
@@ -352,12 +517,16 @@ _A = TypeVar("_A", bound=AdminBody)
 def admin_route(
     admin: AdminService,
     state: StateStore,
-    token: SecretStr | None,
+    access: SecretStr | AdminAccess | None,
     route: tuple[str, str, type[_A], Callable[[_A], Awaitable[AdminAck]]],
 ) -> web.RouteDef:
-    """One more admin route (method, path, body, action), with the API's auth and audit."""
+    """One more admin route (method, path, body, action), with the API's auth and audit.
+
+    On an app with an `ADMIN_ACCESS` (the gateway's, the proxy's), that one authorises the
+    route whatever `access` says; the token form is kept for callers that have no other.
+    """
     method, path, model, action = route
-    return _AdminApi(admin, state, token)._route(method, path, model, action)
+    return _AdminApi(admin, state, access)._route(method, path, model, action)
 
 
 def create_app(
@@ -366,9 +535,10 @@ def create_app(
     metrics: Metrics,
     admin: AdminService,
     state: StateStore,
-    admin_token: SecretStr | None,
+    admin_token: SecretStr | AdminAccess | None,
 ) -> web.Application:
     """The gateway's aiohttp application, before connectors add their webhook routes."""
+    access = admin_token if isinstance(admin_token, AdminAccess) else AdminAccess(admin_token)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -388,10 +558,11 @@ def create_app(
         return web.Response(body=metrics.render(), headers={"Content-Type": metrics.content_type})
 
     app = web.Application()
+    app[ADMIN_ACCESS] = access
     app.add_routes(
         [web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/metrics", prometheus)]
     )
-    app.add_routes(_AdminApi(admin, state, admin_token).routes())
+    app.add_routes(_AdminApi(admin, state, access).routes())
     return app
 
 

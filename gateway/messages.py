@@ -132,6 +132,7 @@ def help_text(prefix: str) -> str:
             f"{prefix} forget - empty this room's (or thread's) memory for every bot",
             f"{prefix} circuits - LLM-call circuits paused after a likely loop",
             f"{prefix} reopen <circuit> - lift a circuit's pause before it ends",
+            f"{prefix} spend - what this room's agents spent of their budget this period",
             f"{prefix} help - this list",
         )
     )
@@ -257,6 +258,54 @@ class PairLine:
     cooldown_left: float
 
 
+def spend_notice(*, per: Sequence[str], limit: str, ends: str) -> str:
+    """Posted once per period to the humans of a room whose agents' budget is spent."""
+    whose = "My" if "bot" in per else "This room's" if "room" in per else "The shared"
+    return f"{whose} model budget for this period ({limit}) is used up; I answer again from {ends}."
+
+
+def spend_refusal_detail(
+    *, budget: str, group: str, spent: str | None, limit: str, ends: str, retry_after: float
+) -> str:
+    """Why a budget refused a model call, for the decision log and `status`."""
+    figures = f"spent {spent} of {limit}" if spent is not None else f"limit {limit} reached"
+    return f"budget {budget} {group}: {figures}; resets {ends}, in {format_duration(retry_after)}"
+
+
+@dataclass(frozen=True, slots=True)
+class SpendFigures:
+    """One budget group as `spend` and `status` show it, in plain numbers."""
+
+    group: str
+    spent: str
+    limit: str
+    percent: float
+    ends: str
+
+
+def _spend_line(figures: SpendFigures) -> str:
+    return (
+        f"{figures.group}: {figures.spent} of {figures.limit} ({figures.percent:.1f}%), "
+        f"period ends {figures.ends}"
+    )
+
+
+def spend_text(room: str, groups: Sequence[SpendFigures]) -> str:
+    """The answer to `spend`: each group the room's agents are charged to."""
+    if not groups:
+        return f"No budget group applies to the agents in {room}."
+    return "\n".join([f"Spend of the agents in {room} this period:", *map(_spend_line, groups)])
+
+
+NO_SPEND_LIMIT = "This room's agents have no spend limit (policy.spend is not set)."
+NO_SPEND_KEPT = "No spend is counted here."
+
+
+def status_spend(groups: Sequence[SpendFigures]) -> str:
+    """The `status` lines of the room's spend."""
+    return "\n".join("Spend: " + _spend_line(figures) for figures in groups)
+
+
 @dataclass(frozen=True, slots=True)
 class RefusalLine:
     """One recent refusal as `status` shows it."""
@@ -283,7 +332,7 @@ def status_text(
     lines = [f"Loop status for {room}", "Policy: " + policy_summary(policy)]
     lines.extend(
         f"{guard}: shadow: would have refused {shadowed.get(guard, 0)}"
-        for guard in _shadow_guards(policy)
+        for guard in shadow_guards(policy)
     )
     if paused is None:
         lines.append("Paused: no")
@@ -306,12 +355,13 @@ def status_text(
     return "\n".join(lines)
 
 
-def _shadow_guards(policy: Policy) -> list[str]:
+def shadow_guards(policy: Policy) -> list[str]:
     """The guards of the policy that run in shadow mode, in pipeline order."""
     modes = {
         "bot_loop": policy.bot_loop.mode,
         "tool_loop": policy.tool_loop.mode,
         "call_loop": policy.call_loop.mode,
+        "spend": policy.spend.mode if policy.spend is not None else "enforce",
     }
     return [guard for guard, mode in modes.items() if mode == "shadow"]
 

@@ -4,7 +4,7 @@ Every refusal goes to the `loopwarden.decision` logger with a line a person can 
 a terminal (`discord:123 bot_loop refused budget_exceeded (event 21 over 20 per 60 s,
 cooldown 60 s) pair=parrot↔echo`) and structured `extra` fields (`decision`, `stage`,
 `room`, `bot`, `sender`) for JSON log handlers; admitted guard verdicts go there at DEBUG.
-The refusals of the admission and bot-loop stages are also kept, a few per room, in an
+The refusals of the bot-loop and spend stages are also kept, a few per room, in an
 in-process ring buffer that `/loop status` shows. The message text is never logged.
 
 A guard in shadow mode (DESIGN.md §5) refuses nothing: what it would have refused is
@@ -12,6 +12,9 @@ logged at INFO as `… bot_loop shadow: would have refused budget_exceeded (…)
 `shadow: "true"` among the structured fields, counted under
 `guard_decisions_total{shadow="true"}`, and counted per room and guard for `status`
 ("shadow: would have refused N", since this process started).
+
+With an Activity feed (gateway/activity.py), refusals (but those logged at DEBUG), shadow
+verdicts, notices and each message that reaches a hosted bot (`arrived`) go there too.
 """
 
 from __future__ import annotations
@@ -21,9 +24,13 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gateway.context import TurnContext
 from gateway.metrics import Metrics
+
+if TYPE_CHECKING:
+    from gateway.activity import ActivityFeed
 
 decision_log = logging.getLogger("loopwarden.decision")
 
@@ -93,9 +100,17 @@ class RecentRefusals:
 class DecisionLog:
     """How stages record verdicts: on the turn, in the log, in metrics and for `status`."""
 
-    def __init__(self, metrics: Metrics, recent: RecentRefusals) -> None:
+    def __init__(
+        self, metrics: Metrics, recent: RecentRefusals, activity: ActivityFeed | None = None
+    ) -> None:
         self.metrics = metrics
         self.recent = recent
+        self.activity = activity
+
+    def arrived(self, ctx: TurnContext) -> None:
+        """Record that a message reached this hosted bot's pipeline (the Activity feed)."""
+        if self.activity is not None:
+            self.activity.message_in(ctx.message)
 
     def refuse(
         self,
@@ -116,6 +131,8 @@ class DecisionLog:
         msg = ctx.message
         if remember:
             self.recent.add(msg.room, stage, code, detail, bot=msg.bot_id, sender=msg.sender_name)
+        if self.activity is not None and level > logging.DEBUG:
+            self.activity.decision("refusal", msg, stage, code, detail)
         _log(level, ctx, stage=stage, code=code, detail=detail, who=who, verb="refused ")
 
     def guard(
@@ -150,6 +167,8 @@ class DecisionLog:
         ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=True)
         self.metrics.guard_decision(guard, code, shadow=True)
         self.recent.add_shadowed(ctx.message.room, guard)
+        if self.activity is not None:
+            self.activity.decision("shadow", ctx.message, guard, code, detail)
         _log(
             logging.INFO,
             ctx,
@@ -163,6 +182,8 @@ class DecisionLog:
 
     def note(self, ctx: TurnContext, stage: str, code: str, text: str) -> None:
         """Log an event that is not a refusal (a notice posted, a command run) at INFO."""
+        if self.activity is not None:
+            self.activity.decision("notice", ctx.message, stage, code, text)
         if decision_log.isEnabledFor(logging.INFO):
             decision_log.info(
                 "%s %s %s", ctx.message.room, stage, text, extra=_extra(ctx, code, stage)

@@ -23,7 +23,12 @@ Decisions where DESIGN.md is silent:
   bounded by what is left of the budget (never less than the reserve).
 - The agents' LLM calls share one CallStore of the state backend (default policy), so
   `/loop circuits` and `/loop reopen` see them, and with sqlite or redis so do other
-  replicas, the proxy and `loopwarden circuits`.
+  replicas, the proxy and `loopwarden circuits`. Their `policy.spend` budgets are counted
+  there too, their periods reckoned on `wall_clock` (the call store's clock of record).
+- The Activity feed (gateway/activity.py) is recorded only with `http.admin_token` set
+  (without it no one may read it); it flushes from `start` on; `stop` closes it
+  after the agents and before the state store, so its last batch is kept and the live
+  streams end while the HTTP server still runs.
 - Connectors are created through `connector_factory(bot, services)`; by default that is
   `connectors.<platform>.create`, imported only for the platforms configured. Tests and
   embedders inject their own factory.
@@ -34,24 +39,33 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, cast
 
+from gateway.activity import ActivityFeed
+from gateway.activity_routes import activity_routes
 from gateway.admin import AdminService
 from gateway.agents.base import Agent, StartingAgent
 from gateway.agents.factory import build_agent
+from gateway.calls.admin_routes import calls_admin_routes
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import BotConfig, Config
 from gateway.connector import Connector, ConnectorServices, PeerBus
+from gateway.console.app import add_console
+from gateway.console.pages import PAGES
+from gateway.console.sessions import ConsoleSessions
 from gateway.context import TurnContext
 from gateway.delivery import Delivery
 from gateway.errors import ConfigError, GatewayStopping
-from gateway.http import HttpServer, Readiness, create_app
+from gateway.http import AdminAccess, HttpServer, Readiness, create_app
 from gateway.metrics import Metrics
 from gateway.refusals import RecentRefusals
+from gateway.rooms_api import room_routes
+from gateway.spend import AgentBudgets, spend_routes
 from gateway.stages import build_gateway_pipeline
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
@@ -106,6 +120,7 @@ class Gateway:
         state: StateStore | None = None,
         calls: CallStore | None = None,
         clock: Callable[[], float] | None = None,
+        wall_clock: Callable[[], float] = time.time,
         connector_factory: ConnectorFactory | None = None,
         connect_timeout: float = 30.0,
         start_backoff: tuple[float, float] = (1.0, 60.0),
@@ -116,17 +131,47 @@ class Gateway:
         self.metrics = Metrics()
         self.metrics.watch_state(self.state)
         recent = RecentRefusals(clock=clock)
-        admin = self._admin = AdminService(config, self.state, recent=recent, calls=self.calls)
+        budgets = AgentBudgets.from_config(config, wall_clock=wall_clock)
+        admin = self._admin = AdminService(
+            config, self.state, recent=recent, calls=self.calls, spend=budgets
+        )
+        # The console's sessions: the admin API accepts them beside the bearer token.
+        self.console = ConsoleSessions(
+            hours=config.http.console_session_hours, clock=clock or time.monotonic
+        )
+        access = AdminAccess(
+            config.http.admin_token, self.console, public_url=config.http.public_url
+        )
         self.app = create_app(
             readiness=self.readiness,
             metrics=self.metrics,
             admin=admin,
             state=self.state,
-            admin_token=config.http.admin_token,
+            admin_token=access,
         )
+        add_console(
+            self.app,
+            access=access,
+            product="gateway",
+            pages=PAGES["gateway"],
+            token_setting="http.admin_token",
+        )
+        # The Rooms page lists the rooms the activity feed has seen, too.
+        rooms_seen = (self.state.activity_rooms,)
+        self.app.add_routes(
+            room_routes(admin, self.state, config, config.http.admin_token, sources=rooms_seen)
+        )
+        self.app.add_routes(
+            calls_admin_routes(
+                admin, self.state, config.http.admin_token, store=self.calls, proxy=config.proxy
+            )
+        )
+        self.app.add_routes(spend_routes(admin, self.state, config.http.admin_token))
+        self.activity = ActivityFeed(self.state)
+        self.app.add_routes(activity_routes(admin, self.activity, access))
         self._http = HttpServer(self.app, config.http.host, config.http.port)
         self._agents = {
-            name: build_agent(name, agent, calls=self.calls)
+            name: build_agent(name, agent, calls=self.calls, budgets=budgets)
             for name, agent in config.agents.items()
         }
         services = ConnectorServices(
@@ -140,7 +185,13 @@ class Gateway:
             connector = create(bot, services)
             self._hosted[bot.id] = HostedBot(bot, connector, self._agents[bot.agent])
         self._pipeline = build_gateway_pipeline(
-            config, admin=admin, delivery=Delivery(self.metrics), recent=recent
+            config,
+            admin=admin,
+            delivery=Delivery(self.metrics),
+            recent=recent,
+            # Only a console or admin client can read the feed: without an admin token
+            # nobody can, and the pipeline does not pay for recording it.
+            activity=self.activity if config.http.admin_token is not None else None,
         )
         self._connect_timeout = connect_timeout
         self._backoff = start_backoff
@@ -182,6 +233,7 @@ class Gateway:
         """Open state, serve HTTP, connect every bot (failures retried in the background)."""
         await self.state.start()
         await self.calls.start()
+        self.activity.start()
         await self._http.start()
         self._started = True
         log.info("http server on %s:%d", self.config.http.host, self.port)
@@ -274,6 +326,7 @@ class Gateway:
         for phase, closers in (
             ("connector", {h.bot.id: h.connector.aclose for h in self._hosted.values()}),
             ("agent", {name: agent.aclose for name, agent in self._agents.items()}),
+            ("activity", {"feed": self.activity.aclose}),
             ("state", {self.config.state.backend: self.state.aclose, "calls": self.calls.aclose}),
             ("http", {"server": self._http.aclose} if self._started else {}),
         ):

@@ -33,11 +33,13 @@ Outermost first:
   call-loop verdicts the agent reports are counted and a halt is logged.
 
 Each stage's `name` is what metrics and logs call it (`refusals_total{stage}`,
-`errors_total{stage}`).
+`errors_total{stage}`). With an `activity` feed, the stages' decisions, each message past
+the self filter and each reply delivered are recorded there too (gateway/activity.py).
 """
 
 from __future__ import annotations
 
+from gateway.activity import ActivityFeed
 from gateway.admin import AdminService
 from gateway.config import Config
 from gateway.delivery import Delivery
@@ -68,18 +70,19 @@ def build_gateway_pipeline(
     delivery: Delivery,
     recent: RecentRefusals,
     metrics: Metrics | None = None,
+    activity: ActivityFeed | None = None,
 ) -> Handler:
     """Assemble the stages (skipping those switched off in `pipeline:`) into one handler.
 
     `metrics` defaults to the delivery's, so one registry holds every counter. The room's
     policy comes from `admin.policies`, the cache `/loop status`, `policy` and `set` use.
     """
-    decisions = DecisionLog(metrics or delivery.metrics, recent)
+    decisions = DecisionLog(metrics or delivery.metrics, recent, activity)
     memory = config.pipeline.transcript
     inner: list[Middleware] = []
     if config.pipeline.dedupe:
         inner.append(DedupeMiddleware(config.pipeline.dedupe_ttl_seconds, decisions))
-    inner += [SelfFilterMiddleware(decisions), DeliveryMiddleware(delivery)]
+    inner += [SelfFilterMiddleware(decisions), DeliveryMiddleware(delivery, activity)]
     if config.pipeline.admin_commands:
         inner.append(AdminMiddleware(config, admin, decisions))
     if memory.max_messages:

@@ -101,12 +101,15 @@ class Halt:
     """Why an agent ended a turn early: the guard that stopped it and that guard's code.
 
     `guard` is `tool_loop` (the code is the tool call's HALT verdict, e.g.
-    `no_progress_halt`), `call_loop` (`loop_detected`, `loop_paused`) or `agent` (the
-    agent's own limit, e.g. `max_tool_rounds`).
+    `no_progress_halt`), `call_loop` (`loop_detected`, `loop_paused`), `spend`
+    (`budget_exceeded`: `detail` names the budget's group and figures, `retry_after` is the
+    time to the period's end) or `agent` (the agent's own limit, e.g. `max_tool_rounds`).
     """
 
     guard: str
     code: str
+    detail: str = ""
+    retry_after: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

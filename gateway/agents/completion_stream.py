@@ -5,7 +5,8 @@ OpenAI-compatible servers answer a streamed request with `data: {chunk}` events 
 tool calls, or both (`tool_calls[i]` by `index`: the id and the name come first, the
 arguments in pieces). `read_completion` hands every content piece on as it arrives and
 returns what a request without `stream` would have: `{"choices": [{"message": {"content",
-"tool_calls"}}]}`, so the agent reads both answers alike and tools work while streaming.
+"tool_calls"}}]}`, so the agent reads both answers alike and tools work while streaming;
+the `usage` of a usage chunk (`stream_options.include_usage`) comes along as it came.
 
 Bad input ends the read with `CompletionStreamError` saying why: a data line that
 `gateway.jsonbody.parse_json` refuses (not UTF-8, not JSON, nested deeper than 64, a
@@ -68,6 +69,7 @@ class _Choice(_Chunk):
 
 class _StreamChunk(_Chunk):
     choices: tuple[_Choice, ...] = ()
+    usage: object = None
 
 
 class _Assembly:
@@ -77,6 +79,7 @@ class _Assembly:
         self.content: list[str] = []
         self.calls: dict[int, dict[str, str]] = {}
         self.finished = False
+        self.usage: object = None
 
     def add_calls(self, deltas: tuple[_ToolCallDelta, ...]) -> None:
         for delta in deltas:
@@ -100,7 +103,7 @@ class _Assembly:
                 }
                 for index, call in sorted(self.calls.items())
             ]
-        return {"choices": [{"message": message}]}
+        return {"choices": [{"message": message}], "usage": self.usage}
 
 
 async def read_completion(lines: AsyncIterable[bytes], on_text: TextSink) -> dict[str, object]:
@@ -148,6 +151,8 @@ async def _take(event: bytes, assembly: _Assembly, on_text: TextSink) -> None:
     except ValidationError as exc:
         where = ".".join(map(str, exc.errors()[0]["loc"])) or "chunk"
         raise CompletionStreamError(f"a stream chunk has a bad {where}") from None
+    if chunk.usage is not None:
+        assembly.usage = chunk.usage
     for choice in chunk.choices:
         if choice.index != 0:
             continue

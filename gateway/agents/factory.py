@@ -15,19 +15,27 @@ from gateway.config import (
     PythonAgentConfig,
     ScriptedAgentConfig,
 )
+from gateway.spend import AgentBudgets
 
 
-def build_agent(name: str, config: AgentConfig, *, calls: CallStore | None = None) -> Agent:
+def build_agent(
+    name: str,
+    config: AgentConfig,
+    *,
+    calls: CallStore | None = None,
+    budgets: AgentBudgets | None = None,
+) -> Agent:
     """The agent for `agents.<name>`; import errors surface here as ConfigError, at start-up.
 
-    `calls` is where `openai` agents count their LLM calls (default: their own, in memory).
+    `calls` is where `openai` agents count their LLM calls (default: their own, in memory),
+    `budgets` how they price and charge them under `policy.spend` (default: genai-prices).
     """
     if isinstance(config, ScriptedAgentConfig):
         return ScriptedAgent(config)
     if isinstance(config, PythonAgentConfig):
         return PythonAgent(config, name=name)
     if isinstance(config, OpenAIAgentConfig):
-        return OpenAIAgent(name, config, calls=calls)
+        return OpenAIAgent(name, config, calls=calls, budgets=budgets)
     if isinstance(config, HttpAgentConfig):
         return HttpAgent(name, config)
     raise TypeError(f"unknown agent config {type(config).__name__}")

@@ -58,6 +58,11 @@ Decisions where DESIGN.md is silent:
   retried, leaves no text of its own: the next round's text replaces it in the same
   message. A stream is bounded by `timeout` between two reads, not in total (the turn
   timeout bounds the whole turn); a stream cut short is retried like a dropped connection.
+- Spend (`policy.spend`, `gateway.spend`): each request is admitted by the room's budget
+  and the call guard in one step (`CallStore.admit`); a refused one is never sent and
+  ends the turn with `halt=Halt("spend", "budget_exceeded")`, the room's humans getting
+  one notice per period and bots nothing. A sent request is charged what its usage block
+  says (streams ask for it), a failed one nothing.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ import math
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -83,10 +88,12 @@ from tenacity.wait import wait_exponential
 from gateway import messages
 from gateway.agents.completion_stream import CompletionStreamError, read_completion
 from gateway.agents.python_fn import import_callable
+from gateway.calls.budgets import Amount, SpendHold
 from gateway.calls.store import CallStore, MemoryCallStore
-from gateway.config import OpenAIAgentConfig
+from gateway.config import OpenAIAgentConfig, SpendSettings
 from gateway.errors import ConfigError, LoopwardenError
 from gateway.jsonbody import JsonBodyError, parse_json
+from gateway.spend import AgentBudgets, CallCharge
 from gateway.types import AgentResult, Halt, HistoryEntry, ToolCall
 from guards.call_loop import (
     CallDecision,
@@ -102,6 +109,7 @@ from guards.tool_wrapper import guarded_call, settling_decision
 if TYPE_CHECKING:
     from gateway.agents.mcp import McpTool, McpToolbox
     from gateway.context import TurnContext
+    from gateway.state.base import StateStore
     from gateway.streaming import ReplyStream
 
 log = logging.getLogger("loopwarden.agents.openai")
@@ -150,9 +158,10 @@ class _WireChoice(_WireModel):
 
 
 class _Completion(_WireModel):
-    """The part of a chat-completions response the agent reads."""
+    """The part of a chat-completions response the agent reads (`usage` as it came)."""
 
     choices: tuple[_WireChoice, ...]
+    usage: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +295,18 @@ class _ProviderError(LoopwardenError):
         self.transient = is_provider_failure(status, reason) and reason != "invalid response"
 
 
+@dataclass(frozen=True, slots=True)
+class _TurnSpend:
+    """A turn under `policy.spend`: its group's fields, the notice's claim, shadow's refusals."""
+
+    settings: SpendSettings
+    fields: Mapping[str, str]
+    state: StateStore
+    room: str
+    sender_is_bot: bool
+    waived: list[Halt]
+
+
 class _TurnEnded(LoopwardenError):
     """Ends the turn early with this reply (None: silence), and the guard's halt if any."""
 
@@ -311,6 +332,7 @@ class OpenAIAgent:
         max_attempts: int = 4,
         max_retry_wait: float = 30.0,
         mcp: McpToolbox | None = None,
+        budgets: AgentBudgets | None = None,
     ) -> None:
         self.name = name
         self._config = config
@@ -326,6 +348,7 @@ class OpenAIAgent:
         self._max_retry_wait = max_retry_wait
         self._secret = config.api_key.get_secret_value() if config.api_key else ""
         self._mcp = mcp if mcp is not None else mcp_toolbox(name, config)
+        self._budgets = budgets if budgets is not None else AgentBudgets()
 
     @property
     def tools(self) -> Mapping[str, ToolSpec]:
@@ -350,6 +373,19 @@ class OpenAIAgent:
         tool_shadow = resolved.tool_loop_shadow
         shadowed: list[Halt] = []  # the call guard's refusals shadow mode let through
         call_shadow = shadowed if resolved.call_loop_shadow else None
+        settings = resolved.policy.spend
+        spend = (
+            None
+            if settings is None
+            else _TurnSpend(
+                settings,
+                {"room": msg.room, "bot": turn.bot.id},
+                turn.state,
+                msg.room,
+                msg.sender_is_bot,
+                shadowed,
+            )
+        )
         conversation: list[WireMessage] = []
         if self._config.system_prompt:
             conversation.append({"role": "system", "content": self._config.system_prompt})
@@ -370,6 +406,7 @@ class OpenAIAgent:
                     sender_is_bot=msg.sender_is_bot,
                     stream=stream,
                     shadowed=call_shadow,
+                    spend=spend,
                 )
                 if not answer.tool_calls:
                     return AgentResult(
@@ -485,11 +522,13 @@ class OpenAIAgent:
         sender_is_bot: bool,
         stream: ReplyStream | None = None,
         shadowed: list[Halt] | None = None,
+        spend: _TurnSpend | None = None,
     ) -> _WireMessage:
         """One model answer, retried on provider failures; guard refusals end the turn.
 
         `shadowed` is given when the call guard is in shadow mode: a call it refuses is
         sent anyway, and the refusal is added to that list instead of ending the turn.
+        `spend` is the room's budget, when it has one.
         """
         payload: dict[str, object] = {"model": self._config.model, "messages": conversation}
         if tools:
@@ -498,6 +537,8 @@ class OpenAIAgent:
             payload["temperature"] = self._config.temperature
         if stream is not None:
             payload["stream"] = True
+            if spend is not None:
+                payload["stream_options"] = {"include_usage": True}
         fingerprint = fingerprint_call(self._config.model, conversation)
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts),
@@ -516,6 +557,7 @@ class OpenAIAgent:
                 sender_is_bot,
                 stream=stream,
                 shadowed=shadowed,
+                spend=spend,
             )
         except _ProviderError as exc:
             log.warning(
@@ -540,9 +582,10 @@ class OpenAIAgent:
         *,
         stream: ReplyStream | None,
         shadowed: list[Halt] | None,
+        spend: _TurnSpend | None,
     ) -> _Completion:
-        """One HTTP request, if the call guard allows it; a provider failure is uncounted."""
-        decision = await self.calls.decide(circuit, fingerprint, policy=policy)
+        """One HTTP request, if budget and call guard allow it; a failure is uncounted and free."""
+        decision, charge = await self._admit(circuit, policy, fingerprint, payload, spend)
         if not decision.allowed:
             if shadowed is None:
                 raise self._refused(decision, sender_is_bot=sender_is_bot)
@@ -555,10 +598,58 @@ class OpenAIAgent:
             )
             shadowed.append(Halt("call_loop", decision.code))
         try:
-            return await self._post(payload, stream)
+            completion = await self._post(payload, stream)
         except _ProviderError as exc:
             await self.calls.record_outcome(decision, exc.status, exc.reason)
+            if charge is not None:
+                await self.calls.charge(charge.hold, None)
             raise
+        if charge is not None:
+            await self.calls.charge(charge.hold, self._budgets.used(charge, completion.usage))
+        return completion
+
+    async def _admit(
+        self,
+        circuit: str,
+        policy: CallLoopPolicy,
+        fingerprint: str,
+        payload: Mapping[str, object],
+        spend: _TurnSpend | None,
+    ) -> tuple[CallDecision, CallCharge | None]:
+        """The call guard's decision and, under a budget, what the call holds.
+
+        A call the budget refuses ends the turn (in shadow mode it goes on, holding
+        nothing); one the call guard refuses holds nothing either (the store gave it back).
+        """
+        if spend is None:
+            return await self.calls.decide(circuit, fingerprint, policy=policy), None
+        size = len(json.dumps(payload).encode())
+        event, charge = self._budgets.event(spend.settings, spend.fields, self._config.model, size)
+        admission = await self.calls.admit(circuit, fingerprint, {}, event, policy=policy)
+        unheld = replace(charge, hold=SpendHold(event.groups, Amount()))
+        verdict = admission.spend
+        if admission.call is None:
+            group = verdict.refused or event.groups[0]  # the call's one group
+            halt = self._budgets.refusal(verdict, group, spend.settings)
+            if spend.settings.mode == "enforce":
+                notice = (
+                    None
+                    if spend.sender_is_bot
+                    else await self._budgets.notice(
+                        verdict, group, spend.settings, state=spend.state, room=spend.room
+                    )
+                )
+                raise _TurnEnded(notice, halt=halt)
+            log.info(
+                "agent %s: shadow: would have refused the model call (%s) on %s",
+                self.name,
+                halt.code,
+                circuit,
+                extra={"decision": halt.code, "shadow": "true"},
+            )
+            spend.waived.append(halt)
+            return await self.calls.decide(circuit, fingerprint, policy=policy), unheld
+        return admission.call, charge if admission.call.allowed else unheld
 
     def _refused(self, decision: CallDecision, *, sender_is_bot: bool) -> _TurnEnded:
         """The turn's end when the call guard refuses a model call."""

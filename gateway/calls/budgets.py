@@ -180,10 +180,15 @@ class SpendGroup:
 
 @dataclass(frozen=True, slots=True)
 class SpendEvent:
-    """One call as the budgets see it: the groups it falls in and its estimated cost."""
+    """One call as the budgets see it: the groups it falls in and its estimated cost.
+
+    `agent_hold` is the hold key of the call's agent when the anomaly detector may pause
+    it (`gateway.calls.anomaly.anomaly_key`): the store checks it before the budgets.
+    """
 
     groups: tuple[SpendGroup, ...]
     estimate: Amount
+    agent_hold: str | None = None
 
 
 @dataclass(slots=True)

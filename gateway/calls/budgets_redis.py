@@ -4,7 +4,8 @@
 the circuit and the uniqueness rules of a call are decided in one script call, one round
 trip: the budgets are checked first (a refused call is counted by nothing), the estimate
 is held where the decide script admits the call. `CHARGE` is `step_charge` (and, with no
-usage, `step_release`). Held to the Python step by
+usage, `step_release`), followed in the same script by the anomaly detector's step
+(gateway.calls.anomaly_redis). Held to the Python step by
 tests/gateway/calls/test_call_store_conformance.py.
 
 Keys, under the call store's `{calls}:` base: `spend:<group key>`, a hash (su, st: spent
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.calls import anomaly_redis
 from gateway.calls.budgets import (
     Amount,
     GroupSpend,
@@ -103,17 +105,23 @@ for j = 1, ngroups do
 end
 """
 
-# KEYS: per group its record and its admin's limits. ARGV: now, held nano-dollars and
-# tokens, used (1) or released (0), used nano-dollars and tokens, then per group the
-# config's limits and the period's end. Returns per group {threshold, spent nano-dollars,
-# spent tokens, limit nano-dollars, limit tokens} when it crossed one, else false.
-CHARGE = """
+# KEYS: per group its record and its admin's limits, then (with the anomaly detector)
+# anomaly_redis.STEP's. ARGV: now, held nano-dollars and tokens, used (1) or released (0),
+# used nano-dollars and tokens, the group count, then per group the config's limits and
+# the period's end, then anomaly_redis.STEP's. Returns {per group {threshold, spent
+# nano-dollars, spent tokens, limit nano-dollars, limit tokens} when it crossed one, else
+# false; the detector's `anomaly`}.
+CHARGE = (
+    """
 local now = clock(ARGV[1])
 local hu, ht, used = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local uu, ut = tonumber(ARGV[5]), tonumber(ARGV[6])
+local ngroups = tonumber(ARGV[7])
+local aargs = nil
+if #ARGV > 7 + 3 * ngroups then aargs = 7 + 3 * ngroups end
 local out = {}
-for j = 1, #KEYS / 2 do
-  local key, a = KEYS[2 * j - 1], 6 + 3 * (j - 1)
+for j = 1, ngroups do
+  local key, a = KEYS[2 * j - 1], 7 + 3 * (j - 1)
   local g = spend_load(key, now)
   out[j] = false
   if g or used then
@@ -131,8 +139,12 @@ for j = 1, #KEYS / 2 do
     spend_save(key, g, now)
   end
 end
-return out
 """
+    + anomaly_redis.STEP
+    + """
+return {out, anomaly}
+"""
+)
 
 # KEYS: group records. Returns per key {su, st, hu, ht, al, ea} or false (ended, absent).
 LIVE = """
@@ -180,7 +192,7 @@ def check_args(event: SpendEvent) -> list[str]:
 
 
 def charge_args(now: str, hold: SpendHold, used: Amount | None) -> list[str]:
-    """The charge script's ARGV."""
+    """The charge script's ARGV (the detector's, `anomaly_redis.args`, may follow)."""
     spent = used or Amount()
     held = hold.amount
     return [
@@ -190,6 +202,7 @@ def charge_args(now: str, hold: SpendHold, used: Amount | None) -> list[str]:
         "0" if used is None else "1",
         str(spent.nano_usd),
         str(spent.tokens),
+        str(len(hold.groups)),
         *group_args(hold.groups),
     ]
 

@@ -44,25 +44,31 @@ def _group(row: tuple[int, int, int, int, int, float]) -> GroupSpend:
 
 
 def load(db: sqlite3.Connection, groups: SpendEvent | SpendHold, now: float) -> SpendRecord:
-    """The stored record of an event's (or a hold's) groups and their admins' limits."""
-    found: list[GroupSpend | None] = []
-    overrides: list[Limits | None] = []
-    for group in groups.groups:
-        row = db.execute(f"SELECT {_COLUMNS} FROM call_spend WHERE key = ?", (group.key,))
-        stored = row.fetchone()
-        found.append(None if stored is None else _group(stored))
-        overrides.append(limit(db, group.limit_key, now))
-    return SpendRecord(found, overrides)
+    """The stored record of an event's (or a hold's) groups and their admins' limits.
+
+    One query for the groups and one for the limits, however many budgets apply.
+    """
+    keys = [group.key for group in groups.groups]
+    marks = ", ".join("?" * len(keys))
+    rows = db.execute(f"SELECT key, {_COLUMNS} FROM call_spend WHERE key IN ({marks})", keys)
+    found = {str(row[0]): _group(row[1:]) for row in rows}
+    limit_keys = [group.limit_key for group in groups.groups]
+    rows = db.execute(
+        f"SELECT key, usd, tokens FROM call_spend_limits WHERE key IN ({marks}) AND ends_at > ?",
+        (*limit_keys, now),
+    )
+    limits = {str(key): Limits(usd, tokens) for key, usd, tokens in rows}
+    return SpendRecord([found.get(key) for key in keys], [limits.get(key) for key in limit_keys])
 
 
 def save(db: sqlite3.Connection, groups: SpendEvent | SpendHold, record: SpendRecord) -> None:
     """Write every group record the step left (an ended or absent one is deleted)."""
+    kept = []
     for group, current in zip(groups.groups, record.groups, strict=True):
         if current is None:
             db.execute("DELETE FROM call_spend WHERE key = ?", (group.key,))
             continue
-        db.execute(
-            f"INSERT OR REPLACE INTO call_spend (key, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        kept.append(
             (
                 group.key,
                 current.spent.nano_usd,
@@ -71,16 +77,18 @@ def save(db: sqlite3.Connection, groups: SpendEvent | SpendHold, record: SpendRe
                 current.held.tokens,
                 current.alerted,
                 current.ends_at,
-            ),
+            )
         )
-
-
-def limit(db: sqlite3.Connection, key: str, now: float) -> Limits | None:
-    """An admin's limits for a budget's period, while it lasts."""
-    row = db.execute(
-        "SELECT usd, tokens FROM call_spend_limits WHERE key = ? AND ends_at > ?", (key, now)
-    ).fetchone()
-    return None if row is None else Limits(row[0], row[1])
+    # An upsert changes a stored row in place (a group's end never changes: the step sets
+    # it when it makes the record), leaving its index entries alone: INSERT OR REPLACE
+    # would delete and insert it, and a transaction costs about the pages it writes.
+    db.executemany(
+        f"INSERT INTO call_spend (key, {_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (key) DO UPDATE SET spent_usd = excluded.spent_usd, "
+        "spent_tokens = excluded.spent_tokens, held_usd = excluded.held_usd, "
+        "held_tokens = excluded.held_tokens, alerted = excluded.alerted",
+        kept,
+    )
 
 
 def set_limit(db: sqlite3.Connection, key: str, limits: Limits, ends_at: float) -> None:

@@ -8,10 +8,9 @@ inside the running process, so these commands say so and point at the admin API.
 Decisions where DESIGN.md is silent:
 - `circuits reopen` exits 0 when it lifted a pause and 1 when the circuit was not paused
   (its repeat counts are cleared either way).
-- `calls preview-rule` replays the logged calls of the window (7 days by default), every
-  outcome included (a refused call was still sent by the agent), through the rule alone,
-  with the proxy's `pause_seconds` for "pause" rules; `--rule` is a rule's name in
-  `proxy.rules` or a rule written inline as YAML or JSON.
+- `calls preview-rule` replays the logged calls of the window (7 days by default) through
+  the rule alone, as the console's Rules page does (`gateway.calls.preview`); `--rule` is
+  a rule's name in `proxy.rules` or a rule written inline as YAML or JSON.
 """
 
 from __future__ import annotations
@@ -25,12 +24,14 @@ import yaml
 
 from gateway.calls.export import write_csv
 from gateway.calls.factory import build_call_store
+from gateway.calls.preview import PREVIEW_SECONDS
+from gateway.calls.preview import preview as rule_preview
 from gateway.calls.store import CallStore
 from gateway.config import Config
 from gateway.errors import ConfigError, LoopwardenError, StateError
 from gateway.messages import format_duration
 from gateway.safeyaml import YamlLimitError, load_yaml
-from guards.call_loop import CallLoopPolicy, UniquenessRule, preview_rule
+from guards.call_loop import CallLoopPolicy, UniquenessRule
 
 NEEDS_SHARED_STATE = (
     "error: with state.backend: memory the circuits and the request log live inside the "
@@ -38,7 +39,7 @@ NEEDS_SHARED_STATE = (
     "/admin/circuits/reopen) or /loop circuits in chat, or set state.backend to sqlite "
     "or redis to use this command."
 )
-DEFAULT_SINCE = 7 * 86_400.0
+DEFAULT_SINCE = PREVIEW_SECONDS
 T = TypeVar("T")
 
 
@@ -126,7 +127,7 @@ async def preview(config: Config, rule: UniquenessRule, since: float, out: TextI
     """Print how many logged calls of the last `since` seconds the rule would have stopped."""
     entries = await _using(config, lambda store: store.calls_since(since))
     pause = config.proxy.call_loop.pause_seconds if config.proxy is not None else 300.0
-    stopped = preview_rule(rule, [e.logged_call() for e in entries], pause_seconds=pause)
+    stopped = rule_preview(rule, entries, pause_seconds=pause).would_refuse
     print(
         f"rule {rule.name} would have stopped {stopped} of {len(entries)} logged calls "
         f"in the last {format_duration(since)}",

@@ -3,7 +3,12 @@
 Columns: time (ISO 8601, UTC), provider, agent, session, circuit, model, outcome,
 status, input_tokens, output_tokens, cost, cost_estimated, rule, retry, duration_ms,
 the other rule fields (step, customer, user, feature) and the call's fingerprint. An
-unknown value is an empty cell.
+unknown value is an empty cell. The console's download (`GET /admin/calls.csv`) writes the
+same rows.
+
+Decisions where DESIGN.md is silent: a cell a spreadsheet would read as a formula (it
+starts with `=`, `+`, `-`, `@`, a tab or a carriage return: an agent named
+`=HYPERLINK(...)`, say) is written with a leading `'`, so opening the export runs nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import TextIO
 
 from gateway.calls.store import CallLogEntry
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 CSV_COLUMNS = (
     "time",
     "provider",
@@ -40,10 +46,10 @@ CSV_COLUMNS = (
 
 
 def csv_row(entry: CallLogEntry) -> list[str]:
-    """One entry as CSV cells, in `CSV_COLUMNS` order."""
+    """One entry as CSV cells, in `CSV_COLUMNS` order, none of them a formula."""
     fields = entry.fields
-    return [
-        datetime.fromtimestamp(entry.at, UTC).isoformat(timespec="milliseconds"),
+    cells = [
+        call_time(entry.at),
         entry.provider,
         entry.agent,
         entry.session,
@@ -64,6 +70,12 @@ def csv_row(entry: CallLogEntry) -> list[str]:
         fields.get("feature", ""),
         entry.fingerprint,
     ]
+    return [_inert(cell) for cell in cells]
+
+
+def call_time(at: float) -> str:
+    """A logged call's time as the export and the Calls page show it: ISO 8601 UTC, in ms."""
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
 
 
 def write_csv(entries: Iterable[CallLogEntry], out: TextIO) -> int:
@@ -79,3 +91,8 @@ def write_csv(entries: Iterable[CallLogEntry], out: TextIO) -> int:
 
 def _cell(value: int | None) -> str:
     return "" if value is None else str(value)
+
+
+def _inert(cell: str) -> str:
+    """The cell, with a leading `'` when a spreadsheet would take it for a formula."""
+    return f"'{cell}" if cell.startswith(_FORMULA_STARTS) else cell

@@ -38,6 +38,13 @@ Decisions where DESIGN.md is silent:
   one call per `probe_interval` goes to Redis and the others fail fast.
 - The request log is a sorted set rather than a stream: it is read by time range, and
   the entries' times come from the replicas, not from Redis.
+- The Calls page's queries (`gateway.calls.query`) read that set newest first, a chunk
+  of 1,000 at a time, and filter in Python: a page stops once it is full, but totals and
+  cost series decode every entry of their time range (seconds for 100,000 entries;
+  bench/calls_query_bench.py). Index sets per filter value would make every logged call
+  write and trim several more keys; an admin page that narrows its range with `since`
+  costs less than that tax on every call. Nothing of it runs inside Redis, so a long
+  read never blocks other replicas' decisions.
 """
 
 from __future__ import annotations
@@ -46,11 +53,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
+from contextlib import aclosing
 from types import MappingProxyType
 from typing import cast
 
-from gateway.calls import budgets_redis
+from gateway.calls import anomaly_redis, budgets_redis
+from gateway.calls.anomaly import AnomalyCharge, agent_paused
 from gateway.calls.budgets import (
     ADMITTED_FREE,
     Amount,
@@ -63,6 +72,16 @@ from gateway.calls.budgets import (
     SpendVerdict,
 )
 from gateway.calls.budgets_redis import SPEND_CHECK, SPEND_HOLD, SPEND_PRELUDE
+from gateway.calls.query import (
+    CallFilter,
+    CallPage,
+    CallTotals,
+    CostBucket,
+    Cursor,
+    PageBuilder,
+    SeriesBuilder,
+    TotalsBuilder,
+)
 from gateway.calls.store import (
     LOG_KEEP,
     OUTCOMES,
@@ -70,6 +89,7 @@ from gateway.calls.store import (
     CallLogEntry,
     CallOutcome,
     MemoryCallStore,
+    Settled,
 )
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
@@ -163,22 +183,26 @@ end
 )
 
 # KEYS: circuit hold, call events, seq, then per applicable rule: group hold, rule events,
-# then per budget group: its record and its admin's limits (budgets_redis).
+# then per budget group: its record and its admin's limits (budgets_redis), then the
+# agent's anomaly hold when the agent may be paused (anomaly_redis).
 # ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name,
-# then the spend estimate and per group its limits and end, and last the group count.
+# then the spend estimate and per group its limits and end, and last whether the agent's
+# hold is given (1 or 0) and the group count.
 # Returns {0, at, count, 0} allowed; {1, pause, count, 0} loop detected;
 # {2, remaining, refusals, rule index or 0} paused; {3, retry_after, count, rule index};
-# {4, ...} refused by a budget (budgets_redis.SPEND_CHECK).
+# {4, ...} refused by a budget (budgets_redis.SPEND_CHECK); {5, remaining, refusals, 0}
+# the agent is paused (anomaly_redis.AGENT_HOLD_CHECK).
 _DECIDE = (
     _PRELUDE
     + SPEND_PRELUDE
     + """
 local now = clock(ARGV[1])
 local max_repeats, window, seconds = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ngroups = tonumber(ARGV[#ARGV])
-local nrules = (#KEYS - 3 - 2 * ngroups) / 2
+local ngroups, nagent = tonumber(ARGV[#ARGV]), tonumber(ARGV[#ARGV - 1])
+local nrules = (#KEYS - 3 - 2 * ngroups - nagent) / 2
 local skeys, sargs = 3 + 2 * nrules, 4 + 4 * nrules
 """
+    + anomaly_redis.AGENT_HOLD_CHECK
     + SPEND_CHECK
     + """
 local h = hold(KEYS[1], now)
@@ -400,10 +424,13 @@ class RedisCallStore(RedisLinked):
                 candidate.name,
             ]
         groups = spend.groups if spend is not None else ()
+        agent = spend.agent_hold if spend is not None else None
         if spend is not None:
             keys += self._spend_keys(groups)
             args += budgets_redis.check_args(spend)
-        args.append(len(groups))
+        if agent is not None:
+            keys.append(self._hold_key(agent))
+        args += [0 if agent is None else 1, len(groups)]
         try:
             reply = await self._link.guarded(lambda: self._decide(keys=keys, args=args))
         except StateError:
@@ -412,6 +439,8 @@ class RedisCallStore(RedisLinked):
         number, count = float(value), int(count)
         hold = SpendHold(groups, spend.estimate) if spend is not None and groups else None
         admitted = SpendVerdict(True, hold=hold)
+        if kind == 5 and agent is not None:
+            return Admission(agent_paused(agent, circuit, number, count), ADMITTED_FREE)
         if kind == 4:
             group = groups[count - 1]
             limits, alert = budgets_redis.refused_alert(group, reply)
@@ -441,14 +470,25 @@ class RedisCallStore(RedisLinked):
 
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
         """`step_charge` in one script call (while Redis is down: on the local records)."""
+        return (await self.settle(hold, used)).alerts
+
+    async def settle(
+        self, hold: SpendHold, used: Amount | None, anomaly: AnomalyCharge | None = None
+    ) -> Settled:
+        """`step_charge` and `step_anomaly` in one script call (while down: the local records)."""
         keys = self._spend_keys(hold.groups)
         args = budgets_redis.charge_args(self._link.now(), hold, used)
+        if anomaly is not None:
+            keys += anomaly_redis.keys(self._base, anomaly, self._hold_key(anomaly.event.hold_key))
+            args += anomaly_redis.args(anomaly)
         try:
             reply = await self._link.guarded(lambda: self._charge(keys=keys, args=args))
         except StateError:
             local = self._local
-            return [] if local is None else await local.charge(hold, used)
-        return budgets_redis.charge_alerts(hold, reply)
+            return Settled([]) if local is None else await local.settle(hold, used, anomaly)
+        charged, found = reply
+        alerts = budgets_redis.charge_alerts(hold, charged)
+        return Settled(alerts, None if anomaly is None else anomaly_redis.alert(anomaly, found))
 
     async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
         """The groups of periods not ended (SCAN: an admin path)."""
@@ -586,13 +626,19 @@ class RedisCallStore(RedisLinked):
         return await self._link.guarded(paused)
 
     async def log_call(self, entry: CallLogEntry) -> None:
-        """Add one entry (ZADD by time) and trim to the newest `log_keep` (dropped while down)."""
+        """`log_calls` of one entry."""
+        await self.log_calls((entry,))
+
+    async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
+        """One ZADD of the entries by time, then the trim to `log_keep` (dropped while down)."""
+        if not entries:
+            return
         key = f"{self._base}log"
-        member = json.dumps(_encode(entry), sort_keys=True)
+        members = {json.dumps(_encode(entry), sort_keys=True): entry.at for entry in entries}
 
         async def append() -> None:
             async with self._link.client.pipeline(transaction=True) as pipe:
-                pipe.zadd(key, {member: entry.at})
+                pipe.zadd(key, members)
                 pipe.zremrangebyrank(key, 0, -self._log_keep - 1)
                 await pipe.execute()
 
@@ -619,6 +665,76 @@ class RedisCallStore(RedisLinked):
                 offset += _LOG_CHUNK
 
         return await self._link.guarded(since)
+
+    async def query_calls(
+        self, where: CallFilter, limit: int, cursor: Cursor | None = None
+    ) -> CallPage:
+        """The page, read newest first in chunks until it is full."""
+        builder = PageBuilder(where, limit, cursor)
+
+        async def read() -> CallPage:
+            before = None if cursor is None else cursor.at
+            async with aclosing(self._newest_first(where.since, where.until, before)) as entries:
+                async for entry in entries:
+                    if builder.offer(entry):
+                        break
+            return builder.page()
+
+        return await self._link.guarded(read)
+
+    async def call_totals(self, where: CallFilter) -> CallTotals:
+        """The sums over the filter's time range, read in chunks."""
+        builder = TotalsBuilder(where)
+
+        async def read() -> CallTotals:
+            async for entry in self._newest_first(where.since, where.until, None):
+                builder.add(entry)
+            return builder.totals()
+
+        return await self._link.guarded(read)
+
+    async def cost_series(
+        self, where: CallFilter, since: float, until: float, bucket_seconds: float
+    ) -> list[CostBucket]:
+        """The sums per bucket of since..until, read in chunks."""
+        builder = SeriesBuilder(where, since, until, bucket_seconds)
+
+        async def read() -> list[CostBucket]:
+            async for entry in self._newest_first(since, until, None):
+                builder.add(entry)
+            return builder.buckets()
+
+        return await self._link.guarded(read)
+
+    async def _newest_first(
+        self, since: float | None, until: float | None, before: float | None
+    ) -> AsyncGenerator[CallLogEntry]:
+        """The log's entries of since..until (and at or before `before`), newest first.
+
+        Each chunk starts at the last one's lowest time, skipping the entries of that time
+        already read, so a chunk costs O(log n + chunk), not a walk from the top.
+        """
+        key = f"{self._base}log"
+        high = "+inf" if until is None else f"({until!r}"
+        if before is not None and (until is None or before < until):
+            high = repr(before)
+        low = "-inf" if since is None else repr(since)
+        skip = 0
+        while True:
+            batch = cast(
+                list[tuple[str, float]],
+                await self._link.client.zrevrangebyscore(
+                    key, high, low, start=skip, num=_LOG_CHUNK, withscores=True
+                ),
+            )
+            for raw, _ in batch:
+                yield _decode(raw)
+            if len(batch) < _LOG_CHUNK:
+                return
+            lowest = batch[-1][1]
+            same = sum(1 for _, score in batch if score == lowest)
+            skip = skip + same if high == repr(lowest) else same
+            high = repr(lowest)
 
 
 def _encode(entry: CallLogEntry) -> dict[str, object]:

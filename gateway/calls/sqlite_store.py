@@ -21,11 +21,17 @@ Decisions where DESIGN.md is silent:
 - Schema 2 replaced the per-call rows of schema 1 (`call_events`); an older file is
   upgraded in place and its counted calls are dropped (they last one window at most),
   its pauses kept.
-- The request log keeps the newest `log_keep` entries (one indexed DELETE per append).
+- The request log keeps the newest `log_keep` entries (one indexed DELETE per append of
+  a batch, `log_calls`). Its ids are a plain INTEGER PRIMARY KEY, not AUTOINCREMENT:
+  the newest row is never deleted, so ids still grow, without a `sqlite_sequence` page
+  written per append (files made before keep AUTOINCREMENT, which works the same).
   Listing it (`calls_since`) and the pauses (`paused`) are reads: they never wait for
-  another process's write lock.
-- Budgets (`gateway.calls.budgets_sqlite`) add their tables to schema 2 with
-  `CREATE TABLE IF NOT EXISTS`: an older loopwarden reading the file ignores them.
+  another process's write lock; so are the Calls page's queries, asked in SQL over the
+  indexes of `gateway.calls.query_sqlite`.
+- Budgets (`gateway.calls.budgets_sqlite`) and the anomaly detector
+  (`gateway.calls.anomaly_sqlite`) add their tables to schema 2 with
+  `CREATE TABLE IF NOT EXISTS`: an older loopwarden reading the file ignores them. An
+  agent's anomaly pause is a row of `call_holds` like a circuit's.
 """
 
 from __future__ import annotations
@@ -40,8 +46,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
-from gateway.calls import budgets_sqlite
+from gateway.calls import anomaly_sqlite, budgets_sqlite, query_sqlite
+from gateway.calls.anomaly import AnomalyCharge, anomaly_pause, step_agent_hold, step_anomaly
 from gateway.calls.budgets import (
+    ADMITTED_FREE,
     Amount,
     GroupSpend,
     Limits,
@@ -52,7 +60,15 @@ from gateway.calls.budgets import (
     step_release,
     step_spend,
 )
-from gateway.calls.store import LOG_KEEP, OUTCOMES, Admission, CallLogEntry, CallOutcome
+from gateway.calls.query import CallFilter, CallPage, CallTotals, CostBucket, Cursor, page_of
+from gateway.calls.store import (
+    LOG_KEEP,
+    OUTCOMES,
+    Admission,
+    CallLogEntry,
+    CallOutcome,
+    Settled,
+)
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
 from gateway.state.sqlite_db import SqliteDb
@@ -90,17 +106,23 @@ _SCHEMA = (
         key TEXT PRIMARY KEY, times BLOB NOT NULL, idle_at REAL NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS call_windows_idle ON call_windows (idle_at)",
     """CREATE TABLE IF NOT EXISTS call_log (
-        id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, provider TEXT NOT NULL,
+        id INTEGER PRIMARY KEY, at REAL NOT NULL, provider TEXT NOT NULL,
         agent TEXT NOT NULL, session TEXT NOT NULL, circuit TEXT NOT NULL, model TEXT NOT NULL,
         outcome TEXT NOT NULL, status INTEGER, input_tokens INTEGER, output_tokens INTEGER,
         cost REAL, estimated INTEGER NOT NULL, fingerprint TEXT NOT NULL, rule TEXT,
         retry INTEGER NOT NULL, duration_ms REAL NOT NULL, fields TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS call_log_at ON call_log (at)",
     *budgets_sqlite.SCHEMA,
+    *anomaly_sqlite.SCHEMA,
+    *query_sqlite.INDEXES,
 )
 _LOG_COLUMNS = (
     "at, provider, agent, session, circuit, model, outcome, status, input_tokens, "
     "output_tokens, cost, estimated, fingerprint, rule, retry, duration_ms, fields"
+)
+_LOG_INSERT = (
+    f"INSERT INTO call_log ({_LOG_COLUMNS}) "
+    f"VALUES ({', '.join('?' * (_LOG_COLUMNS.count(',') + 1))})"
 )
 _SEP = "\x1f"
 # Expired rows are removed _SWEEP_ROWS of each table every _SWEEP_EVERY decisions: four
@@ -171,12 +193,19 @@ class SqliteCallStore:
         *,
         policy: CallLoopPolicy | None = None,
     ) -> Admission:
-        """The budgets' step, then `decide`'s, in one transaction."""
+        """The agent's pause, the budgets' step, then `decide`'s, in one transaction."""
         chosen = self._policy if policy is None else policy
         event = call_event(circuit, fingerprint, fields, self._rules)
         sweep = self._sweeps()
+        agent_hold = spend.agent_hold
 
         def admit(db: sqlite3.Connection, now: float) -> Admission:
+            if agent_hold is not None:
+                earlier = _hold(db, agent_hold)
+                hold, paused = step_agent_hold(earlier, agent_hold, circuit, now)
+                if paused is not None:
+                    _save_hold(db, agent_hold, earlier, hold)
+                    return Admission(paused, ADMITTED_FREE)
             record, verdict = step_spend(budgets_sqlite.load(db, spend, now), spend, now)
             decision = None
             if verdict.allowed:
@@ -195,13 +224,33 @@ class SqliteCallStore:
 
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
         """`step_charge` on the stored records, in one transaction."""
+        return (await self.settle(hold, used)).alerts
 
-        def charge(db: sqlite3.Connection, now: float) -> list[SpendAlert]:
-            record, alerts = step_charge(budgets_sqlite.load(db, hold, now), hold, used, now)
-            budgets_sqlite.save(db, hold, record)
-            return alerts
+    async def settle(
+        self, hold: SpendHold, used: Amount | None, anomaly: AnomalyCharge | None = None
+    ) -> Settled:
+        """`step_charge` and `step_anomaly` on the stored records, in one transaction."""
 
-        return await self._sqlite.write(charge)
+        def settle(db: sqlite3.Connection, now: float) -> Settled:
+            alerts: list[SpendAlert] = []
+            if hold.groups:
+                record, alerts = step_charge(budgets_sqlite.load(db, hold, now), hold, used, now)
+                budgets_sqlite.save(db, hold, record)
+            if anomaly is None:
+                return Settled(alerts)
+            event, policy = anomaly
+            loaded = anomaly_sqlite.load(db, event.agent, policy, now)
+            stored = None if loaded is None else loaded.window
+            agent, found = step_anomaly(loaded, event, policy, now)
+            if agent is not loaded:
+                stored = None
+            anomaly_sqlite.save(db, event.agent, agent, policy, stored)
+            if found is not None and found.paused is not None:
+                earlier = _hold(db, found.paused)
+                _save_hold(db, found.paused, earlier, anomaly_pause(earlier, now))
+            return Settled(alerts, found)
+
+        return await self._sqlite.write(settle)
 
     async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
         """The stored groups of periods not ended."""
@@ -267,34 +316,20 @@ class SqliteCallStore:
         return await self._sqlite.read(paused)
 
     async def log_call(self, entry: CallLogEntry) -> None:
-        """Append one entry; the oldest beyond `log_keep` go."""
+        """`log_calls` of one entry."""
+        await self.log_calls((entry,))
+
+    async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
+        """Append the entries in one transaction; the oldest beyond `log_keep` go."""
+        if not entries:
+            return
         keep = self._log_keep
-        row = (
-            entry.at,
-            entry.provider,
-            entry.agent,
-            entry.session,
-            entry.circuit,
-            entry.model,
-            entry.outcome,
-            entry.status,
-            entry.input_tokens,
-            entry.output_tokens,
-            entry.cost,
-            int(entry.estimated),
-            entry.fingerprint,
-            entry.rule,
-            entry.retry,
-            entry.duration_ms,
-            json.dumps(dict(entry.fields), sort_keys=True),
-        )
+        rows = [_log_row(entry) for entry in entries]
 
         def append(db: sqlite3.Connection, now: float) -> None:
-            newest = db.execute(
-                f"INSERT INTO call_log ({_LOG_COLUMNS}) VALUES ({', '.join('?' * len(row))})",
-                row,
-            ).lastrowid
-            if newest is not None and newest > keep:
+            db.executemany(_LOG_INSERT, rows)
+            (newest,) = db.execute("SELECT last_insert_rowid()").fetchone()
+            if newest > keep:
                 db.execute("DELETE FROM call_log WHERE id <= ?", (newest - keep,))
 
         await self._sqlite.write(append)
@@ -310,6 +345,52 @@ class SqliteCallStore:
             return [_entry(row) for row in rows]
 
         return await self._sqlite.read(since)
+
+    async def query_calls(
+        self, where: CallFilter, limit: int, cursor: Cursor | None = None
+    ) -> CallPage:
+        """The page in one indexed query (a read: it never waits for a writer)."""
+
+        def page(db: sqlite3.Connection, now: float) -> CallPage:
+            rows = query_sqlite.page_rows(db, _LOG_COLUMNS, where, limit, cursor)
+            return page_of([_entry(row) for row in rows], limit, cursor)
+
+        return await self._sqlite.read(page)
+
+    async def call_totals(self, where: CallFilter) -> CallTotals:
+        """The sums in one aggregate query."""
+        return await self._sqlite.read(lambda db, now: query_sqlite.totals(db, where))
+
+    async def cost_series(
+        self, where: CallFilter, since: float, until: float, bucket_seconds: float
+    ) -> list[CostBucket]:
+        """The sums per bucket in one grouped query."""
+        return await self._sqlite.read(
+            lambda db, now: query_sqlite.cost_series(db, where, since, until, bucket_seconds)
+        )
+
+
+def _log_row(entry: CallLogEntry) -> tuple[object, ...]:
+    """An entry's row (columns in `_LOG_COLUMNS` order)."""
+    return (
+        entry.at,
+        entry.provider,
+        entry.agent,
+        entry.session,
+        entry.circuit,
+        entry.model,
+        entry.outcome,
+        entry.status,
+        entry.input_tokens,
+        entry.output_tokens,
+        entry.cost,
+        int(entry.estimated),
+        entry.fingerprint,
+        entry.rule,
+        entry.retry,
+        entry.duration_ms,
+        json.dumps(dict(entry.fields), sort_keys=True),
+    )
 
 
 def _entry(row: tuple[object, ...]) -> CallLogEntry:
@@ -403,7 +484,12 @@ def _rule_key(name: str, key: RuleKey) -> str:
 
 def _sweep(db: sqlite3.Connection, now: float) -> None:
     """Delete a few idle records of counted calls and expired holds (they decide nothing)."""
-    swept = (("call_windows", "idle_at"), ("call_holds", "expires_at"), *budgets_sqlite.SWEPT)
+    swept = (
+        ("call_windows", "idle_at"),
+        ("call_holds", "expires_at"),
+        *budgets_sqlite.SWEPT,
+        *anomaly_sqlite.SWEPT,
+    )
     for table, column in swept:
         db.execute(
             f"DELETE FROM {table} WHERE rowid IN "

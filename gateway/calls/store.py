@@ -19,12 +19,22 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal, NamedTuple, Protocol
 
+from gateway.calls.anomaly import (
+    ANOMALY_PREFIX,
+    AgentSpend,
+    AnomalyAlert,
+    AnomalyCharge,
+    anomaly_pause,
+    step_agent_hold,
+    step_anomaly,
+)
 from gateway.calls.budgets import (
+    ADMITTED_FREE,
     Amount,
     GroupSpend,
     Limits,
@@ -37,13 +47,25 @@ from gateway.calls.budgets import (
     step_spend,
 )
 from gateway.calls.budgets_memory import SpendTable
+from gateway.calls.query import (
+    CallFilter,
+    CallPage,
+    CallTotals,
+    CostBucket,
+    Cursor,
+    PageBuilder,
+    SeriesBuilder,
+    TotalsBuilder,
+)
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
     CallLoopPolicy,
+    Hold,
     LoggedCall,
     PausedCircuit,
     UniquenessRule,
+    step_reopen,
 )
 
 CallOutcome = Literal[
@@ -115,6 +137,13 @@ class Admission(NamedTuple):
     spend: SpendVerdict
 
 
+class Settled(NamedTuple):
+    """What charging a call's real usage said: the budgets' alerts and the detector's."""
+
+    alerts: list[SpendAlert]
+    anomaly: AnomalyAlert | None = None
+
+
 class CallStore(Protocol):
     """Circuits, pauses, uniqueness-rule windows and the request log of LLM calls."""
 
@@ -154,6 +183,14 @@ class CallStore(Protocol):
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
         """Replace an admitted call's hold with what it used (None: it cost nothing)."""
 
+    async def settle(
+        self, hold: SpendHold, used: Amount | None, anomaly: AnomalyCharge | None = None
+    ) -> Settled:
+        """`charge`, and with `anomaly` the detector's step on the agent, atomically.
+
+        An anomaly under `action: pause` pauses the agent there too (`anomaly_key`).
+        """
+
     async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
         """The budget groups of periods not ended, by storage key."""
 
@@ -180,8 +217,24 @@ class CallStore(Protocol):
     async def log_call(self, entry: CallLogEntry) -> None:
         """Append one call to the request log."""
 
+    async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
+        """Append calls to the request log in order, in one write (the proxy's batches)."""
+
     async def calls_since(self, seconds: float) -> list[CallLogEntry]:
         """The logged calls of the last `seconds`, oldest first."""
+
+    async def query_calls(
+        self, where: CallFilter, limit: int, cursor: Cursor | None = None
+    ) -> CallPage:
+        """A page of the logged calls `where` matches, newest first (`gateway.calls.query`)."""
+
+    async def call_totals(self, where: CallFilter) -> CallTotals:
+        """What the logged calls `where` matches add up to."""
+
+    async def cost_series(
+        self, where: CallFilter, since: float, until: float, bucket_seconds: float
+    ) -> list[CostBucket]:
+        """The matched calls of since..until per bucket of `bucket_seconds`, oldest first."""
 
 
 class MemoryCallStore:
@@ -202,6 +255,9 @@ class MemoryCallStore:
         self._wall_clock = wall_clock
         self._log: deque[CallLogEntry] = deque(maxlen=log_keep)
         self._spend = SpendTable()
+        # The anomaly detector's records and pauses, by agent (one per proxy key's agent).
+        self._agents: dict[str, AgentSpend] = {}
+        self._agent_holds: dict[str, Hold] = {}
 
     async def start(self) -> None:
         """Nothing to open."""
@@ -231,8 +287,14 @@ class MemoryCallStore:
         *,
         policy: CallLoopPolicy | None = None,
     ) -> Admission:
-        """The budgets' step, then the guard's decision (no I/O between: atomic)."""
+        """The agent's pause, the budgets' step, then the guard's decision (atomic: no I/O)."""
         now = self._wall_clock()
+        key = spend.agent_hold
+        if key is not None:
+            hold, paused = step_agent_hold(self._agent_holds.get(key), key, circuit, now)
+            if paused is not None and hold is not None:
+                self._agent_holds[key] = hold
+                return Admission(paused, ADMITTED_FREE)
         table = self._spend
         record, verdict = step_spend(table.load(spend, now), spend, now)
         if not verdict.allowed:
@@ -248,10 +310,24 @@ class MemoryCallStore:
 
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
         """`step_charge` on this process's records."""
+        return (await self.settle(hold, used)).alerts
+
+    async def settle(
+        self, hold: SpendHold, used: Amount | None, anomaly: AnomalyCharge | None = None
+    ) -> Settled:
+        """`step_charge` and `step_anomaly` on this process's records."""
         now = self._wall_clock()
         record, alerts = step_charge(self._spend.load(hold, now), hold, used, now)
         self._spend.save(hold, record)
-        return alerts
+        if anomaly is None:
+            return Settled(alerts)
+        event = anomaly.event
+        agent, found = step_anomaly(self._agents.get(event.agent), event, anomaly.policy, now)
+        self._agents[event.agent] = agent
+        if found is not None and found.paused is not None:
+            earlier = self._agent_holds.get(found.paused)
+            self._agent_holds[found.paused] = anomaly_pause(earlier, now)
+        return Settled(alerts, found)
 
     async def spend_groups(self) -> list[tuple[str, GroupSpend]]:
         """The live groups of this process."""
@@ -276,21 +352,76 @@ class MemoryCallStore:
         return self.guard.record_outcome(decision, status=status, error=error)
 
     async def reopen(self, circuit: str) -> bool:
-        """The guard's reopen."""
-        return self.guard.reopen(circuit)
+        """The guard's reopen (an agent's anomaly pause: this store's)."""
+        if not circuit.startswith(ANOMALY_PREFIX):
+            return self.guard.reopen(circuit)
+        earlier = self._agent_holds.get(circuit)
+        if earlier is None:
+            return False
+        window = self.guard.policy.window_seconds
+        hold, lifted = step_reopen(earlier, self._wall_clock(), window)
+        self._agent_holds[circuit] = hold
+        return lifted
 
     async def paused(self) -> list[PausedCircuit]:
-        """The guard's paused circuits and groups."""
-        return self.guard.paused()
+        """The guard's paused circuits and groups, and the agents the detector paused."""
+        now = self._wall_clock()
+        agents = [
+            PausedCircuit(key, hold.paused_until - now, hold.reason, hold.count)
+            for key, hold in self._agent_holds.items()
+            if hold.paused_until > now
+        ]
+        if not agents:
+            return self.guard.paused()
+        return sorted([*self.guard.paused(), *agents], key=_paused_key)
 
     async def log_call(self, entry: CallLogEntry) -> None:
         """Append; the oldest entry goes beyond `log_keep`."""
         self._log.append(entry)
 
+    async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
+        """Append in order; the oldest entries go beyond `log_keep`."""
+        self._log.extend(entries)
+
     async def calls_since(self, seconds: float) -> list[CallLogEntry]:
         """Entries at or after now - seconds, oldest first."""
         cutoff = self._wall_clock() - seconds
         return sorted((e for e in self._log if e.at >= cutoff), key=_entry_time)
+
+    async def query_calls(
+        self, where: CallFilter, limit: int, cursor: Cursor | None = None
+    ) -> CallPage:
+        """The page, read newest first."""
+        builder = PageBuilder(where, limit, cursor)
+        for entry in self._newest_first():
+            if builder.offer(entry):
+                break
+        return builder.page()
+
+    async def call_totals(self, where: CallFilter) -> CallTotals:
+        """The sums over the whole log."""
+        builder = TotalsBuilder(where)
+        for entry in self._log:
+            builder.add(entry)
+        return builder.totals()
+
+    async def cost_series(
+        self, where: CallFilter, since: float, until: float, bucket_seconds: float
+    ) -> list[CostBucket]:
+        """The sums per bucket over the whole log."""
+        builder = SeriesBuilder(where, since, until, bucket_seconds)
+        for entry in self._log:
+            builder.add(entry)
+        return builder.buckets()
+
+    def _newest_first(self) -> list[CallLogEntry]:
+        """The log by time, newest first; entries of one time newest written first."""
+        return sorted(reversed(self._log), key=_entry_time, reverse=True)
+
+
+def _paused_key(paused: PausedCircuit) -> str:
+    """Sort key of a paused circuit: its key."""
+    return paused.circuit
 
 
 def _entry_time(entry: CallLogEntry) -> float:

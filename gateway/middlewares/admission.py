@@ -48,7 +48,9 @@ class AdmissionMiddleware:
         if refusal is None:
             return await call_next(ctx)
         code, detail = refusal
-        self._decisions.refuse(ctx, self.name, code, detail, remember=True)
+        # Not kept for `status`: every hosted bot turns away every message not meant for
+        # it, and those routine refusals would push the guards' out of the short list.
+        self._decisions.refuse(ctx, self.name, code, detail)
         return None
 
 

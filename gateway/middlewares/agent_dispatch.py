@@ -9,7 +9,10 @@ verdicts they report are counted here under `guard_decisions_total` (one `tool_l
 verdict per tool call, and the halt that ended a turn early under its guard), and a
 halt is logged with its code. Verdicts of a guard in shadow mode are counted with
 `shadow="true"`; those that would have refused (a tool call's BLOCK or HALT, a model
-call the call guard refused) are recorded as shadow refusals (`DecisionLog.shadow`).
+call the call guard or a budget refused) are recorded as shadow refusals
+(`DecisionLog.shadow`). A turn a budget ended (`policy.spend`, `gateway.spend`) is a
+refusal of the `spend` stage: counted under `refusals_total`, logged with the budget's
+figures and kept for `status`.
 
 The timeout is kept by one watchdog for all turns in flight instead of a timer per turn
 (`asyncio.timeout` costs about 4 µs a turn, a seventh of the whole pipeline's budget):
@@ -29,6 +32,7 @@ from gateway.context import TurnContext
 from gateway.errors import LoopwardenError
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
+from gateway.spend import SPEND
 from gateway.types import AgentResult, Reply
 from guards.loop_guard import GuardAction
 
@@ -127,9 +131,15 @@ class AgentDispatchMiddleware:
             else:
                 count("tool_loop", call.code, shadow=call.shadow)
         for waived in result.shadowed:
-            self._decisions.shadow(ctx, waived.guard, waived.code, messages.SHADOW_CALL_DETAIL)
+            detail = waived.detail or messages.SHADOW_CALL_DETAIL
+            self._decisions.shadow(ctx, waived.guard, waived.code, detail)
         halt = result.halt
         if halt is None:
+            return
+        if halt.guard == SPEND:
+            self._decisions.refuse(
+                ctx, SPEND, halt.code, halt.detail, retry_after=halt.retry_after, remember=True
+            )
             return
         if halt.guard != "tool_loop":  # a tool-loop halt is a tool call's verdict, counted above
             count(halt.guard, halt.code)

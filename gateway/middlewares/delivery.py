@@ -7,11 +7,13 @@ path: chunking, retries and the replies-out count apply to all of them alike.
 Where the platform edits messages (`Capabilities.edits`) the turn gets a `ReplyStream`
 (`ctx.stream`) a streaming agent writes into as its reply comes (gateway.streaming); the
 reply the inner stages return then finishes that stream, and is sent whole as ever when
-nothing was streamed.
+nothing was streamed. A reply delivered in full is recorded in the Activity feed, when
+there is one (gateway/activity.py).
 """
 
 from __future__ import annotations
 
+from gateway.activity import ActivityFeed
 from gateway.connector import MessageEditor
 from gateway.context import TurnContext
 from gateway.delivery import Delivery
@@ -25,8 +27,9 @@ class DeliveryMiddleware:
 
     name = "delivery"
 
-    def __init__(self, delivery: Delivery) -> None:
+    def __init__(self, delivery: Delivery, activity: ActivityFeed | None = None) -> None:
         self._delivery = delivery
+        self._activity = activity
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         connector = ctx.connector
@@ -40,9 +43,12 @@ class DeliveryMiddleware:
                 reply_to=msg.message_id,
             )
             reply = await call_next(ctx)
-            await stream.finish(reply)
-            return reply
-        reply = await call_next(ctx)
-        if reply is not None:
-            await self._delivery.deliver(connector, ctx.message.channel_id, reply)
+            delivered = await stream.finish(reply)
+        else:
+            reply = await call_next(ctx)
+            delivered = reply is not None and await self._delivery.deliver(
+                connector, ctx.message.channel_id, reply
+            )
+        if delivered and reply is not None and self._activity is not None:
+            self._activity.reply(ctx.message, reply.text)
         return reply

@@ -6,7 +6,8 @@ drops are routine (every platform echoes a bot's own posts), so they log at DEBU
 
 It is also where the sender's bot-ness is settled for the inner stages: on a platform
 that cannot tell bots from humans (`capabilities.knows_bots` false) every other sender is
-treated as a bot (fail closed), whatever the connector reported.
+treated as a bot (fail closed), whatever the connector reported. A message let through
+has reached this hosted bot: the decision log records it for the Activity feed.
 """
 
 from __future__ import annotations
@@ -37,4 +38,5 @@ class SelfFilterMiddleware:
             return None
         if not msg.sender_is_bot and not connector.capabilities.knows_bots:
             ctx.message = replace(msg, sender_is_bot=True)
+        self._decisions.arrived(ctx)
         return await call_next(ctx)

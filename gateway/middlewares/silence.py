@@ -6,9 +6,11 @@ that is only a silence token (or narration such as `(no reply)`) becomes nothing
 token alone on the first or last line is stripped. An agent that returns no text at all
 chose silence too. When silence meets a human who addressed the bot (mention, reply to
 it, direct message), `on_addressed_human_turn: notice` answers with a short notice so the
-person is not left wondering; `silent` stays silent. `silence.enabled: false` passes
-every reply through as the agent wrote it, but for its reasoning blocks: reasoning never
-reaches a room (DESIGN.md §3), whatever the silence settings.
+person is not left wondering; `silent` stays silent. A turn a guard ended without a
+reply (a budget's notice already posted this period) gets no notice either.
+`silence.enabled: false` passes every reply through as the agent wrote it, but for its
+reasoning blocks: reasoning never reaches a room (DESIGN.md §3), whatever the silence
+settings.
 
 A reply the agent streams (`ctx.stream`, gateway.streaming) passes a `SilenceStreamFilter`
 of the same policy on its way to the room, so nothing is posted while it may still be
@@ -48,6 +50,8 @@ class SilenceMiddleware:
         reply = await call_next(ctx)
         if ctx.result is None:
             return reply
+        if reply is None and ctx.result.halted:  # the guard that ended the turn chose silence
+            return None
         if not settings.enabled:
             return _without_reasoning(reply)
         if reply is not None:

@@ -2,8 +2,12 @@
 
 Routes: `/openai/v1/{path}`, `/anthropic/{path}` and `/gemini/{path}` (any method),
 `/healthz`, and the admin API's `GET /admin/circuits`, `POST /admin/circuits/reopen`,
-`GET /admin/spend`, `POST /admin/spend/limit` and `POST /admin/spend/reset` (bearer
-`proxy.admin_token`; `spend`). `ProxyServer` routes and composes; each step is a module:
+`GET /admin/spend`, `POST /admin/spend/limit`, `POST /admin/spend/reset` (bearer
+`proxy.admin_token`; `spend`), `GET /admin/calls`, `/admin/calls.csv`,
+`/admin/calls/series` and `/admin/rules` (`gateway.calls.admin_routes`) and
+`GET /admin/audit`, and the console at `/console`
+(`gateway.console`; signed in with `proxy.admin_token`, its sessions lasting
+`http.console_session_hours`). `ProxyServer` routes and composes; each step is a module:
 `auth` (the proxy key names the agent), `paths` (the one canonical path), the provider
 module (`openai`, `anthropic`, `gemini`: is it an LLM call, of which model and
 conversation), `calls` (circuit, rule fields, fingerprint), the CallStore's decision
@@ -21,8 +25,9 @@ Decisions where DESIGN.md is silent:
   is a 404 `no_upstream`.
 - Requests that are not LLM calls (model lists, files) are forwarded unguarded, still
   behind the proxy key, and not logged.
-- On stop: no new connections; requests in flight get `proxy.drain_seconds`; then log
-  writes and alert deliveries in flight get what is left of it (at least a second).
+- On stop: no new connections; requests in flight get `proxy.drain_seconds`; then spend
+  charges, log writes and alert deliveries in flight get what is left of it (at least a
+  second each).
 """
 
 from __future__ import annotations
@@ -34,11 +39,21 @@ from collections.abc import Callable
 from aiohttp import web
 
 from gateway.admin import AdminService
+from gateway.calls.admin_routes import calls_admin_routes
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import Config
+from gateway.console.app import add_console
+from gateway.console.pages import PAGES
+from gateway.console.sessions import ConsoleSessions
 from gateway.errors import ConfigError
-from gateway.http import HttpServer, circuit_admin_routes
+from gateway.http import (
+    ADMIN_ACCESS,
+    AdminAccess,
+    HttpServer,
+    audit_admin_routes,
+    circuit_admin_routes,
+)
 from gateway.jsonbody import JsonBodyError
 from gateway.proxy import messages
 from gateway.proxy.alerts import Alerter
@@ -100,12 +115,17 @@ class ProxyServer:
         self._budgets = ProxyBudgets(proxy, self.store, prices, self.alerter, wall_clock=wall_clock)
         self._upstreams = Upstreams(proxy, self.store, self._log, self._budgets)
         admin = AdminService(config, self.state, calls=self.store)
+        # The console's sessions: the admin API accepts them beside the bearer token.
+        self.console = ConsoleSessions(hours=config.http.console_session_hours, clock=clock)
+        access = AdminAccess(proxy.admin_token, self.console, public_url=proxy.public_url)
         self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        self.app[ADMIN_ACCESS] = access
         self.app.on_response_prepare.append(add_shadow_header)
         self.app.add_routes(
             [
                 web.get("/healthz", _healthz),
-                *circuit_admin_routes(admin, self.state, proxy.admin_token),
+                *circuit_admin_routes(admin, self.state, access),
+                *audit_admin_routes(admin, self.state, access),
                 *spend_admin_routes(
                     admin,
                     self.state,
@@ -114,10 +134,25 @@ class ProxyServer:
                     store=self.store,
                     clock=wall_clock,
                 ),
+                *calls_admin_routes(
+                    admin,
+                    self.state,
+                    proxy.admin_token,
+                    store=self.store,
+                    proxy=proxy,
+                    clock=wall_clock,
+                ),
                 self._route("/openai/v1/{tail:.*}", OpenAIProvider()),
                 self._route("/anthropic/{tail:.*}", AnthropicProvider()),
                 self._route("/gemini/{tail:.*}", GeminiProvider()),
             ]
+        )
+        add_console(
+            self.app,
+            access=access,
+            product="proxy",
+            pages=PAGES["proxy"],
+            token_setting="proxy.admin_token",
         )
         self._http = HttpServer(
             self.app, proxy.host, proxy.port, shutdown_timeout=proxy.drain_seconds
@@ -143,10 +178,11 @@ class ProxyServer:
         log.info("proxy listening on %s:%d", self.config.host, self.port)
 
     async def stop(self) -> None:
-        """Stop taking connections, drain requests, log writes and alerts, close."""
+        """Stop taking connections, drain requests, charges, log writes and alerts, close."""
         clock = time.monotonic
         deadline = clock() + self.config.drain_seconds
         await self._http.aclose()
+        await self._budgets.drain(max(deadline - clock(), _MIN_DRAIN))
         await self._log.drain(max(deadline - clock(), _MIN_DRAIN))
         await self.alerter.drain(max(deadline - clock(), _MIN_DRAIN))
         await self._upstreams.aclose()
@@ -155,7 +191,8 @@ class ProxyServer:
         log.info("proxy stopped")
 
     async def settle(self) -> None:
-        """Wait for the log writes and alert deliveries started so far."""
+        """Wait for the charges, log writes and alert deliveries started so far."""
+        await self._budgets.wait()
         await self._log.settle()
         await self.alerter.settle()
 

@@ -11,6 +11,13 @@ whatever the body says), with `Retry-After` to the period's end, `x-should-retry
 estimate it held with what the request log says it used, and alerts go out through
 `proxy.alerts` when a group crosses 50, 80 or 100 percent of its limit.
 
+The anomaly detector (`proxy.anomaly`, gateway.calls.anomaly) is stepped with the same
+charge, in the same store transaction or script call (`CallStore.settle`): its state
+lives in the call store beside the budgets' (memory, SQLite, or Redis, where replicas
+share it); an anomaly sends one alert per window with the figures and the agent's top
+sessions, and under `action: pause` the store pauses the agent there and then; its next
+calls are refused by the same admission that checks the budgets.
+
 Decisions where DESIGN.md is silent:
 - What a call is charged: the tokens the upstream reported (and their price); when it
   reported none, its estimate if the upstream answered below 400 (a client that hung up
@@ -24,10 +31,17 @@ Decisions where DESIGN.md is silent:
   forwarded and charged afterwards without having held its estimate.
 - Periods are worked out on this process's wall clock in `budget_timezone` (cached until
   the period ends), the same way on every replica.
+- The charge runs in the background (`ProxyServer.settle` and `stop` wait for it), so a
+  keep-alive connection's next request never waits on the charge's write: on Redis one
+  script call decides a call before it is forwarded (agent pause, budgets, circuit and
+  rules together) and one more charges it afterwards (budgets and anomaly together). A
+  charge that fails (the store is unreachable) is logged; the call was already served.
+- Without budgets or a pausing detector the admission is the plain repeat-guard decision.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -37,6 +51,7 @@ from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
+from gateway.calls.anomaly import AnomalyAlert, AnomalyCharge, AnomalyEvent, anomaly_key
 from gateway.calls.budgets import (
     ADMITTED_FREE,
     Amount,
@@ -67,6 +82,8 @@ log = logging.getLogger("loopwarden.proxy")
 
 CODE = "budget_exceeded"
 BUDGET_HEADER = "x-loopwarden-budget"
+NO_HOLD = SpendHold((), Amount())
+"""What a call no budget applies to holds: its charge steps the anomaly detector only."""
 
 
 class Periods:
@@ -101,12 +118,15 @@ class ProxyBudgets:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.budgets: tuple[Budget, ...] = tuple(b.budget() for b in config.budgets)
+        self.anomaly = config.anomaly.policy()
+        self._pauses = self.anomaly is not None and self.anomaly.action == "pause"
         self.periods = Periods(ZoneInfo(config.budget_timezone))
         self._refuse_unpriced = config.unpriced == "refuse"
         self._store = store
         self._prices = prices
         self._alerter = alerter
         self._wall_clock = wall_clock
+        self._charges: set[asyncio.Task[None]] = set()
 
     def event(self, call: ProxiedCall, now: float) -> SpendEvent:
         """The call's budget groups in their current periods, and its estimated cost."""
@@ -131,12 +151,15 @@ class ProxyBudgets:
             model, call.request_bytes, call.call.max_output
         )
         cost = self._prices.cost(model, tokens_in, tokens_out, provider) if groups else None
-        return SpendEvent(tuple(groups), Amount(nano(cost or 0.0), tokens_in + tokens_out))
+        agent_hold = anomaly_key(call.client.root) if self._pauses else None
+        return SpendEvent(
+            tuple(groups), Amount(nano(cost or 0.0), tokens_in + tokens_out), agent_hold
+        )
 
     async def admit(self, call: ProxiedCall) -> Admission:
-        """The budgets' and the repeat guard's verdicts on a call, decided together."""
+        """The agent's pause, the budgets' and the repeat guard's verdicts, decided together."""
         store = self._store
-        if not self.budgets:
+        if not self.budgets and not self._pauses:
             decision = await store.decide(call.circuit, call.fingerprint, call.fields)
             return Admission(decision, ADMITTED_FREE)
         now = self._wall_clock()
@@ -211,10 +234,10 @@ class ProxyBudgets:
         status: int | None,
         error: str | None = None,
     ) -> None:
-        """Replace the call's hold with what it used; a provider failure costs nothing."""
+        """Start charging what the call used to its budgets and the anomaly detector (`wait`)."""
         verdict = call.spend
         hold = verdict.hold if verdict is not None else None
-        if hold is None:
+        if hold is None and self.anomaly is None:
             return
         reported = usage is not None and (
             usage.input_tokens is not None or usage.output_tokens is not None
@@ -231,8 +254,80 @@ class ProxyBudgets:
         if reported or not failed:
             tokens = (entry.input_tokens or 0) + (entry.output_tokens or 0)
             used = Amount(nano(entry.cost or 0.0), tokens)
-        for alert in await self._store.charge(hold, used):
+        anomaly = None
+        if self.anomaly is not None and used is not None:
+            root = call.client.root
+            event = AnomalyEvent(root, anomaly_key(root), call.session, used.nano_usd)
+            anomaly = AnomalyCharge(event, self.anomaly)
+        if hold is None and anomaly is None:
+            return
+        task = asyncio.create_task(self._charge(call, hold or NO_HOLD, used, anomaly))
+        self._charges.add(task)
+        task.add_done_callback(self._charges.discard)
+
+    async def _charge(
+        self, call: ProxiedCall, hold: SpendHold, used: Amount | None, anomaly: AnomalyCharge | None
+    ) -> None:
+        """One charge in the store, then the alerts it calls for."""
+        try:
+            settled = await self._store.settle(hold, used, anomaly)
+        except Exception:  # the call was served; a lost charge must not take the proxy down
+            log.exception("charging the spend of %s failed", call.circuit)
+            return
+        for alert in settled.alerts:
             self._alert(call, alert)
+        if settled.anomaly is not None:
+            self._anomaly_alert(call, settled.anomaly)
+
+    async def wait(self) -> None:
+        """Wait for the charges started so far."""
+        while self._charges:
+            await asyncio.wait(set(self._charges))
+
+    async def drain(self, seconds: float) -> None:
+        """Let the charges in flight finish for up to `seconds`; the rest are cancelled, logged."""
+        if not self._charges:
+            return
+        _, late = await asyncio.wait(set(self._charges), timeout=seconds)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("%d spend charges not written at shutdown", len(late))
+            await asyncio.wait(late, timeout=1.0)
+
+    def _anomaly_alert(self, call: ProxiedCall, alert: AnomalyAlert) -> None:
+        """Send one anomaly alert through `proxy.alerts`."""
+        log.warning(
+            "spend anomaly for agent %s: %s in the window from %s",
+            alert.agent,
+            messages.money(alert.spent, None),
+            self.periods.show(alert.window_start),
+        )
+        sessions = ", ".join(
+            f"{name} {messages.money(spent, None)}" for name, spent in alert.sessions
+        )
+        window = f"{self.periods.show(alert.window_start)} to {self.periods.show(alert.window_end)}"
+        text = messages.anomaly_alert(
+            agent=alert.agent,
+            spent=messages.money(alert.spent, None),
+            window=window,
+            median=None if alert.new_agent else messages.money(round(alert.median), None),
+            factor=alert.factor,
+            min_usd=messages.money(alert.min_nano, None),
+            sessions=sessions or "-",
+            paused=alert.paused,
+        )
+        self._alerter.notify(
+            Alert(
+                agent=alert.agent,
+                session=alert.sessions[0][0] if alert.sessions else "",
+                circuit=alert.paused or anomaly_key(alert.agent),
+                count=1,
+                code="spend_anomaly",
+                subject=messages.anomaly_alert_subject(alert.agent),
+                text=text,
+            )
+        )
 
     def _alert(self, call: ProxiedCall, alert: SpendAlert) -> None:
         """Send one threshold alert through `proxy.alerts`."""

@@ -14,10 +14,15 @@ Decisions where DESIGN.md is silent:
   feature, model (each once); `limit_usd` and/or `limit_tokens` (0 up to `gateway.limits`'
   bounds); `period` day, week or month in `budget_timezone` (an IANA name); `filters`
   on the same fields, a trailing `*` a prefix. Names are unique.
+- `anomaly` (`gateway.calls.anomaly`): off unless given; `window` a duration (`1h`,
+  `30m` or seconds) from a minute to a day, `factor` 1 to 1,000, `min_usd` 0 up to
+  `gateway.limits`' bound, `action` alert or pause.
 - `alerts.webhook` is a URL or `{url: ...}`; it is a secret (Slack and Discord webhook
   URLs carry their token in the path).
 - `admin_token` is at least 16 characters, durations at most 366 days, and no number is
   inf or nan (`gateway.limits`); `call_loop` is checked by building its `CallLoopPolicy`.
+- `public_url` is where browsers reach the proxy's console (`gateway.console.urls`;
+  https makes its cookie Secure); its sessions last `http.console_session_hours`.
 - `call_loop.mode` and each rule's `mode` are `enforce` (default) or `shadow`, exactly
   (`guards.mode`); a call refused in shadow mode is forwarded with `x-loopwarden-shadow`
   (`gateway.proxy.shadow`).
@@ -40,8 +45,15 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.calls.anomaly import (
+    MAX_WINDOW_SECONDS,
+    MIN_WINDOW_SECONDS,
+    AnomalyAction,
+    AnomalyPolicy,
+)
 from gateway.calls.budgets import Budget, Limits, Period, nano
-from gateway.limits import MAX_TOKENS, MAX_USD, Duration, Mode, long_enough
+from gateway.console.urls import PublicUrl
+from gateway.limits import MAX_TOKENS, MAX_USD, Duration, DurationText, Mode, long_enough
 from guards.call_loop import CallLoopPolicy, UniquenessRule
 
 
@@ -180,6 +192,29 @@ def _time_zone(value: str) -> str:
     return value
 
 
+TimeZone = Annotated[str, Field(max_length=64), AfterValidator(_time_zone)]
+"""An IANA time zone name (`proxy.budget_timezone`, the gateway's `policy.spend.timezone`)."""
+
+
+MAX_ANOMALY_FACTOR = 1_000.0
+
+
+class AnomalySettings(_Model):
+    """`proxy.anomaly`: alert (or pause) when an agent's window spends far above its median."""
+
+    enabled: bool = True
+    window: DurationText = Field(default=3_600.0, ge=MIN_WINDOW_SECONDS, le=MAX_WINDOW_SECONDS)
+    factor: float = Field(default=3.0, ge=1.0, le=MAX_ANOMALY_FACTOR)
+    min_usd: float = Field(default=1.0, ge=0, le=MAX_USD)
+    action: AnomalyAction = "alert"
+
+    def policy(self) -> AnomalyPolicy | None:
+        """The detector's policy (money in nano-dollars); None when it is off."""
+        if not self.enabled:
+            return None
+        return AnomalyPolicy(self.window, self.factor, nano(self.min_usd), self.action)
+
+
 def _budget_names(value: tuple[BudgetSettings, ...]) -> tuple[BudgetSettings, ...]:
     names = [budget.name for budget in value]
     duplicate = next((name for name in names if names.count(name) > 1), None)
@@ -289,9 +324,11 @@ class ProxyConfig(_Model):
     prices: dict[str, Price] = Field(default_factory=dict)
     default_output_tokens: int = Field(default=500, ge=0, le=MAX_TOKENS)
     budgets: Annotated[tuple[BudgetSettings, ...], AfterValidator(_budget_names)] = ()
-    budget_timezone: Annotated[str, Field(max_length=64), AfterValidator(_time_zone)] = "UTC"
+    budget_timezone: TimeZone = "UTC"
     unpriced: Literal["allow", "refuse"] = "allow"
+    anomaly: AnomalySettings = AnomalySettings(enabled=False)
     admin_token: Annotated[OptionalSecret, AfterValidator(long_enough)] = None
+    public_url: PublicUrl = None
     connect_timeout: Duration = Field(default=10.0, gt=0)
     read_timeout: Duration = Field(default=300.0, gt=0)
     log_keep: int = Field(default=100_000, ge=1)

@@ -114,3 +114,42 @@ def spend_reset(budget: str, group: str, found: bool) -> str:
 def spend_limit(budget: str, limit: str, ends: str) -> str:
     """The answer to setting a budget's limit for this period."""
     return f"budget {budget}: limit {limit} until the period ends at {ends}"
+
+
+def anomaly_alert_subject(agent: str) -> str:
+    """The subject line of a spend anomaly alert mail."""
+    return f"loopwarden: spend anomaly for agent {agent}"
+
+
+def anomaly_alert(
+    *,
+    agent: str,
+    spent: str,
+    window: str,
+    median: str | None,
+    factor: float,
+    min_usd: str,
+    sessions: str,
+    paused: str | None,
+) -> str:
+    """An agent's window spent far above its median: the figures, its top sessions, the pause.
+
+    `median` None: the agent has less than a day of history, judged by `min_usd` alone.
+    """
+    if median is None:
+        compared = f"above min_usd {min_usd} (less than a day of history: no median yet)"
+    else:
+        compared = (
+            f"above {factor:g} x its median of {median} per window over 7 days "
+            f"and min_usd {min_usd}"
+        )
+    text = (
+        f"loopwarden: spend anomaly for agent {agent}: spent {spent} in {window}, {compared}. "
+        f"Top sessions: {sessions}."
+    )
+    if paused is None:
+        return text
+    return (
+        f"{text} Its calls are paused until reopened: POST /admin/circuits/reopen "
+        f'{{"circuit": "{paused}"}} or `loopwarden circuits reopen {paused} --config FILE`.'
+    )

@@ -3,7 +3,9 @@
 `spend_rows` reads the call store's groups of the current periods; `loopwarden spend
 --config FILE [--by FIELD] [--period PERIOD]` prints them as a table (budget, group,
 spent, limit, percent, period end; plain numbers), and so does `GET /admin/spend`
-(`?by=&period=`). `POST /admin/spend/limit {"budget", "limit_usd", "limit_tokens"}` sets
+(`?by=&period=`; beside the table as `result`, the data the console's Spend page draws:
+`groups: [{budget, group, spent, limit, percent, ends}]` and `budgets: [{name, per,
+period}]`). `POST /admin/spend/limit {"budget", "limit_usd", "limit_tokens"}` sets
 a budget's limit for the current period (the next call is held to it; the config's limit
 is back when the period ends; a kind not given keeps the config's), and
 `POST /admin/spend/reset {"budget", "group"}` forgets one group's spend this period
@@ -17,6 +19,7 @@ command says so and points at the admin API.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +64,17 @@ class SpendRow:
     percent: float
     ends: str
     key: str
+
+    def as_json(self) -> dict[str, object]:
+        """The row as the console's Spend page reads it (a zero limit's share is null)."""
+        return {
+            "budget": self.budget,
+            "group": self.group,
+            "spent": self.spent,
+            "limit": self.limit,
+            "percent": self.percent if math.isfinite(self.percent) else None,
+            "ends": self.ends,
+        }
 
 
 async def spend_rows(
@@ -202,7 +216,12 @@ class SpendAdmin:
             by=query.by,
             period=query.period,
         )
-        return AdminAck(spend_table(rows))
+        budgets = [
+            {"name": b.name, "per": list(b.per), "period": b.period} for b in self._budgets.budgets
+        ]
+        return AdminAck(
+            spend_table(rows), data={"groups": [row.as_json() for row in rows], "budgets": budgets}
+        )
 
     async def set_limit(self, body: SpendLimitBody) -> AdminAck:
         """Set a budget's limits until its period ends."""

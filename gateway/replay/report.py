@@ -122,10 +122,11 @@ def html(figures: Summary, chat: ChatReplay) -> str:
     ]
     data = json.dumps({"summary": figures, "rooms": rooms}, ensure_ascii=False)
     data = data.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
-    static = resources.files("gateway.replay") / "static"
-    page = (static / "report.html").read_text(encoding="utf-8")
+    page = (resources.files("gateway.replay") / "static" / "report.html").read_text("utf-8")
+    # uPlot is shipped once, in gateway/static, for this report and the console.
+    shared = resources.files("gateway") / "static"
     # Each placeholder's first occurrence is the template's own: filled from the last one
     # back, so what is inserted always comes after the placeholders still to fill.
-    page = page.replace("/*UPLOT_JS*/", (static / "uPlot.iife.min.js").read_text("utf-8"), 1)
+    page = page.replace("/*UPLOT_JS*/", (shared / "uPlot.iife.min.js").read_text("utf-8"), 1)
     page = page.replace("/*DATA*/", data, 1)
-    return page.replace("/*UPLOT_CSS*/", (static / "uPlot.min.css").read_text("utf-8"), 1)
+    return page.replace("/*UPLOT_CSS*/", (shared / "uPlot.min.css").read_text("utf-8"), 1)

@@ -8,10 +8,11 @@ Scopes are room keys such as `discord:1100123`; `"*"` is the global scope.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot
 
 GLOBAL_SCOPE = "*"
@@ -80,6 +81,9 @@ class StateStore(Protocol):
         first call applies it, later calls with the same key return the count it produced.
         """
 
+    async def bot_turns_peek(self, scope: str) -> int:
+        """The room's consecutive bot turns now, without counting one (the console reads it)."""
+
     async def claim(self, key: str, ttl: float) -> bool:
         """Claim a once-only key for `ttl` seconds: True for the first claimant only."""
 
@@ -131,3 +135,28 @@ class StateStore(Protocol):
 
     async def transcript_forget(self, scope: str, *, threads: bool = False) -> int:
         """Empty a transcript (with `threads`, its threads' too); returns the entries dropped."""
+
+    async def activity_append(self, events: Sequence[ActivityEvent]) -> None:
+        """Append a batch of feed events (ids given here) and count them: one transaction.
+
+        A message in (`kind` in) whose message key was appended within `SEEN_SECONDS` is
+        not appended or counted again (gateway/state/activity.py says what is kept).
+        """
+
+    async def activity_since(
+        self, cursor: int | None, limit: int, room: str | None = None
+    ) -> tuple[list[ActivityEvent], int | None]:
+        """Events after `cursor` (None: the newest `limit`), oldest first, and the next cursor.
+
+        At most `limit`, of one room when `room` is given. The next cursor is the last
+        event's id when `limit` were returned, else the newest id held. A cursor beyond the
+        newest id (the store was emptied, a memory store restarted) reads as None.
+        """
+
+    async def activity_series(
+        self, span: Span, now: float, room: str | None = None
+    ) -> list[ActivityBucket]:
+        """The chart: per minute over the last hour or per hour over the last day, at `now`."""
+
+    async def activity_rooms(self) -> list[tuple[str, float]]:
+        """Every room seen (at most `ROOMS_KEEP`) with when it last was, newest first."""

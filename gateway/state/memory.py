@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 
 from gateway.state import receipts, transcripts
+from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
+from gateway.state.memory_activity import MemoryActivity
 from gateway.state.receipts import Receipt
 from guards.bot_loop import (
     BotLoopGuard,
@@ -59,6 +61,7 @@ class MemoryStateStore:
         self._audit: deque[AuditEntry] = deque(maxlen=_AUDIT_KEEP)
         # Least recently written first, so expired transcripts are swept from the front.
         self._transcripts: OrderedDict[str, _Transcript] = OrderedDict()
+        self._activity = MemoryActivity()
 
     async def start(self) -> None:
         """Nothing to open."""
@@ -101,6 +104,10 @@ class MemoryStateStore:
             if len(self._turns_order) > _TURNS_SEEN_KEEP:
                 del self._turns_seen[self._turns_order.popleft()]
         return count
+
+    async def bot_turns_peek(self, scope: str) -> int:
+        """The room's count, unchanged."""
+        return self._bot_turns.get(scope, 0)
 
     async def claim(self, key: str, ttl: float) -> bool:
         """First claimant wins until the TTL runs out."""
@@ -224,6 +231,26 @@ class MemoryStateStore:
             for name in [name for name in self._transcripts if name.startswith(prefix)]:
                 dropped += len(self._transcripts.pop(name).entries)
         return dropped
+
+    async def activity_append(self, events: Sequence[ActivityEvent]) -> None:
+        """Store and count the events (gateway/state/memory_activity.py)."""
+        self._activity.append(events)
+
+    async def activity_since(
+        self, cursor: int | None, limit: int, room: str | None = None
+    ) -> tuple[list[ActivityEvent], int | None]:
+        """Events after `cursor`, oldest first, and the next cursor."""
+        return self._activity.since(cursor, limit, room)
+
+    async def activity_series(
+        self, span: Span, now: float, room: str | None = None
+    ) -> list[ActivityBucket]:
+        """The chart's buckets, oldest first."""
+        return self._activity.series(span, now, room)
+
+    async def activity_rooms(self) -> list[tuple[str, float]]:
+        """Rooms seen, newest first."""
+        return self._activity.rooms()
 
     def _live_transcript(self, scope: str, now: float) -> _Transcript | None:
         """The scope's transcript unless it has expired (an expired one is dropped)."""

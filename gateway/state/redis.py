@@ -28,6 +28,7 @@ Keys, under `key_prefix` (default `lw:`):
   `transcript:{scope}:keys`, the set of message keys it holds (a redelivered message is
   appended once); `transcript:{scope}:until`, when it is forgotten. All three expire
   `ttl` after the last append; an append is one script call and a read one more.
+- `act:…`: the Activity feed (gateway/state/redis_activity.py), one script call a batch.
 
 Decisions where DESIGN.md is silent:
 - Outage (connection refused, timeout, read-only replica, out of memory): decisions follow
@@ -74,14 +75,16 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal, cast
 from urllib.parse import unquote
 
 from gateway.errors import StateError
 from gateway.state import receipts, transcripts
+from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
+from gateway.state.redis_activity import RedisActivity
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
 from guards.bot_loop import (
     BotLoopPolicy,
@@ -374,6 +377,7 @@ class RedisStateStore(RedisLinked):
         self._transcript_append = script(_TRANSCRIPT_APPEND)
         self._transcript_recent = script(_TRANSCRIPT_RECENT)
         self._transcript_forget = script(_TRANSCRIPT_FORGET)
+        self._activity = RedisActivity(self._link, key_prefix)
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
@@ -526,7 +530,7 @@ class RedisStateStore(RedisLinked):
 
     async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
         """Count consecutive bot turns (INCR, or reset by a human); a message counts once."""
-        counter = f"{self._prefix}turns:{{{scope}}}"
+        counter = self._turns_key(scope)
         keys = [counter] if message_key is None else [counter, f"{counter}:seen:{message_key}"]
         args = ("1" if is_bot else "0", _TURNS_SEEN_MS, _TURNS_IDLE_MS)
         try:
@@ -538,6 +542,22 @@ class RedisStateStore(RedisLinked):
                 )
             return 0
         return int(count)
+
+    async def bot_turns_peek(self, scope: str) -> int:
+        """The room's count (GET); the local count while Redis is down with `allow`, else 0."""
+        counter = self._turns_key(scope)
+        try:
+            held = await self._link.guarded(
+                lambda: cast(Awaitable[str | None], self._link.client.get(counter))
+            )
+        except StateError:
+            if self._link.on_error == "allow":
+                return await self._fallback().bot_turns_peek(scope)
+            return 0
+        return 0 if held is None else int(held)
+
+    def _turns_key(self, scope: str) -> str:
+        return f"{self._prefix}turns:{{{scope}}}"
 
     async def claim(self, key: str, ttl: float) -> bool:
         """First claimant wins until the TTL runs out (SET … PX in one script)."""
@@ -726,6 +746,28 @@ class RedisStateStore(RedisLinked):
             return dropped
 
         return await self._link.guarded(forget)
+
+    # Activity
+
+    async def activity_append(self, events: Sequence[ActivityEvent]) -> None:
+        """Append and count the batch in one script call; raises StateError while down."""
+        await self._activity.append(events)
+
+    async def activity_since(
+        self, cursor: int | None, limit: int, room: str | None = None
+    ) -> tuple[list[ActivityEvent], int | None]:
+        """Events after `cursor`, oldest first, and the next cursor; none while down."""
+        return await self._activity.since(cursor, limit, room)
+
+    async def activity_series(
+        self, span: Span, now: float, room: str | None = None
+    ) -> list[ActivityBucket]:
+        """The chart's buckets, oldest first; empty ones while down."""
+        return await self._activity.series(span, now, room)
+
+    async def activity_rooms(self) -> list[tuple[str, float]]:
+        """Rooms seen, newest first; none while down."""
+        return await self._activity.rooms()
 
 
 def _escape(name: str) -> str:

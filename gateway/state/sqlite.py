@@ -32,6 +32,8 @@ Decisions where DESIGN.md is silent:
   (`gateway.state.transcripts`), unique per transcript and message key, and a row per
   transcript with its expiry. An older file gets the new tables and keeps every other.
   A row that cannot be read (not UTF-8, not JSON, not an entry) is skipped and counted.
+- The Activity feed's tables and statements are gateway/state/sqlite_activity.py; an
+  append is one transaction per batch the feed flushes.
 """
 
 from __future__ import annotations
@@ -41,10 +43,11 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from gateway.errors import StateError
-from gateway.state import receipts, transcripts
+from gateway.state import receipts, sqlite_activity, transcripts
+from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
 from gateway.state.receipts import Receipt
 from gateway.state.sqlite_db import SqliteDb, transaction
@@ -217,6 +220,15 @@ class SqliteStateStore:
             return count
 
         return await self._sqlite.write(turn)
+
+    async def bot_turns_peek(self, scope: str) -> int:
+        """The room's count, read without a write transaction."""
+
+        def peek(db: sqlite3.Connection, now: float) -> int:
+            held = db.execute("SELECT count FROM bot_turns WHERE scope = ?", (scope,)).fetchone()
+            return 0 if held is None else int(held[0])
+
+        return await self._sqlite.read(peek)
 
     async def claim(self, key: str, ttl: float) -> bool:
         """First claimant wins until the TTL runs out."""
@@ -432,6 +444,29 @@ class SqliteStateStore:
 
         return await self._sqlite.write(forget)
 
+    async def activity_append(self, events: Sequence[ActivityEvent]) -> None:
+        """Insert and count the batch, and apply retention, in one transaction."""
+        if events:
+            await self._sqlite.write(lambda db, now: sqlite_activity.append(db, now, events))
+
+    async def activity_since(
+        self, cursor: int | None, limit: int, room: str | None = None
+    ) -> tuple[list[ActivityEvent], int | None]:
+        """Events after `cursor`, oldest first, and the next cursor."""
+        return await self._sqlite.read(
+            lambda db, now: sqlite_activity.since(db, cursor, limit, room)
+        )
+
+    async def activity_series(
+        self, span: Span, now: float, room: str | None = None
+    ) -> list[ActivityBucket]:
+        """The chart's buckets, oldest first."""
+        return await self._sqlite.read(lambda db, _: sqlite_activity.series(db, span, now, room))
+
+    async def activity_rooms(self) -> list[tuple[str, float]]:
+        """Rooms seen, newest first."""
+        return await self._sqlite.read(lambda db, now: sqlite_activity.rooms(db))
+
 
 def _sweep_transcripts(db: sqlite3.Connection, now: float) -> None:
     """Delete a few expired transcripts, their rows with them."""
@@ -456,7 +491,7 @@ def _create_schema(db: sqlite3.Connection, path: str) -> None:
         )
     if version < _PAIR_RECORD_SCHEMA:
         db.execute("DROP TABLE IF EXISTS pairs")
-    for statement in _SCHEMA:
+    for statement in (*_SCHEMA, *sqlite_activity.SCHEMA):
         db.execute(statement)
     db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 

@@ -3,39 +3,57 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import logging
 import re
 import signal
 import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
+import aiohttp
 import pytest
+from pydantic import SecretStr
 
-from gateway.demo import DECISION_LOGGER, DemoOptions, demo_config, parse_args, run_demo
+from connectors.room.hub import RoomHub
+from gateway import messages
+from gateway.demo import DECISION_LOGGER, KICKOFF, DemoOptions, demo_config, parse_args, run_demo
+from gateway.demo_model import DemoModel
+from gateway.runtime import Gateway
+from tests.connectors.room.room_helpers import Event, from_sender, join, next_event, say
 
 WAIT_SECONDS = 30.0
 """A bound on each wait so a broken demo fails instead of hanging; never a pass condition."""
 
 CUT = "cooldown opened for 20 s"
+FINDER_STOP = messages.TOOL_LOOP_STOP.format(tool="find_document")
+ORACLE_STOP = messages.CALL_LOOP_STOP.format(pause="5 min")
+ORACLE_ASKS = "@oracle did the auditors answer?"
+CIRCUIT = "oracle/session=room%3Alobby"
+TOKEN = "adm-demo-issue12-7f3e"
+FIFTH_REPEAT = "[model] demo-oracle: the same request again (5 in a row)"
 
 
 class Terminal(io.StringIO):
-    """Captures the demo's output and flags the moment a given text is printed."""
+    """Captures the demo's output and flags the moment every given text has been printed."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, *markers: str) -> None:
         super().__init__()
-        self.marker = marker
+        self.missing = set(markers)
         self.seen = asyncio.Event()
 
     def write(self, text: str) -> int:
-        if self.marker in text:
+        self.missing = {marker for marker in self.missing if marker not in text}
+        if not self.missing:
             self.seen.set()
         return super().write(text)
 
 
-async def _run_until_cut(terminal: Terminal) -> int:
+async def _run_until_seen(terminal: Terminal, kickoff_gap: float = 4.0) -> int:
+    """Run the demo (no reply delay) until the terminal has seen its markers, then stop it."""
     stop = asyncio.Event()
-    options = DemoOptions(port=0, open_browser=False, delay=0)
+    options = DemoOptions(port=0, open_browser=False, delay=0, kickoff_gap=kickoff_gap)
     demo = asyncio.create_task(run_demo(options, out=terminal, stop=stop))
     async with asyncio.timeout(WAIT_SECONDS):
         await terminal.seen.wait()
@@ -45,7 +63,7 @@ async def _run_until_cut(terminal: Terminal) -> int:
 
 async def test_demo_prints_url_transcript_and_the_guards_decisions() -> None:
     terminal = Terminal(CUT)
-    assert await _run_until_cut(terminal) == 0
+    assert await _run_until_seen(terminal) == 0
     out = terminal.getvalue()
     assert re.search(r"^loopwarden demo: open http://127\.0\.0\.1:\d+/room ", out, re.M)
     assert "[lobby] demo: @ping start\n" in out
@@ -144,10 +162,159 @@ def test_bad_options_exit_with_usage_error(argv: list[str]) -> None:
 
 def test_demo_config_is_the_documented_room() -> None:
     config = demo_config(port=0, delay=0)
-    assert [bot.id for bot in config.bots] == ["ping", "pong", "echo"]
+    assert [bot.id for bot in config.bots] == ["ping", "pong", "echo", "finder", "quiet", "oracle"]
     assert {bot.platform for bot in config.bots} == {"room"}
+    assert (config.policy.respond_to.humans, config.policy.respond_to.bots) == (
+        "mentions",
+        "mentions",
+    )
     assert config.admins.room == ("alice",)
     loop = config.policy.bot_loop
     assert (loop.max_events_per_window, loop.window_seconds, loop.cooldown_seconds) == (6, 30, 20)
     assert config.http.port == 0
     assert demo_config().agents["ping"].model_dump()["delay"] == 0.5
+
+
+async def test_issue12_the_kickoff_shows_every_guard_at_work_in_the_terminal() -> None:
+    silent_to_echo = "silence silent (the agent chose silence) bot=quiet sender=echo"
+    terminal = Terminal(CUT, FINDER_STOP, silent_to_echo, ORACLE_STOP)
+    assert await _run_until_seen(terminal, kickoff_gap=0) == 0
+    out = terminal.getvalue()
+    said = [line for line in out.splitlines() if line.startswith("[lobby] demo: ")]
+    assert said == [f"[lobby] demo: {step.text}" for step in KICKOFF]
+    # ping and pong: the pair budget still opens a cooldown.
+    assert f"[guard] room:lobby bot_loop {CUT}, notice posted pair=pong↔ping\n" in out
+    # finder: the loop guard warns (in the tool results its model gets), blocks, halts.
+    warned = "[model] demo-finder: the tool result carries the loop guard's warn (no_progress_warn)"
+    assert out.count(warned) == 4
+    assert (
+        "[model] demo-finder: the loop guard did not run the tool: find_document was called "
+        "8 times this turn (threshold 8) and returned the same result 7 times in a row\n"
+    ) in out
+    assert "[guard] room:lobby tool_loop halted the agent's turn (no_progress_halt)\n" in out
+    assert f"[lobby] finder (bot): {FINDER_STOP}\n" in out
+    # quiet: NO_REPLY is silence for echo, the notice for the person who addressed it.
+    notice = "silence notice (silence for an addressed human) bot=quiet sender=demo"
+    assert f"[guard] room:lobby {notice}\n" in out
+    assert f"[guard] room:lobby {silent_to_echo}\n" in out
+    assert [line for line in out.splitlines() if line.startswith("[lobby] quiet (bot)")] == [
+        f"[lobby] quiet (bot): {messages.SILENCE_NOTICE}"
+    ]
+    # oracle: 5 identical requests reach the model, the 6th is refused and the circuit paused.
+    assert f"{FIFTH_REPEAT}\n" in out
+    assert "(6 in a row)" not in out
+    assert "[guard] room:lobby call_loop halted the agent's turn (loop_detected)\n" in out
+    assert f"[lobby] oracle (bot): {ORACLE_STOP}\n" in out
+    assert "NO_REPLY" not in out.replace("answers NO_REPLY", "")
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class DemoRoom:
+    """The demo's gateway and built-in model, an admin token, and what the model reported."""
+
+    gateway: Gateway
+    http: aiohttp.ClientSession
+    clock: Clock
+    model_lines: list[str] = field(default_factory=list)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.gateway.port}{path}"
+
+    async def circuits(self) -> list[object]:
+        """The paused circuits `GET /admin/circuits` lists."""
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with self.http.get(self.url("/admin/circuits"), headers=headers) as response:
+            assert response.status == 200
+            body = await response.json()
+        return [entry["circuit"] for entry in body["circuits"]]
+
+    def said_by(self, sender: str) -> list[str]:
+        """The lobby messages `sender` posted."""
+        hub = RoomHub.for_app(self.gateway.app)
+        return [message.text for message in hub.history("lobby") if message.sender_id == sender]
+
+
+@contextlib.asynccontextmanager
+async def demo_room() -> AsyncIterator[DemoRoom]:
+    """The demo's config and model in a started gateway with a known admin token."""
+    lines: list[str] = []
+    async with DemoModel(report=lines.append) as model, aiohttp.ClientSession() as http:
+        config = demo_config(port=0, delay=0, model_url=model.url)
+        admin = config.http.model_copy(update={"admin_token": SecretStr(TOKEN)})
+        clock = Clock()
+        gateway = Gateway(config.model_copy(update={"http": admin}), clock=clock)
+        await gateway.start()
+        try:
+            yield DemoRoom(gateway, http, clock, lines)
+        finally:
+            await gateway.stop(5.0)
+
+
+def _bot(event: Event) -> bool:
+    return event.get("is_bot") is True
+
+
+async def test_issue12_oracles_circuit_pauses_at_the_6th_call_and_reopen_lifts_it() -> None:
+    async with demo_room() as room, room.http.ws_connect(room.url("/room/ws")) as alice:
+        await join(alice, "alice")
+        await say(alice, ORACLE_ASKS)
+        assert (await next_event(alice, "message", from_sender("oracle")))["text"] == ORACLE_STOP
+        assert room.model_lines[-1] == FIFTH_REPEAT
+        assert await room.circuits() == [CIRCUIT]
+        await say(alice, "/loop circuits")
+        listing = str((await next_event(alice, "message", _bot))["text"])
+        assert listing.startswith("Paused LLM-call circuits:")
+        assert f"{CIRCUIT}: 5 min left, loop_detected" in listing
+        # While paused, nothing reaches the model: a person gets a short notice.
+        served = len(room.model_lines)
+        await say(alice, "@oracle any news?")
+        paused = str((await next_event(alice, "message", from_sender("oracle")))["text"])
+        assert paused == messages.CALL_PAUSED.format(pause="5 min")
+        assert len(room.model_lines) == served
+        room.clock.now += 1
+        await say(alice, f"/loop reopen {CIRCUIT}")
+        ack = str((await next_event(alice, "message", _bot))["text"])
+        assert CIRCUIT in ack
+        assert await room.circuits() == []
+        # Reopened: oracle's requests reach the model again, five of them, until it loops again.
+        await say(alice, ORACLE_ASKS)
+        assert (await next_event(alice, "message", from_sender("oracle")))["text"] == ORACLE_STOP
+        assert room.model_lines[served:] == [
+            f"[model] demo-oracle: the same request again ({n} in a row)" for n in range(2, 6)
+        ]
+
+
+async def test_issue12_quiet_posts_nothing_for_a_bot_and_the_notice_for_a_person() -> None:
+    async with demo_room() as room, room.http.ws_connect(room.url("/room/ws")) as alice:
+        await join(alice, "alice")
+        await say(alice, "@echo tell @quiet hello")
+        echoed = await next_event(alice, "message", from_sender("echo"))
+        assert echoed["text"] == "alice said: @echo tell @quiet hello"  # a bot addressing quiet
+        notice = await next_event(alice, "message", from_sender("quiet"))
+        assert notice["text"] == messages.SILENCE_NOTICE
+    assert room.said_by("quiet") == [messages.SILENCE_NOTICE]
+
+
+async def test_issue12_finder_is_halted_by_the_loop_guard_with_the_short_notice() -> None:
+    async with demo_room() as room, room.http.ws_connect(room.url("/room/ws")) as alice:
+        await join(alice, "alice")
+        await say(alice, "@finder find the invoice")
+        assert (await next_event(alice, "message", from_sender("finder")))["text"] == FINDER_STOP
+        assert await room.circuits() == []  # the loop guard stopped finder, not the call guard
+    assert room.said_by("finder") == [FINDER_STOP]
+    assert [line.split(": ", 1)[1].split(" (")[0] for line in room.model_lines] == [
+        "the same request again",
+        "the same request again",
+        *["the tool result carries the loop guard's warn"] * 4,
+        "the loop guard did not run the tool: find_document was called 8 times this turn",
+    ]

@@ -788,6 +788,19 @@ async def test_the_log_keeps_the_newest_entries(make: MakeStore, clock: Clock) -
     assert [e.session for e in await store.calls_since(1_000.0)] == ["run-2", "run-3", "run-4"]
 
 
+async def test_issue10_a_batch_is_appended_in_order_and_trimmed_to_the_newest(
+    make: MakeStore, clock: Clock
+) -> None:
+    store = await make(log_keep=4)
+    clock.at(100.0)
+    await store.log_calls([])
+    await store.log_calls([entry(clock.now - 10 + n, n) for n in range(3)])
+    await store.log_calls([entry(clock.now - 10 + n, n) for n in range(3, 6)])
+    assert [e.session for e in await store.calls_since(1_000.0)] == [
+        f"run-{n}" for n in range(2, 6)
+    ]
+
+
 # ---------------------------------------------------------------------------------------
 # Backend specifics: persistence (sqlite), shared replicas and outages (redis)
 # ---------------------------------------------------------------------------------------

@@ -52,12 +52,13 @@ async def test_issue3_respond_to_bots_and_auto_reply_mention(
     assert bool(agent.turns) is answered
 
 
-async def test_admission_refusals_feed_recent_refusals() -> None:
+async def test_issue12_routine_admission_refusals_stay_out_of_recent_refusals() -> None:
+    # Every hosted bot turns away what is not meant for it; `status` keeps the guards' list.
     rig, _ = await rig_with("policy: {respond_to: {humans: mentions}}")
     connector = rig.connector()
     await connector.push(connector.message("hello"))
-    [refusal] = rig.recent.recent("room:C1")
-    assert (refusal.stage, refusal.code) == ("admission", "not_addressed")
+    assert b'refusals_total{reason="not_addressed",stage="admission"} 1.0' in rig.metrics.render()
+    assert rig.recent.recent("room:C1") == []
 
 
 async def test_issue10_admission_decides_and_keeps_no_bot_turn_count() -> None:

@@ -378,6 +378,21 @@ async def test_concurrent_reports_of_one_message_agree(store: StateStore) -> Non
     assert await store.bot_turn(ROOM, is_bot=True) == 2
 
 
+async def test_issue12_peeking_at_bot_turns_reads_the_count_and_changes_nothing(
+    store: StateStore, restart: Restart
+) -> None:
+    assert await store.bot_turns_peek(ROOM) == 0
+    for _ in range(3):
+        await store.bot_turn(ROOM, is_bot=True)
+    assert [await store.bot_turns_peek(ROOM) for _ in range(3)] == [3, 3, 3]
+    assert await store.bot_turns_peek(OTHER_ROOM) == 0
+    assert await store.bot_turn(ROOM, is_bot=True) == 4
+    another = await restart()  # a replica on the same data (memory has no shared data)
+    assert await another.bot_turns_peek(ROOM) == (0 if isinstance(store, MemoryStateStore) else 4)
+    await store.bot_turn(ROOM, is_bot=False)
+    assert await store.bot_turns_peek(ROOM) == 0
+
+
 # Claims (dedupe receipts, admin commands, cooldown notices)
 
 

@@ -1,0 +1,56 @@
+"""The address browsers reach the console at (`http.public_url`, `proxy.public_url`).
+
+Kept apart from the console's app so that the config can validate it without importing
+the HTTP server.
+
+Decisions where DESIGN.md is silent:
+- A public URL is an absolute `http://` or `https://` URL with a host, a valid port, no
+  credentials, query or fragment, and no spaces or control characters. Its path is
+  ignored: the console is always at `/console` of that origin.
+- It serves two things: `https://` adds `Secure` to the session cookie, and its origin is
+  accepted as the `Origin` of a state-changing console request beside the request's own
+  (a TLS-terminating reverse proxy in front sees `http://` and maybe another Host).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator
+
+
+def _public_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if any(char.isspace() or not char.isprintable() for char in value):
+        raise ValueError("must not contain spaces or control characters")
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # not a number, or beyond 65535
+        port_ok = False
+    if not port_ok:
+        raise ValueError("must have a port from 1 to 65535")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not carry credentials")
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment")
+    return value
+
+
+PublicUrl = Annotated[str | None, AfterValidator(_public_url)]
+"""Where browsers reach this server, e.g. `https://loopwarden.example.com` (None: unknown)."""
+
+
+def origin(url: str) -> str:
+    """The origin of an http(s) URL as a browser's `Origin` header writes it."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    default = {"http": 80, "https": 443}.get(parts.scheme)
+    port = "" if parts.port in (None, default) else f":{parts.port}"
+    return f"{parts.scheme}://{host}{port}"
