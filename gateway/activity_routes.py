@@ -51,11 +51,11 @@ from gateway.errors import StateError
 from gateway.http import (
     ADMIN_ACCESS,
     AdminAccess,
+    AdminBadRequest,
     AdminBody,
     RoomKey,
-    _BadRequest,
-    _parse,
     admin_route,
+    parse_admin_request,
 )
 from gateway.state.activity import ActivityEvent, Span
 from gateway.state.base import GLOBAL_SCOPE
@@ -186,9 +186,9 @@ class ActivityRoutes:
             _audit(request, None, response.status)
             return response
         try:
-            query = await _parse(request, StreamQuery)
+            query = await parse_admin_request(request, StreamQuery)
             resume = _last_event_id(request)
-        except _BadRequest as exc:
+        except AdminBadRequest as exc:
             response = web.json_response({"ok": False, "error": str(exc)}, status=exc.status)
             _audit(request, None, response.status)
             return response
@@ -250,7 +250,7 @@ def _last_event_id(request: web.Request) -> int | None:
     try:
         value = _whole_number(raw)
     except ValueError as exc:
-        raise _BadRequest(f"Last-Event-ID: {exc}") from None
+        raise AdminBadRequest(f"Last-Event-ID: {exc}") from None
     return value if isinstance(value, int) else None
 
 

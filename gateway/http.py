@@ -165,7 +165,7 @@ class CircuitBody(_Body):
 _B = TypeVar("_B", bound=_Body)
 
 
-class _BadRequest(LoopwardenError):
+class AdminBadRequest(LoopwardenError):
     """The request is malformed; the reason is safe to return to the caller with `status`."""
 
     def __init__(self, reason: str, status: int = 400) -> None:
@@ -348,8 +348,8 @@ class _AdminApi:
                     await self._refused(request, verdict.caller)
             else:
                 try:
-                    body = await _parse(request, model)
-                except _BadRequest as exc:
+                    body = await parse_admin_request(request, model)
+                except AdminBadRequest as exc:
                     response = web.json_response(
                         {"ok": False, "error": str(exc)}, status=exc.status
                     )
@@ -460,18 +460,18 @@ def _answer(ack: AdminAck) -> web.Response:
     return web.json_response({"ok": False, "error": ack.text, **extra}, status=422)
 
 
-async def _parse(request: web.Request, model: type[_B]) -> _B:
+async def parse_admin_request(request: web.Request, model: type[_B]) -> _B:
     """Validate the query (GET) or JSON body (POST) against `model`; problems are a 400."""
     if request.method == "GET":
         data: object = dict(request.query)
     else:
         body = await read_body(request, MAX_ADMIN_BODY_BYTES)
         if body is None:
-            raise _BadRequest(f"the body is larger than {MAX_ADMIN_BODY_BYTES} bytes", 413)
+            raise AdminBadRequest(f"the body is larger than {MAX_ADMIN_BODY_BYTES} bytes", 413)
         try:
             data = parse_json(body)
         except JsonBodyError as exc:
-            raise _BadRequest(f"the body must be a JSON object: {exc}") from None
+            raise AdminBadRequest(f"the body must be a JSON object: {exc}") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -479,7 +479,7 @@ async def _parse(request: web.Request, model: type[_B]) -> _B:
         where = ".".join(str(part) for part in error["loc"])
         reason = "required" if error["type"] == "missing" else str(error["msg"])
         reason = reason.removeprefix("Value error, ")
-        raise _BadRequest(f"{where}: {reason}" if where else reason) from None
+        raise AdminBadRequest(f"{where}: {reason}" if where else reason) from None
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes | None:
