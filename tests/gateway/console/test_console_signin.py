@@ -33,7 +33,7 @@ async def test_issue12_sign_in_sets_an_httponly_strict_cookie_of_the_session_hou
         cookie = session_cookie(response)
         page_response, page = await browser.request("GET", "/console/", cookie=cookie)
         assert page_response.status == 200
-        assert 'data-page="audit"' in page
+        assert 'data-page="rooms"' in page
         assert len(csrf_of(page)) >= 40
         assert TOKEN not in page
 
