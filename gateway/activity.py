@@ -15,8 +15,10 @@ Decisions where DESIGN.md is silent:
 - A message counts as `in` once it has passed dedupe and the self filter: a redelivery
   and a bot's own echo are not new messages. Admin commands are messages in too.
 - The excerpt is the message text's first `EXCERPT_CHARS` characters, whitespace folded
-  onto one line, `…` when cut; for a reply it is the reply's text. The console shows it
-  as text; nothing here escapes it. Sender names and details are cut at `FIELD_CHARS`.
+  onto one line, `…` when cut; for a reply it is the reply's text, and its sender is the
+  hosted bot. A message in names no bot: it is the room's, whichever bot saw it first.
+  The console shows it as text; nothing here escapes it. Sender names and details are
+  cut at `FIELD_CHARS`.
 - The buffer holds at most `max_buffer` events and is flushed early when half full: while
   the backend is slower than the traffic (or down) the oldest are dropped and counted
   (`dropped`), never the gateway slowed. A batch the backend refuses (Redis down) is
@@ -192,12 +194,15 @@ class ActivityFeed:
 def _event(pending: _Pending) -> ActivityEvent:
     """The feed event of one recording (the excerpt is made here, off the hot path)."""
     at, kind, message, stage, code, detail, text = pending
+    # A message in is the room's, not one hosted bot's; a reply is the bot's own words.
+    bot = "" if kind == "in" else message.bot_id
+    sender = message.bot_id if kind == "reply" else message.sender_name or message.sender_id
     return ActivityEvent(
         0,
         at,
         message.room,
-        message.bot_id,
-        (message.sender_name or message.sender_id)[:FIELD_CHARS],
+        bot,
+        sender[:FIELD_CHARS],
         kind,
         stage,
         code,

@@ -120,7 +120,8 @@ def activity_line(event: ActivityEvent) -> str:
     at = iso_time(event.at)
     what = " ".join(part for part in (event.kind, event.stage, event.code) if part)
     detail = f" ({event.detail})" if event.detail else ""
-    return f"{at} {event.room} {event.bot} {what}{detail} {event.sender}: {event.excerpt!r}"
+    where = f"{event.room} {event.bot}" if event.bot else event.room
+    return f"{at} {where} {what}{detail} {event.sender}: {event.excerpt!r}"
 
 
 class ActivityRoutes:

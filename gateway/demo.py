@@ -53,11 +53,11 @@ from gateway.config import Config, parse_config
 from gateway.demo_model import DemoModel
 from gateway.logs import configure_logging
 from gateway.runtime import Gateway
+from gateway.state.activity import ROUTINE_CODES
 
 DECISION_LOGGER = "loopwarden.decision"
 KICKOFF_USER = "demo"
 KICKOFF_TEXT = "@ping start"
-ROUTINE_CODES = frozenset({"not_addressed"})
 QUIET_STAGES_SHOWN = frozenset({"silence"})
 """Stages whose admitted verdicts (logged at DEBUG) the terminal shows: the silence guard's."""
 

@@ -8,9 +8,11 @@ is written here once:
   appended once per message key, however many hosted bots or replicas report it; a
   message key seen within `SEEN_SECONDS` is not appended again.
 - `counter_field` says which counter an event adds one to: `in`, `out` (a reply
-  delivered), `r:<stage>` (a refusal, by the guard or stage that made it); shadow verdicts
-  and notices are listed but not counted. Every event is counted in its minute and its
-  hour, for its room and for every room (`TOTAL`): `counters(tally(event))`.
+  delivered), `r:<stage>` (a refusal, by the guard or stage that made it); shadow verdicts,
+  notices and routine refusals (`ROUTINE_CODES`: every hosted bot turns away each message
+  not meant for it) are listed but not counted, so the chart shows what the guards did.
+  Every event is counted in its minute and its hour, for its room and for every room
+  (`TOTAL`): `counters(tally(event))`.
 - `encode` / `decode`: the JSON form the sqlite and redis backends store (ASCII); a record
   that is not one (not JSON, a field missing or of the wrong type) decodes to None and is
   skipped.
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
 Kind = Literal["in", "reply", "refusal", "shadow", "notice"]
+ROUTINE_CODES = frozenset({"not_addressed"})
+"""Refusal codes that are routine, not news: listed in the feed, not counted in the chart."""
 Span = Literal["hour", "day"]
 
 KINDS: frozenset[str] = frozenset(get_args(Kind))
@@ -122,7 +126,7 @@ def counter_field(event: ActivityEvent) -> str | None:
         return "in"
     if event.kind == "reply":
         return "out"
-    if event.kind == "refusal":
+    if event.kind == "refusal" and event.code not in ROUTINE_CODES:
         return "r:" + event.stage
     return None
 

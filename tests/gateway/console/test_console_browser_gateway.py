@@ -233,6 +233,9 @@ async def test_issue12_pause_counts_down_overrides_are_marked_and_resume_ends_th
         await card.get_by_role("button", name="Forget", exact=True).click()
         await expect(card.locator(".action-status")).to_contain_text("Forgot", timeout=TIMEOUT_MS)
         audit = await room.admin("GET", "/admin/audit?limit=50")
+        await page.goto(f"{room.base}/console/audit")
+        await expect(page.locator("main td", has_text="POST /admin/forget")).to_be_visible()
+        await page.screenshot(path=artifact_path("console-audit.png"), full_page=True)
     entries = audit["entries"]
     assert isinstance(entries, list)
     by_console = [e["command"].partition(" {")[0] for e in entries if e["platform"] == "console"]

@@ -58,9 +58,10 @@ def event(
     stage: str = "bot_loop",
     message: str = "m1",
     text: str = "hello",
+    code: str = "code",
 ) -> ActivityEvent:
     """An event as the feed hands it over (id 0)."""
-    return ActivityEvent(0, at, room, bot, "echo", kind, stage, "code", "detail", text, message)
+    return ActivityEvent(0, at, room, bot, "echo", kind, stage, code, "detail", text, message)
 
 
 def numbered(count: int, *, room: str = ROOM, start: int = 0) -> list[ActivityEvent]:
@@ -147,6 +148,8 @@ async def test_issue12_the_chart_counts_per_minute_and_hour_by_guard(store: Stat
         event("refusal", at=minute + 4, stage="bot_loop"),
         event("refusal", at=minute + 5, stage="bot_loop", room=OTHER),
         event("refusal", at=minute + 6, stage="admission"),
+        # Routine: every hosted bot turns away what is not meant for it; listed, not counted.
+        event("refusal", at=minute + 6, stage="admission", code="not_addressed"),
         event("shadow", at=minute + 7, stage="bot_loop"),
         event("notice", at=minute + 8, stage="admin"),
         event("in", at=minute - 60 * 5, message="c"),
