@@ -18,6 +18,8 @@ Decisions where DESIGN.md is silent:
   and "upstream_error"); `cost_saved` is the estimated cost of the refused calls (every
   other outcome); `unpriced` counts the calls whose model has no price (no cost to add).
   Sums of money are rounded to nano-dollars, so every backend answers the same figure.
+  `call_sums` writes one call's share; the builders and the Redis store's per-hour sums
+  add those up (SQLite's SQL says the same, held to it by the conformance tests).
 - A cost series' buckets are aligned to multiples of the bucket length since the epoch,
   every bucket of the range listed, empty ones with zeros.
 """
@@ -178,8 +180,40 @@ def page_of(found: list[CallLogEntry], limit: int, cursor: Cursor | None) -> Cal
     return CallPage(entries, next_cursor(entries, cursor))
 
 
+class CallSums(NamedTuple):
+    """What calls add up to, before the money is rounded: `CallTotals`' sums, or one call's."""
+
+    calls: int = 0
+    refused: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    cost_saved: float = 0.0
+    unpriced: int = 0
+
+
+def call_sums(entry: CallLogEntry) -> CallSums:
+    """One call's share of the totals: the one place each sum's meaning is written.
+
+    Every backend adds these up (the Redis store keeps them per hour, see
+    gateway.calls.redis_store); the SQLite store's SQL is held to it by the conformance
+    tests (tests/gateway/calls/test_calls_query.py).
+    """
+    cost = entry.cost
+    unpriced = 1 if cost is None else 0
+    if not is_sent(entry.outcome):
+        return CallSums(calls=1, refused=1, cost_saved=cost or 0.0, unpriced=unpriced)
+    return CallSums(
+        calls=1,
+        input_tokens=entry.input_tokens or 0,
+        output_tokens=entry.output_tokens or 0,
+        cost=cost or 0.0,
+        unpriced=unpriced,
+    )
+
+
 class TotalsBuilder:
-    """Adds up the entries offered (in any order) that the filter matches."""
+    """Adds up the entries offered (in any order) that the filter matches, and given sums."""
 
     def __init__(self, where: CallFilter) -> None:
         self._where = where
@@ -189,19 +223,18 @@ class TotalsBuilder:
 
     def add(self, entry: CallLogEntry) -> None:
         """Count one entry, if the filter matches it."""
-        if not self._where.matches(entry):
-            return
-        self._calls += 1
-        cost = entry.cost
-        if cost is None:
-            self._unpriced += 1
-        if not is_sent(entry.outcome):
-            self._refused += 1
-            self._saved += cost or 0.0
-            return
-        self._cost += cost or 0.0
-        self._input += entry.input_tokens or 0
-        self._output += entry.output_tokens or 0
+        if self._where.matches(entry):
+            self.add_sums(call_sums(entry))
+
+    def add_sums(self, sums: CallSums) -> None:
+        """Count sums already added up (calls the filter matched)."""
+        self._calls += sums.calls
+        self._refused += sums.refused
+        self._input += sums.input_tokens
+        self._output += sums.output_tokens
+        self._cost += sums.cost
+        self._saved += sums.cost_saved
+        self._unpriced += sums.unpriced
 
     def totals(self) -> CallTotals:
         """The sums so far."""
@@ -257,17 +290,15 @@ class SeriesBuilder:
 
     def add(self, entry: CallLogEntry) -> None:
         """Count one entry in its bucket, if the filter matches it."""
-        if not self._since <= entry.at < self._until or not self._where.matches(entry):
-            return
+        if self._since <= entry.at < self._until and self._where.matches(entry):
+            self.add_sums(entry.at, call_sums(entry))
+
+    def add_sums(self, at: float, sums: CallSums) -> None:
+        """Count sums already added up (matched calls of since..until) in the bucket of `at`."""
         # The last bucket also takes a time that float division puts just past it.
-        index = min(bucket_index(entry.at, self._start, self._bucket), len(self._sums) - 1)
+        index = min(bucket_index(at, self._start, self._bucket), len(self._sums) - 1)
         cost, saved, calls = self._sums[index]
-        value = entry.cost or 0.0
-        if is_sent(entry.outcome):
-            cost += value
-        else:
-            saved += value
-        self._sums[index] = (cost, saved, calls + 1)
+        self._sums[index] = (cost + sums.cost, saved + sums.cost_saved, calls + sums.calls)
 
     def buckets(self) -> list[CostBucket]:
         """The series, oldest bucket first."""

@@ -18,7 +18,8 @@ touches one cluster slot:
   scored by when the record goes idle (`CountedCalls.idle_at`; always the highest score:
   a call's window is never empty);
 - `{calls}:log`: the request log, a sorted set of JSON entries scored by their time,
-  trimmed to the newest `log_keep`.
+  trimmed to the newest `log_keep`;
+- `{calls}:agg:…`: the log's sums per hour for the Calls page (gateway.calls.query_redis).
 Keys carry a TTL (PEXPIRE) of what they serve plus a minute: the scripts check times
 themselves, the TTL only frees memory.
 
@@ -38,13 +39,16 @@ Decisions where DESIGN.md is silent:
   one call per `probe_interval` goes to Redis and the others fail fast.
 - The request log is a sorted set rather than a stream: it is read by time range, and
   the entries' times come from the replicas, not from Redis.
-- The Calls page's queries (`gateway.calls.query`) read that set newest first, a chunk
-  of 1,000 at a time, and filter in Python: a page stops once it is full, but totals and
-  cost series decode every entry of their time range (seconds for 100,000 entries;
-  bench/calls_query_bench.py). Index sets per filter value would make every logged call
-  write and trim several more keys; an admin page that narrows its range with `since`
-  costs less than that tax on every call. Nothing of it runs inside Redis, so a long
-  read never blocks other replicas' decisions.
+- A batch of log entries is one script call: the entries, their hours' sums
+  (`gateway.calls.query_redis`, from `query.call_sums`) and the trim to `log_keep`.
+- The Calls page's totals and cost series add up those hours' sums and scan, exactly,
+  only the entries of the partial hours at the range's edges (and of the oldest hour,
+  which the trim cut into); filters with no sums (session, user, two fields together)
+  scan the range. A page reads the set newest first, a chunk of 1,000 at a time, and
+  filters in Python until it is full: index sets per filter value would store every
+  entry again per field (the set's members are the entries), and a page of a filter
+  that matches one call in 25 reads about 1,250 entries. Nothing of it runs inside
+  Redis, so a long read never blocks other replicas' decisions.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ from contextlib import aclosing
 from types import MappingProxyType
 from typing import cast
 
-from gateway.calls import anomaly_redis, budgets_redis
+from gateway.calls import anomaly_redis, budgets_redis, query_redis
 from gateway.calls.anomaly import AnomalyCharge, agent_paused
 from gateway.calls.budgets import (
     ADMITTED_FREE,
@@ -352,6 +356,7 @@ class RedisCallStore(RedisLinked):
         self._charge = script(_CHARGE)
         self._live = script(_LIVE)
         self._live_limits = script(_LIVE_LIMITS)
+        self._log = script(query_redis.LOG_SCRIPT)
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
@@ -630,20 +635,13 @@ class RedisCallStore(RedisLinked):
         await self.log_calls((entry,))
 
     async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
-        """One ZADD of the entries by time, then the trim to `log_keep` (dropped while down)."""
+        """One script call: the entries, their hours' sums, the trim (dropped while down)."""
         if not entries:
             return
-        key = f"{self._base}log"
-        members = {json.dumps(_encode(entry), sort_keys=True): entry.at for entry in entries}
-
-        async def append() -> None:
-            async with self._link.client.pipeline(transaction=True) as pipe:
-                pipe.zadd(key, members)
-                pipe.zremrangebyrank(key, 0, -self._log_keep - 1)
-                await pipe.execute()
-
+        members = [(json.dumps(_encode(entry), sort_keys=True), entry.at) for entry in entries]
+        keys, args = query_redis.log_keys_and_args(self._base, self._log_keep, members, entries)
         try:
-            await self._link.guarded(append)
+            await self._link.guarded(lambda: self._log(keys=keys, args=args))
         except StateError:
             return
 
@@ -683,12 +681,17 @@ class RedisCallStore(RedisLinked):
         return await self._link.guarded(read)
 
     async def call_totals(self, where: CallFilter) -> CallTotals:
-        """The sums over the filter's time range, read in chunks."""
-        builder = TotalsBuilder(where)
+        """The hours' sums over the filter's time range, plus a scan of its partial hours."""
 
         async def read() -> CallTotals:
-            async for entry in self._newest_first(where.since, where.until, None):
-                builder.add(entry)
+            builder = TotalsBuilder(where)
+            client = self._link.client
+            reading = await query_redis.read(client, self._base, where, where.since, where.until)
+            for _, sums in reading.hours:
+                builder.add_sums(sums)
+            for since, until in reading.scan:
+                async for entry in self._newest_first(since, until, None):
+                    builder.add(entry)
             return builder.totals()
 
         return await self._link.guarded(read)
@@ -696,12 +699,18 @@ class RedisCallStore(RedisLinked):
     async def cost_series(
         self, where: CallFilter, since: float, until: float, bucket_seconds: float
     ) -> list[CostBucket]:
-        """The sums per bucket of since..until, read in chunks."""
-        builder = SeriesBuilder(where, since, until, bucket_seconds)
+        """The sums per bucket of since..until: hours' sums for buckets of whole hours."""
 
         async def read() -> list[CostBucket]:
-            async for entry in self._newest_first(since, until, None):
-                builder.add(entry)
+            builder = SeriesBuilder(where, since, until, bucket_seconds)
+            reading = query_redis.Reading([], [(since, until)])
+            if query_redis.hour_sums(bucket_seconds):
+                reading = await query_redis.read(self._link.client, self._base, where, since, until)
+            for hour, sums in reading.hours:
+                builder.add_sums(hour, sums)
+            for start, end in reading.scan:
+                async for entry in self._newest_first(start, end, None):
+                    builder.add(entry)
             return builder.buckets()
 
         return await self._link.guarded(read)

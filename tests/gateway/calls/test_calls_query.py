@@ -7,18 +7,21 @@ reading of the log, for every filter.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import MappingProxyType
 from typing import get_args
 
 import pytest
+from redis.asyncio import Redis
 
 from gateway.calls.query import CallFilter, CallTotals, CostBucket, Cursor
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import CallLogEntry, CallOutcome, CallStore, MemoryCallStore
+from gateway.calls.store import LOG_KEEP, CallLogEntry, CallOutcome, CallStore, MemoryCallStore
 
 BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 START = 1_699_999_200.0  # a whole hour
@@ -71,9 +74,9 @@ FILTERS = [
 ]
 
 
-def expected_totals(where: CallFilter) -> CallTotals:
+def expected_totals(where: CallFilter, log: list[CallLogEntry] = LOG) -> CallTotals:
     """The totals, added up plainly."""
-    chosen = [e for e in LOG if where.matches(e)]
+    chosen = [e for e in log if where.matches(e)]
     sent = [e for e in chosen if e.outcome in ("forwarded", "upstream_error")]
     refused = [e for e in chosen if e not in sent]
     return CallTotals(
@@ -90,21 +93,22 @@ def expected_totals(where: CallFilter) -> CallTotals:
 @pytest.fixture(params=BACKENDS)
 async def make(
     request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[Callable[[], CallStore]]:
+) -> AsyncIterator[Callable[..., CallStore]]:
     """Builds (not started) stores of one backend; the test starts them, this closes them."""
     backend: str = request.param
     url: str | None = request.getfixturevalue("redis_url") if backend == "redis" else None
     built: list[CallStore] = []
 
-    def make() -> CallStore:
+    def make(log_keep: int = LOG_KEEP) -> CallStore:
         store: CallStore
         if backend == "memory":
-            store = MemoryCallStore()
+            store = MemoryCallStore(log_keep=log_keep)
         elif backend == "sqlite":
-            store = SqliteCallStore(tmp_path / f"calls-{next(_prefixes)}.sqlite3")
+            path = tmp_path / f"calls-{next(_prefixes)}.sqlite3"
+            store = SqliteCallStore(path, log_keep=log_keep)
         else:
             assert url is not None
-            store = RedisCallStore(url, key_prefix=f"query{next(_prefixes)}:")
+            store = RedisCallStore(url, key_prefix=f"query{next(_prefixes)}:", log_keep=log_keep)
         built.append(store)
         return store
 
@@ -185,3 +189,166 @@ async def test_issue12_calls_logged_after_a_first_page_do_not_shift_the_next(
     assert first.next_cursor is not None
     second = await store.query_calls(CallFilter(), 5, first.next_cursor)
     assert second.entries == LOG[10:15][::-1]
+
+
+HOUR = 3_600.0
+EDGE = START + 3 * HOUR
+# Twelve hours of calls, with some at an hour's first instant and the float just before.
+LONG = sorted(
+    [entry(n, at=START + 211.0 * n) for n in range(200)]
+    + [entry(200, at=EDGE), entry(201, at=math.nextafter(EDGE, -math.inf)), entry(202, at=EDGE)]
+    + [entry(203, agent="billing-bot\x1fforwarded", outcome="loop_detected")],
+    key=lambda e: e.at,
+)
+RANGES = [
+    (None, None),
+    (START + 1_800.5, None),
+    (None, START + 7 * HOUR + 13.25),
+    (START + 2 * HOUR, START + 6 * HOUR),
+    (START + 1_234.5, START + 9 * HOUR + 1.0),
+    (EDGE - 10.0, EDGE + 10.0),
+    (EDGE, EDGE + HOUR),
+    (math.nextafter(EDGE, -math.inf), START + 20 * HOUR),
+]
+WIDE_FILTERS = [
+    *FILTERS,
+    CallFilter(outcome="forwarded"),
+    CallFilter(model="claude-3-haiku"),
+    CallFilter(model="gpt-4o-mini", outcome="upstream_error"),
+    CallFilter(customer="cust-2", outcome="forwarded"),
+    CallFilter(feature="faq", outcome="duplicate_call"),
+    CallFilter(agent="billing-bot", customer="cust-1"),  # two fields: scanned
+    CallFilter(session="run-1"),
+    CallFilter(agent="billing-bot\x1fforwarded"),
+    CallFilter(agent="billing-bot", outcome="loop_detected"),
+]
+
+
+def expected_series(
+    log: list[CallLogEntry], where: CallFilter, since: float, until: float, bucket: float
+) -> list[CostBucket]:
+    """The series, added up plainly."""
+    start = math.floor(since / bucket) * bucket
+    sums = [[0.0, 0.0, 0] for _ in range(max(1, math.ceil((until - start) / bucket)))]
+    for e in log:
+        if where.matches(e) and since <= e.at < until:
+            slot = sums[min(int((e.at - start) / bucket), len(sums) - 1)]
+            slot[0 if e.outcome in ("forwarded", "upstream_error") else 1] += e.cost or 0.0
+            slot[2] += 1
+    return [
+        CostBucket(start + i * bucket, cost, saved, int(calls))
+        for i, (cost, saved, calls) in enumerate(sums)
+    ]
+
+
+async def assert_answers(store: CallStore, log: list[CallLogEntry]) -> None:
+    """Totals and series of every filter over every range are the plain sums of `log`."""
+    for where, (since, until) in itertools.product(WIDE_FILTERS, RANGES):
+        chosen = dataclasses.replace(where, since=since, until=until)
+        assert await store.call_totals(chosen) == expected_totals(chosen, log), chosen
+    for where in WIDE_FILTERS[:6]:
+        for since, until in RANGES[3:]:
+            assert since is not None
+            assert until is not None
+            for bucket in (HOUR, 2 * HOUR, 60.0):
+                series = await store.cost_series(where, since, until, bucket)
+                assert series == expected_series(log, where, since, until, bucket), where
+
+
+async def test_issue12_totals_and_series_over_any_range_are_those_of_the_entries(
+    make: Callable[..., CallStore],
+) -> None:
+    store = make()
+    await store.start()
+    for first in range(0, len(LONG), 16):  # in batches, as the proxy writes
+        await store.log_calls(LONG[first : first + 16])
+    await assert_answers(store, LONG)
+
+
+async def test_issue12_a_log_trimmed_by_log_keep_adds_up_what_it_keeps(
+    make: Callable[..., CallStore],
+) -> None:
+    store = make(log_keep=61)
+    await store.start()
+    for first in range(0, len(LONG), 7):
+        await store.log_calls(LONG[first : first + 7])
+    await assert_answers(store, LONG[-61:])
+    await store.log_call(entry(300, at=START + 13 * HOUR + 5.0))
+    await assert_answers(store, [*LONG[-60:], entry(300, at=START + 13 * HOUR + 5.0)])
+
+
+async def redis_store(
+    redis_url: str, log_keep: int = LOG_KEEP
+) -> tuple[RedisCallStore, Redis, str]:
+    """A started Redis store of its own prefix, a plain client, and the store's key base."""
+    prefix = f"query{next(_prefixes)}:"
+    store = RedisCallStore(redis_url, key_prefix=prefix, log_keep=log_keep)
+    await store.start()
+    return store, Redis.from_url(redis_url, decode_responses=True), prefix + "{calls}:"
+
+
+async def scans(client: Redis) -> int:
+    """How many ZREVRANGEBYSCOREs (reads of log entries) Redis answered since the reset."""
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_zrevrangebyscore", {}).get("calls", 0))
+
+
+@pytest.mark.redis
+async def test_issue12_redis_adds_up_whole_hours_from_their_sums_not_the_entries(
+    redis_url: str,
+) -> None:
+    store, client, _ = await redis_store(redis_url)
+    try:
+        await store.log_calls(LONG)
+        await client.config_resetstat()
+        whole = CallFilter(agent="billing-bot", outcome="forwarded", since=START, until=EDGE)
+        assert await store.call_totals(whole) == expected_totals(whole, LONG)
+        series = await store.cost_series(CallFilter(), START, START + 12 * HOUR, HOUR)
+        assert series == expected_series(LONG, CallFilter(), START, START + 12 * HOUR, HOUR)
+        assert await scans(client) == 0
+        edges = CallFilter(agent="billing-bot", since=START + 10.0, until=EDGE + 10.0)
+        assert await store.call_totals(edges) == expected_totals(edges, LONG)
+        assert await scans(client) == 2  # the first and the last hour only
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+@pytest.mark.redis
+async def test_issue12_redis_sums_are_dropped_with_the_hours_the_log_trims(
+    redis_url: str,
+) -> None:
+    store, client, base = await redis_store(redis_url, log_keep=40)
+    try:
+        for first in range(0, len(LONG), 10):
+            await store.log_calls(LONG[first : first + 10])
+        kept = LONG[-40:]
+        trimmed_hour = math.floor(LONG[-41].at / HOUR) * HOUR
+        assert await client.get(f"{base}agg:floor") == str(int(trimmed_hour))
+        hours = {key async for key in client.scan_iter(f"{base}agg:1*")}
+        later = {math.floor(e.at / HOUR) * HOUR for e in kept} - {trimmed_hour}
+        assert hours == {f"{base}agg:{int(hour)}" for hour in later}
+        assert await store.call_totals(CallFilter()) == expected_totals(CallFilter(), kept)
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+@pytest.mark.redis
+async def test_issue12_a_redis_log_written_before_the_sums_is_scanned_then_summed(
+    redis_url: str,
+) -> None:
+    store, client, base = await redis_store(redis_url)
+    try:
+        await store.log_calls(LONG[:100])
+        await client.delete(f"{base}agg:floor", f"{base}agg:hours")
+        await client.delete(*[key async for key in client.scan_iter(f"{base}agg:1*")])
+        await assert_answers(store, LONG[:100])
+        await store.log_calls(LONG[100:])
+        assert await client.get(f"{base}agg:floor") == str(
+            int(math.floor(LONG[99].at / HOUR) * HOUR)
+        )
+        await assert_answers(store, LONG)
+    finally:
+        await store.aclose()
+        await client.aclose()
