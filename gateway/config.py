@@ -60,9 +60,9 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.calls.budgets import Budget, Limits, Period, nano
+from gateway.calls.budgets import Budget, Period
 from gateway.console.sessions import DEFAULT_SESSION_HOURS
-from gateway.console.urls import PublicUrl
+from gateway.console.urls import PublicUrl, http_url
 from gateway.errors import ConfigError
 from gateway.limits import (
     MAX_COUNT,
@@ -74,7 +74,7 @@ from gateway.limits import (
     Mode,
     long_enough,
 )
-from gateway.proxy.config import ProxyConfig, TimeZone
+from gateway.proxy.config import ProxyConfig, TimeZone, budget_limits, distinct
 from gateway.safeyaml import YamlLimitError, load_yaml
 from guards.bot_loop import BotLoopPolicy
 from guards.call_loop import CallLoopPolicy
@@ -231,7 +231,7 @@ class McpServerConfig(_Frozen):
     def _endpoint(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        if urlsplit(_http_url(value)).username is not None:
+        if urlsplit(http_url(value)).username is not None:
             raise ValueError("must not carry credentials: send them in headers")
         return value
 
@@ -307,27 +307,11 @@ MAX_HTTP_ATTEMPTS = 10
 """The most `max_attempts` an `http` agent takes: every attempt may wait `timeout`, in one turn."""
 
 
-def _http_url(value: str) -> str:
-    """`value` when it is an absolute http(s) URL with a host and a usable port, else ValueError."""
-    if any(char.isspace() or not char.isprintable() for char in value):
-        raise ValueError("must not contain spaces or control characters")
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an http:// or https:// URL with a host")
-    try:
-        port_ok = parts.port is None or parts.port > 0
-    except ValueError:  # not a number, or beyond 65535
-        port_ok = False
-    if not port_ok:
-        raise ValueError("must have a port from 1 to 65535")
-    return value
-
-
 class HttpAgentConfig(_Frozen):
     """Any service that answers a signed JSON POST of the turn (`gateway.agents.http`)."""
 
     kind: Literal["http"]
-    url: Annotated[str, AfterValidator(_http_url)]
+    url: Annotated[str, AfterValidator(http_url)]
     secret: Annotated[Token, AfterValidator(long_enough)]
     timeout: Duration = Field(default=30.0, gt=0)
     max_attempts: int = Field(default=3, ge=1, le=MAX_HTTP_ATTEMPTS)
@@ -577,21 +561,13 @@ class SpendSettings(_Frozen):
     limit_usd: float | None = Field(default=None, ge=0, le=MAX_USD)
     limit_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     period: Period = "day"
-    per: tuple[SpendPer, ...] = ("room",)
+    per: Annotated[tuple[SpendPer, ...], AfterValidator(distinct)] = ("room",)
     timezone: TimeZone = "UTC"
     mode: Mode = "enforce"
 
-    @field_validator("per")
-    @classmethod
-    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if len(set(value)) != len(value):
-            raise ValueError("lists a field twice")
-        return value
-
     @model_validator(mode="after")
     def _has_a_limit(self) -> SpendSettings:
-        if self.limit_usd is None and self.limit_tokens is None:
-            raise ValueError("needs limit_usd, limit_tokens or both")
+        budget_limits(self.limit_usd, self.limit_tokens)
         return self
 
     def budget(self) -> Budget:
@@ -600,12 +576,11 @@ class SpendSettings(_Frozen):
         The name holds `per`, the period and the zone (`gateway:room:day:UTC`): a `:` is in
         no proxy budget's name, and rooms whose settings agree share a bot's counter.
         """
-        usd = None if self.limit_usd is None else nano(self.limit_usd)
         per = "+".join(self.per) or "all"
         return Budget(
             f"gateway:{per}:{self.period}:{self.timezone}",
             self.per,
-            Limits(usd, self.limit_tokens),
+            budget_limits(self.limit_usd, self.limit_tokens),
             self.period,
         )
 

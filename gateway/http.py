@@ -397,6 +397,25 @@ class _AdminApi:
     ) -> None:
         """The same audit trail as chat commands, in the state store (shared by replicas)."""
         command = f"{request.method} {request.path} {body.model_dump_json(exclude_defaults=True)}"
+        outcome = "done" if ack.ok else "rejected"
+        await self._record(request, caller, room, command, allowed=True, outcome=outcome)
+
+    async def _refused(self, request: web.Request, caller: AdminCaller) -> None:
+        """A known caller's refused attempt: a console request without its CSRF token."""
+        command = f"{request.method} {request.path}"
+        await self._record(request, caller, GLOBAL_SCOPE, command, allowed=False, outcome="csrf")
+
+    async def _record(
+        self,
+        request: web.Request,
+        caller: AdminCaller,
+        room: str,
+        command: str,
+        *,
+        allowed: bool,
+        outcome: str,
+    ) -> None:
+        """One audit entry for an admin-API caller: who, from where, and the command, cut short."""
         await self._state.audit(
             AuditEntry(
                 at=time.time(),
@@ -405,23 +424,8 @@ class _AdminApi:
                 user_id=caller.user_id,
                 user_name=str(request.remote),
                 command=command[:_AUDITED_COMMAND_CHARS],
-                allowed=True,
-                outcome="done" if ack.ok else "rejected",
-            )
-        )
-
-    async def _refused(self, request: web.Request, caller: AdminCaller) -> None:
-        """A known caller's refused attempt: a console request without its CSRF token."""
-        await self._state.audit(
-            AuditEntry(
-                at=time.time(),
-                platform=caller.platform,
-                room=GLOBAL_SCOPE,
-                user_id=caller.user_id,
-                user_name=str(request.remote),
-                command=f"{request.method} {request.path}"[:_AUDITED_COMMAND_CHARS],
-                allowed=False,
-                outcome="csrf",
+                allowed=allowed,
+                outcome=outcome,
             )
         )
 

@@ -56,7 +56,6 @@ from gateway.calls.store import CallStore
 from gateway.config import BotConfig, Config
 from gateway.connector import Connector, ConnectorServices, PeerBus
 from gateway.console.app import add_console
-from gateway.console.pages import PAGES
 from gateway.console.sessions import ConsoleSessions
 from gateway.context import TurnContext
 from gateway.delivery import Delivery
@@ -149,13 +148,7 @@ class Gateway:
             state=self.state,
             admin_token=access,
         )
-        add_console(
-            self.app,
-            access=access,
-            product="gateway",
-            pages=PAGES["gateway"],
-            token_setting="http.admin_token",
-        )
+        add_console(self.app, access=access, product="gateway")
         # The Rooms page lists the rooms the activity feed has seen, too.
         rooms_seen = (self.state.activity_rooms,)
         self.app.add_routes(

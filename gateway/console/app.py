@@ -1,6 +1,6 @@
 """The console's routes on the gateway's or the proxy's aiohttp app: sign-in, pages, files.
 
-`add_console(app, access=..., product=..., token_setting=...)` adds `GET /console` (and
+`add_console(app, access=..., product=...)` adds `GET /console` (and
 `/console/`: the first page, or the sign-in form), `GET|POST /console/login`,
 `POST /console/logout`, `GET /console/<page>` for each page whose script ships
 (`gateway.console.pages`) and `GET /console/static/<file>`. The pages are frames: each
@@ -47,7 +47,7 @@ import jinja2
 from aiohttp import web
 
 from gateway.console import messages
-from gateway.console.pages import ConsolePage, Product, shipped, static_files
+from gateway.console.pages import PAGES, ConsolePage, Product, shipped, static_files
 from gateway.console.sessions import ConsoleSession
 from gateway.http import SESSION_COOKIE, AdminAccess, read_body
 
@@ -72,6 +72,11 @@ _CONTENT_TYPES = {
     ".txt": "text/plain; charset=utf-8",
 }
 _PRODUCT_NAMES: Mapping[Product, str] = {"gateway": "gateway", "proxy": "LLM-call proxy"}
+# The setting that turns each product's console on, as the disabled page names it.
+_TOKEN_SETTINGS: Mapping[Product, str] = {
+    "gateway": "http.admin_token",
+    "proxy": "proxy.admin_token",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +90,11 @@ def add_console(
     *,
     access: AdminAccess,
     product: Product,
-    pages: tuple[ConsolePage, ...],
-    token_setting: str,
 ) -> None:
     """Add the console's routes to `app` (call before it starts).
 
-    `access` is the app's AdminAccess with the console's sessions; `pages` the product's
-    pages (those whose script ships are listed); `token_setting` the setting the disabled
-    page names (`http.admin_token`).
+    `access` is the app's AdminAccess with the console's sessions; the product's `PAGES`
+    whose script ships are listed.
     """
     env = aiohttp_jinja2.setup(
         app,
@@ -105,9 +107,9 @@ def add_console(
     env.globals["product"] = _PRODUCT_NAMES[product]
     app.on_response_prepare.append(_security_headers)
     if not access.enabled:
-        app.router.add_route("*", "/console{tail:.*}", _disabled(token_setting))
+        app.router.add_route("*", "/console{tail:.*}", _disabled(_TOKEN_SETTINGS[product]))
         return
-    console = _Console(access, shipped(pages))
+    console = _Console(access, shipped(PAGES[product]))
     app.router.add_get("/console", console.index)
     app.router.add_get("/console/", console.index)
     app.router.add_get("/console/login", console.login_page)

@@ -1,7 +1,8 @@
 """The address browsers reach the console at (`http.public_url`, `proxy.public_url`).
 
 Kept apart from the console's app so that the config can validate it without importing
-the HTTP server.
+the HTTP server; `http_url` is the check every http(s) URL of the config passes (an
+`http` agent's `url` too).
 
 Decisions where DESIGN.md is silent:
 - A public URL is an absolute `http://` or `https://` URL with a host, a valid port, no
@@ -20,9 +21,8 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator
 
 
-def _public_url(value: str | None) -> str | None:
-    if value is None:
-        return None
+def http_url(value: str) -> str:
+    """`value` when it is an absolute http(s) URL with a host and a usable port, else ValueError."""
     if any(char.isspace() or not char.isprintable() for char in value):
         raise ValueError("must not contain spaces or control characters")
     parts = urlsplit(value)
@@ -34,6 +34,13 @@ def _public_url(value: str | None) -> str | None:
         port_ok = False
     if not port_ok:
         raise ValueError("must have a port from 1 to 65535")
+    return value
+
+
+def _public_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    parts = urlsplit(http_url(value))
     if parts.username is not None or parts.password is not None:
         raise ValueError("must not carry credentials")
     if parts.query or parts.fragment:

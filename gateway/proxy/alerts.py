@@ -31,6 +31,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_exponential
 
 from gateway.errors import LoopwardenError
+from gateway.proxy import background
 from gateway.proxy.config import AlertsConfig, EmailAlert, TelegramAlert, WebhookAlert
 
 log = logging.getLogger("loopwarden.proxy.alerts")
@@ -248,13 +249,9 @@ class Alerter:
 
     async def drain(self, seconds: float) -> None:
         """Let deliveries in flight finish for up to `seconds`, cancel the rest, close."""
-        if self._tasks:
-            _, late = await asyncio.wait(set(self._tasks), timeout=seconds)
-            for task in late:
-                task.cancel()
-            if late:
-                log.warning("%d alert deliveries cancelled at shutdown", len(late))
-                await asyncio.wait(late, timeout=1.0)
+        late = await background.drain(self._tasks, seconds)
+        if late:
+            log.warning("%d alert deliveries cancelled at shutdown", late)
         http, self._http = self._http, None
         if http is not None:
             await http.close()

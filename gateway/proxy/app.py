@@ -44,7 +44,6 @@ from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import Config
 from gateway.console.app import add_console
-from gateway.console.pages import PAGES
 from gateway.console.sessions import ConsoleSessions
 from gateway.errors import ConfigError
 from gateway.http import (
@@ -147,13 +146,7 @@ class ProxyServer:
                 self._route("/gemini/{tail:.*}", GeminiProvider()),
             ]
         )
-        add_console(
-            self.app,
-            access=access,
-            product="proxy",
-            pages=PAGES["proxy"],
-            token_setting="proxy.admin_token",
-        )
+        add_console(self.app, access=access, product="proxy")
         self._http = HttpServer(
             self.app, proxy.host, proxy.port, shutdown_timeout=proxy.drain_seconds
         )

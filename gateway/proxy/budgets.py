@@ -69,7 +69,7 @@ from gateway.calls.budgets import (
     period_span,
 )
 from gateway.calls.store import Admission, CallLogEntry, CallStore
-from gateway.proxy import messages
+from gateway.proxy import background, messages
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.calls import ProxiedCall
 from gateway.proxy.config import ProxyConfig
@@ -286,14 +286,9 @@ class ProxyBudgets:
 
     async def drain(self, seconds: float) -> None:
         """Let the charges in flight finish for up to `seconds`; the rest are cancelled, logged."""
-        if not self._charges:
-            return
-        _, late = await asyncio.wait(set(self._charges), timeout=seconds)
-        for task in late:
-            task.cancel()
+        late = await background.drain(self._charges, seconds)
         if late:
-            log.warning("%d spend charges not written at shutdown", len(late))
-            await asyncio.wait(late, timeout=1.0)
+            log.warning("%d spend charges not written at shutdown", late)
 
     def _anomaly_alert(self, call: ProxiedCall, alert: AnomalyAlert) -> None:
         """Send one anomaly alert through `proxy.alerts`."""

@@ -144,11 +144,25 @@ PerField = Literal["agent", "session", "customer", "user", "feature", "model"]
 """`gateway.calls.budgets.PER_FIELDS` as a type (a test holds the two together)."""
 
 
+def distinct(per: tuple[str, ...]) -> tuple[str, ...]:
+    """A budget's `per` fields, each named once (here and in the gateway's `policy.spend`)."""
+    if len(set(per)) != len(per):
+        raise ValueError("lists a field twice")
+    return per
+
+
+def budget_limits(limit_usd: float | None, limit_tokens: int | None) -> Limits:
+    """A budget's limits (money in nano-dollars); ValueError when it sets neither."""
+    if limit_usd is None and limit_tokens is None:
+        raise ValueError("needs limit_usd, limit_tokens or both")
+    return Limits(None if limit_usd is None else nano(limit_usd), limit_tokens)
+
+
 class BudgetSettings(_Model):
     """One entry of `proxy.budgets`: a limit per group of calls per period."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[\w.@-]+$")
-    per: tuple[PerField, ...] = ()
+    per: Annotated[tuple[PerField, ...], AfterValidator(distinct)] = ()
     limit_usd: float | None = Field(default=None, ge=0, le=MAX_USD)
     limit_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
     period: Period = "day"
@@ -156,26 +170,17 @@ class BudgetSettings(_Model):
         default_factory=dict
     )
 
-    @field_validator("per")
-    @classmethod
-    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if len(set(value)) != len(value):
-            raise ValueError("lists a field twice")
-        return value
-
     @model_validator(mode="after")
     def _has_a_limit(self) -> BudgetSettings:
-        if self.limit_usd is None and self.limit_tokens is None:
-            raise ValueError("needs limit_usd, limit_tokens or both")
+        budget_limits(self.limit_usd, self.limit_tokens)
         return self
 
     def budget(self) -> Budget:
         """The budget the call store steps over (money in nano-dollars)."""
-        usd = None if self.limit_usd is None else nano(self.limit_usd)
         return Budget(
             self.name,
             tuple(self.per),
-            Limits(usd, self.limit_tokens),
+            budget_limits(self.limit_usd, self.limit_tokens),
             self.period,
             tuple(sorted(self.filters.items())),
         )

@@ -8,11 +8,7 @@ reference, and every alert and every paused agent's refusal must agree.
 
 from __future__ import annotations
 
-import itertools
 import random
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Protocol
 
 import pytest
 
@@ -31,21 +27,16 @@ from gateway.calls.anomaly import (
     step_anomaly,
 )
 from gateway.calls.budgets import Amount, SpendEvent, SpendHold, nano
-from gateway.calls.redis_store import RedisCallStore
-from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import CallStore, MemoryCallStore
-from guards.call_loop import Hold, circuit_key, fingerprint_call
+from guards.call_loop import Hold, circuit_key
+from tests.gateway.calls.store_helpers import START, Clock, MakeStore, fingerprint, redis_replicas
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 HOUR = 3_600.0
 DAY = 86_400.0
-START = 1_800_000_000.0  # 2027-01-15 08:00 UTC, on an hour
 AGENT = "billing-bot"
 KEY = anomaly_key(AGENT)
 POLICY = AnomalyPolicy(window=HOUR, factor=3.0, min_nano=nano(1.0))
 PAUSING = AnomalyPolicy(window=HOUR, factor=3.0, min_nano=nano(1.0), action="pause")
 NO_HOLD = SpendHold((), Amount())
-_prefixes = itertools.count()
 
 
 def charge(usd: float, session: str = "run-1", agent: str = AGENT) -> AnomalyEvent:
@@ -166,54 +157,6 @@ def test_issue14_a_paused_agent_is_refused_and_counted() -> None:
 # Every backend alike
 
 
-class MakeStore(Protocol):
-    async def __call__(self, prefix: str | None = None) -> CallStore: ...
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture(params=BACKENDS)
-async def make(
-    request: pytest.FixtureRequest, clock: Clock, tmp_path: Path
-) -> AsyncIterator[MakeStore]:
-    backend: str = request.param
-    url: str | None = request.getfixturevalue("redis_url") if backend == "redis" else None
-    built: list[CallStore] = []
-
-    async def make(prefix: str | None = None) -> CallStore:
-        store: CallStore
-        if backend == "memory":
-            store = MemoryCallStore(clock=clock, wall_clock=clock)
-        elif backend == "sqlite":
-            store = SqliteCallStore(tmp_path / "calls.sqlite3", clock=clock, wall_clock=clock)
-        else:
-            assert url is not None
-            key_prefix = prefix or f"anomaly{next(_prefixes)}:"
-            store = RedisCallStore(url, key_prefix=key_prefix, clock=clock, wall_clock=clock)
-        await store.start()
-        built.append(store)
-        return store
-
-    yield make
-    for store in built:
-        await store.aclose()
-
-
-def fingerprint(n: int) -> str:
-    return fingerprint_call("gpt-4o-mini", [{"role": "user", "content": f"question {n}"}])
-
-
 def paused_event() -> SpendEvent:
     return SpendEvent((), Amount(), KEY)
 
@@ -277,13 +220,7 @@ async def test_issue14_pause_action_pauses_the_agent_and_reopen_lifts_it(
 async def test_issue14_replicas_on_one_redis_share_the_detector(
     redis_url: str, clock: Clock
 ) -> None:
-    replicas = [
-        RedisCallStore(redis_url, key_prefix="anomaly-shared:", clock=clock, wall_clock=clock)
-        for _ in range(2)
-    ]
-    for replica in replicas:
-        await replica.start()
-    try:
+    async with redis_replicas(redis_url, clock, "anomaly-shared:") as replicas:
         alerts = []
         for n in range(8):
             clock.now = START + n
@@ -306,6 +243,3 @@ async def test_issue14_replicas_on_one_redis_share_the_detector(
         )
         assert lifted.call is not None
         assert lifted.call.allowed
-    finally:
-        for replica in replicas:
-            await replica.aclose()

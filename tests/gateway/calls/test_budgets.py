@@ -8,12 +8,10 @@ step over a plain dict, the reference, and every verdict, alert and record must 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
-from typing import Protocol, get_args
+from typing import get_args
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -40,24 +38,11 @@ from gateway.calls.budgets import (
     step_charge,
     step_spend,
 )
-from gateway.calls.redis_store import RedisCallStore
-from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import CallStore, MemoryCallStore
 from gateway.proxy.config import PerField
-from guards.call_loop import CallLoopPolicy, circuit_key, fingerprint_call
+from guards.call_loop import CallLoopPolicy, circuit_key
+from tests.gateway.calls.store_helpers import START, Clock, MakeStore, fingerprint, redis_replicas
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
-START = 1_800_000_000.0  # 2027-01-15 08:00 UTC
 DAY_END = datetime(2027, 1, 16, tzinfo=ZoneInfo("UTC")).timestamp()
-_prefixes = itertools.count()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = START
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def group(
@@ -213,47 +198,6 @@ def test_issue14_a_dst_day_is_23_hours() -> None:
 # Every backend alike
 
 
-class MakeStore(Protocol):
-    async def __call__(self, prefix: str | None = None) -> CallStore: ...
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture(params=BACKENDS)
-async def make(
-    request: pytest.FixtureRequest, clock: Clock, tmp_path: Path
-) -> AsyncIterator[MakeStore]:
-    backend: str = request.param
-    url: str | None = request.getfixturevalue("redis_url") if backend == "redis" else None
-    built: list[CallStore] = []
-    path = tmp_path / "calls.sqlite3"
-
-    async def make(prefix: str | None = None) -> CallStore:
-        store: CallStore
-        if backend == "memory":
-            store = MemoryCallStore(clock=clock, wall_clock=clock)
-        elif backend == "sqlite":
-            store = SqliteCallStore(path, clock=clock, wall_clock=clock)
-        else:
-            assert url is not None
-            key_prefix = prefix or f"spend{next(_prefixes)}:"
-            store = RedisCallStore(url, key_prefix=key_prefix, clock=clock, wall_clock=clock)
-        await store.start()
-        built.append(store)
-        return store
-
-    yield make
-    for store in built:
-        await store.aclose()
-
-
-def fingerprint(n: int) -> str:
-    return fingerprint_call("gpt-4o-mini", [{"role": "user", "content": f"question {n}"}])
-
-
 CIRCUIT = circuit_key("billing-bot", "run-1")
 
 
@@ -388,13 +332,7 @@ async def test_issue14_decide_without_budgets_still_answers_as_before(make: Make
 async def test_issue14_two_replicas_on_one_redis_share_every_counter(
     redis_url: str, clock: Clock
 ) -> None:
-    replicas = [
-        RedisCallStore(redis_url, key_prefix="spend-shared:", clock=clock, wall_clock=clock)
-        for _ in range(2)
-    ]
-    for replica in replicas:
-        await replica.start()
-    try:
+    async with redis_replicas(redis_url, clock, "spend-shared:") as replicas:
         daily = group(usd=1.0)
         calls = [
             replicas[n % 2].admit(
@@ -417,9 +355,6 @@ async def test_issue14_two_replicas_on_one_redis_share_every_counter(
         views = [dict(await replica.spend_groups()) for replica in replicas]
         assert views[0] == views[1]
         assert views[0][daily.key].spent.nano_usd == nano(1.0)
-    finally:
-        for replica in replicas:
-            await replica.aclose()
 
 
 def test_issue14_the_config_per_fields_are_the_step_s() -> None:

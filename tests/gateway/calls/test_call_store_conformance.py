@@ -10,18 +10,16 @@ reference, and every decision must agree.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import CallLogEntry, CallStore, MemoryCallStore
+from gateway.calls.store import CallLogEntry, CallStore
 from gateway.errors import StateError
 from guards.call_loop import (
     CallDecision,
@@ -33,11 +31,10 @@ from guards.call_loop import (
     fingerprint_call,
 )
 from tests.fakes.redis_server import RedisServer
+from tests.gateway.calls.store_helpers import Clock, MakeStore, redis_replicas
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 MODEL = "gpt-4o-mini"
 SESSION = circuit_key("billing-bot", "run-1")
-_prefixes = itertools.count()
 
 
 def fp(text: str, model: str = MODEL) -> str:
@@ -49,76 +46,10 @@ B = fp("Check order 12345, what is its status?")
 C = fp("Summarise the invoice")
 
 
-class Clock:
-    """A settable clock shared by the store under test and the test."""
-
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def at(self, offset: float) -> None:
-        """Set the time to the start plus `offset` seconds."""
-        self.now = 1_000_000.0 + offset
-
-
-class MakeStore(Protocol):
-    def __call__(
-        self,
-        policy: CallLoopPolicy | None = None,
-        rules: Iterable[UniquenessRule] = (),
-        *,
-        log_keep: int = 100_000,
-    ) -> Awaitable[CallStore]: ...
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture(params=BACKENDS)
-async def make(
-    request: pytest.FixtureRequest, clock: Clock, tmp_path: Path
-) -> AsyncIterator[MakeStore]:
-    """Builds started stores of one backend, all on the test's clock; closes them after."""
-    backend: str = request.param
-    url: str | None = request.getfixturevalue("redis_url") if backend == "redis" else None
-    built: list[CallStore] = []
-
-    async def make(
-        policy: CallLoopPolicy | None = None,
-        rules: Iterable[UniquenessRule] = (),
-        *,
-        log_keep: int = 100_000,
-    ) -> CallStore:
-        store: CallStore
-        if backend == "memory":
-            store = MemoryCallStore(policy, rules, clock=clock, wall_clock=clock, log_keep=log_keep)
-        elif backend == "sqlite":
-            path = tmp_path / f"calls-{next(_prefixes)}.sqlite3"
-            store = SqliteCallStore(
-                path, policy, rules, clock=clock, wall_clock=clock, log_keep=log_keep
-            )
-        else:
-            assert url is not None
-            store = RedisCallStore(
-                url,
-                policy,
-                rules,
-                key_prefix=f"calls{next(_prefixes)}:",
-                clock=clock,
-                wall_clock=clock,
-                log_keep=log_keep,
-            )
-        await store.start()
-        built.append(store)
-        return store
-
-    yield make
-    for store in built:
-        await store.aclose()
+    """This suite's clock starts at 1,000,000 s (`make` builds its stores on it)."""
+    return Clock(1_000_000.0)
 
 
 async def send(
@@ -879,13 +810,7 @@ async def test_issue10_sqlite_upgrades_a_schema_1_file_keeping_its_pauses(
 
 @pytest.mark.redis
 async def test_redis_replicas_share_circuits(redis_url: str, clock: Clock) -> None:
-    replicas = [
-        RedisCallStore(redis_url, key_prefix="shared:", clock=clock, wall_clock=clock)
-        for _ in range(2)
-    ]
-    for replica in replicas:
-        await replica.start()
-    try:
+    async with redis_replicas(redis_url, clock, "shared:") as replicas:
         for i in range(5):
             assert (await send(replicas[i % 2], clock, A, 10.0 + i)).allowed
         assert (await send(replicas[1], clock, A, 15.0)).code == "loop_detected"
@@ -893,9 +818,6 @@ async def test_redis_replicas_share_circuits(redis_url: str, clock: Clock) -> No
         clock.at(17.0)
         assert await replicas[0].reopen(SESSION)
         assert (await send(replicas[1], clock, A, 18.0)).allowed
-    finally:
-        for replica in replicas:
-            await replica.aclose()
 
 
 @pytest.mark.redis

@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import aiohttp
+
 from gateway.runtime import Gateway
 from gateway.state.base import AuditEntry
-from tests.gateway.console.console_helpers import ROOM, TOKEN, console_gateway
+from tests.gateway.console.console_helpers import ROOM, TOKEN, Browser, console_gateway
 
 
 async def newest_audit(gateway: Gateway) -> AuditEntry:
     [entry] = await gateway.state.recent_audit(1, None)
     return entry
+
+
+async def console_audit(gateway: Gateway) -> AuditEntry:
+    """The newest audit entry, checked to name the console, from loopback, as the caller."""
+    entry = await newest_audit(gateway)
+    assert (entry.platform, entry.user_id, entry.user_name) == ("console", "console", "127.0.0.1")
+    return entry
+
+
+async def pause(
+    browser: Browser, cookie: str, headers: dict[str, str], seconds: float | None = None
+) -> aiohttp.ClientResponse:
+    """`POST /admin/pause` of ROOM from the signed-in browser, with these headers."""
+    body: dict[str, object] = {"room": ROOM}
+    if seconds is not None:
+        body["seconds"] = seconds
+    response, _ = await browser.request(
+        "POST", "/admin/pause", cookie=cookie, json=body, headers=headers
+    )
+    return response
 
 
 async def test_issue12_a_console_post_without_csrf_changes_nothing_and_is_audited_refused() -> None:
@@ -21,25 +43,15 @@ async def test_issue12_a_console_post_without_csrf_changes_nothing_and_is_audite
         assert response.status == 403
         assert text == '{"error": "csrf"}'
         assert await gateway.state.pause_remaining(ROOM) is None
-        entry = await newest_audit(gateway)
-        assert (entry.platform, entry.user_id, entry.user_name) == (
-            "console",
-            "console",
-            "127.0.0.1",
-        )
+        entry = await console_audit(gateway)
         assert (entry.allowed, entry.outcome, entry.command) == (False, "csrf", "POST /admin/pause")
 
 
 async def test_issue12_a_wrong_csrf_token_is_refused_too() -> None:
     async with console_gateway() as (gateway, browser):
         cookie, csrf = await browser.sign_in()
-        response, _ = await browser.request(
-            "POST",
-            "/admin/pause",
-            cookie=cookie,
-            json={"room": ROOM},
-            headers={"X-CSRF-Token": csrf[:-1] + ("A" if csrf[-1] != "A" else "B")},
-        )
+        wrong = csrf[:-1] + ("A" if csrf[-1] != "A" else "B")
+        response = await pause(browser, cookie, {"X-CSRF-Token": wrong})
         assert response.status == 403
         assert await gateway.state.pause_remaining(ROOM) is None
 
@@ -47,21 +59,12 @@ async def test_issue12_a_wrong_csrf_token_is_refused_too() -> None:
 async def test_issue12_a_console_post_with_its_csrf_token_works_and_is_audited_as_console() -> None:
     async with console_gateway() as (gateway, browser):
         cookie, csrf = await browser.sign_in()
-        response, _ = await browser.request(
-            "POST",
-            "/admin/pause",
-            cookie=cookie,
-            json={"room": ROOM, "seconds": 600},
-            headers={"X-CSRF-Token": csrf, "Origin": browser.base},
+        response = await pause(
+            browser, cookie, {"X-CSRF-Token": csrf, "Origin": browser.base}, seconds=600
         )
         assert response.status == 200
         assert await gateway.state.pause_remaining(ROOM) is not None
-        entry = await newest_audit(gateway)
-        assert (entry.platform, entry.user_id, entry.user_name) == (
-            "console",
-            "console",
-            "127.0.0.1",
-        )
+        entry = await console_audit(gateway)
         assert (entry.allowed, entry.outcome, entry.room) == (True, "done", ROOM)
 
 
@@ -73,13 +76,7 @@ async def test_issue12_a_cross_site_origin_is_refused_even_with_the_csrf_token()
             "null",
             browser.base.replace("127.0.0.1", "localhost"),
         ):
-            response, _ = await browser.request(
-                "POST",
-                "/admin/pause",
-                cookie=cookie,
-                json={"room": ROOM},
-                headers={"X-CSRF-Token": csrf, "Origin": origin},
-            )
+            response = await pause(browser, cookie, {"X-CSRF-Token": csrf, "Origin": origin})
             assert response.status == 403, origin
         assert await gateway.state.pause_remaining(ROOM) is None
 

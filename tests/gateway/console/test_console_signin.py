@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import aiohttp
+
 from gateway.console.sessions import ConsoleSessions, SignInLimiter
 from tests.gateway.console.console_helpers import (
     TOKEN,
+    Browser,
     Clock,
     console_gateway,
     csrf_of,
@@ -15,6 +18,14 @@ from tests.gateway.console.console_helpers import (
 def cookie_attributes(header: str) -> set[str]:
     """The attributes of one Set-Cookie header after name=value, as written."""
     return {part.strip() for part in header.split(";")[1:]}
+
+
+async def log_out(browser: Browser, cookie: str, csrf: str, origin: str) -> aiohttp.ClientResponse:
+    """The logout form posted with its CSRF field, from a page whose origin is `origin`."""
+    response, _ = await browser.request(
+        "POST", "/console/logout", cookie=cookie, data=f"csrf={csrf}", headers={"Origin": origin}
+    )
+    return response
 
 
 async def test_issue12_sign_in_sets_an_httponly_strict_cookie_of_the_session_hours() -> None:
@@ -69,23 +80,11 @@ async def test_issue12_logout_ends_the_session_on_the_server() -> None:
         assert refused.status == 403
         still, _ = await browser.request("GET", "/admin/audit", cookie=cookie)
         assert still.status == 200
-        cross_site, _ = await browser.request(
-            "POST",
-            "/console/logout",
-            cookie=cookie,
-            data=f"csrf={csrf}",
-            headers={"Origin": "https://evil.example"},
-        )
+        cross_site = await log_out(browser, cookie, csrf, "https://evil.example")
         assert cross_site.status == 403
         # Under the console's Referrer-Policy: no-referrer a browser posts its form with
         # `Origin: null`.
-        response, _ = await browser.request(
-            "POST",
-            "/console/logout",
-            cookie=cookie,
-            data=f"csrf={csrf}",
-            headers={"Origin": "null"},
-        )
+        response = await log_out(browser, cookie, csrf, "null")
         assert (response.status, response.headers["Location"]) == (303, "/console/")
         [header] = response.headers.getall("Set-Cookie")
         assert header.startswith('lw_console=""') or header.startswith("lw_console=;")
