@@ -83,20 +83,34 @@ def estimate_tokens(name: str, text: str) -> int:
     return (len(name) + len(text) + 5) // 4 + MESSAGE_OVERHEAD_TOKENS
 
 
+# HistoryEntry's frozen __init__ sets each field through object.__setattr__; its slot
+# descriptors do the same in about half the time, and a turn builds one per history
+# message (as guards/loop_guard.py builds its decisions).
+_new_object = object.__new__
+_set_role = vars(HistoryEntry)["role"].__set__
+_set_name = vars(HistoryEntry)["name"].__set__
+_set_text = vars(HistoryEntry)["text"].__set__
+
+
 def history_for(
     entries: Sequence[TranscriptEntry], *, me: str, limits: HistoryConfig
 ) -> tuple[HistoryEntry, ...]:
     """The newest entries within both limits, oldest first, as the bot `me` sees them."""
     kept: list[HistoryEntry] = []
     budget = limits.max_tokens
+    most = limits.max_messages
     for entry in reversed(entries):
-        if len(kept) >= limits.max_messages:
+        if len(kept) >= most:
             break
         budget -= estimate_tokens(entry.sender_name, entry.text)
         if budget < 0:
             break
         role: Role = "assistant" if entry.sender_id == me else "user"
-        kept.append(HistoryEntry(role, entry.sender_name, entry.text))
+        seen: HistoryEntry = _new_object(HistoryEntry)
+        _set_role(seen, role)
+        _set_name(seen, entry.sender_name)
+        _set_text(seen, entry.text)
+        kept.append(seen)
     kept.reverse()
     return tuple(kept)
 

@@ -3,10 +3,16 @@
 Each guarded call is logged once its response has ended (a refusal at once), with the
 SDK's retry number; requests forwarded unguarded (model lists, files) are not logged.
 The entry is built when the call ends, and written after the response by one background
-writer that takes the entries queued so far in order, so a write never delays the next
-request on the connection, and a burst of calls ending together costs one task, not one
-each. Tokens are the provider's usage; those it did not report are estimated
-(`pricing`), and the entry says so.
+writer, so a write never delays the next request on the connection. The writer gathers
+the entries of `BATCH_SECONDS` and writes them in order with one `log_calls` (one SQLite
+transaction, one Redis pipeline): a transaction's fixed cost, more than an entry's own,
+is paid once per batch, not once per call. Tokens are the provider's usage; those it did
+not report are estimated (`pricing`), and the entry says so.
+
+Decisions where DESIGN.md is silent: a batch holds `BATCH_MAX` entries at most, so one
+write never holds the event loop for long, and a full one is written without waiting; a
+failed write loses its batch only (logged); `settle` still waits until every entry
+queued before it is written.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage
 
 log = logging.getLogger("loopwarden.proxy")
+
+BATCH_SECONDS = 0.02
+"""How long the writer gathers entries before writing them: some tens of calls at 1,000/s."""
+BATCH_MAX = 128
+"""Entries per write at most (about 2 ms of SQLite inserts)."""
 
 
 def log_entry(
@@ -79,6 +90,7 @@ class RequestLog:
         self._wall_clock = wall_clock
         self._timer = timer
         self._queued: deque[CallLogEntry] = deque()
+        self._writing = 0  # entries of the batch being written
         self._writer: asyncio.Task[None] | None = None
 
     def started(self) -> float:
@@ -125,8 +137,8 @@ class RequestLog:
 
     @property
     def pending(self) -> int:
-        """Entries queued and not yet written."""
-        return len(self._queued)
+        """Entries queued or being written, not yet written."""
+        return len(self._queued) + self._writing
 
     async def settle(self) -> None:
         """Wait until every entry queued so far is written."""
@@ -141,18 +153,28 @@ class RequestLog:
         await asyncio.wait({writer}, timeout=seconds)
         if not writer.done():
             writer.cancel()
-            log.warning("%d request-log entries not written at shutdown", len(self._queued) + 1)
+            lost = len(self._queued) + self._writing
+            log.warning("%d request-log entries not written at shutdown", lost)
             self._queued.clear()
             await asyncio.wait({writer}, timeout=1.0)
 
     async def _write(self) -> None:
-        """Write the queued entries in order, one at a time, until none is left."""
+        """Write the queued entries in batches, in order, until none is left."""
+        queued = self._queued
         try:
-            while self._queued:
-                entry = self._queued.popleft()
+            while queued:
+                # A full batch goes next time round the loop; a partial one waits for more.
+                await asyncio.sleep(0 if len(queued) >= BATCH_MAX else BATCH_SECONDS)
+                batch = [queued.popleft() for _ in range(min(len(queued), BATCH_MAX))]
+                self._writing = len(batch)
                 try:
-                    await self._store.log_call(entry)
+                    await self._store.log_calls(batch)
                 except Exception:  # a lost log line must never take the proxy down
-                    log.exception("request-log write for %s failed", entry.circuit)
+                    log.exception(
+                        "request-log write of %d entries (first for %s) failed",
+                        len(batch),
+                        batch[0].circuit,
+                    )
         finally:
+            self._writing = 0
             self._writer = None

@@ -45,6 +45,17 @@ def unicode_text(text: str) -> str:
 
 def bounded(entry: TranscriptEntry) -> TranscriptEntry:
     """The entry as it is stored: text and name capped, lone surrogates replaced."""
+    text = entry.text
+    name = entry.sender_name
+    if (
+        len(text) <= MAX_TEXT_CHARS
+        and len(name) <= MAX_NAME_CHARS
+        and text.isascii()
+        and name.isascii()
+        and entry.key.isascii()
+        and entry.sender_id.isascii()
+    ):
+        return entry  # the usual entry, kept as it is without a call (two per message)
     text = unicode_text(entry.text[:MAX_TEXT_CHARS])
     name = unicode_text(entry.sender_name[:MAX_NAME_CHARS])
     key = unicode_text(entry.key)

@@ -126,6 +126,10 @@ class CallLoopGuard:
         self._rule_calls = {rule.name: _table(max_circuits) for rule in self._rules}
         self._circuit_holds = _Holds(max_circuits)
         self._group_holds = _Holds(max_circuits)
+        # One record per path, refilled under the lock for every call: building one per
+        # call cost more than the step's own work. No call sees another's.
+        self._record = CallRecord(None, None, [], [])
+        self._rules_record = CallRecord(None, None, [], [])
 
     @property
     def policy(self) -> CallLoopPolicy:
@@ -165,13 +169,15 @@ class CallLoopGuard:
             call = (circuit, event.identity)
             if not event.rules:  # the common case, without the rules' bookkeeping
                 held = calls.peek(call)
-                record = CallRecord(hold, held, [], [])
+                record = self._record
+                record.hold = hold
+                record.calls = held
                 record, decision = step_call(record, event, policy or self._policy, when)
                 if record.hold is not hold:
                     self._circuit_holds.put(circuit, record.hold, when)
-                _keep(calls, call, held, record.calls, counted=decision.allowed)
+                _keep(calls, call, held, record.calls, decision.allowed)
                 return decision
-            return self._check_with_rules(event, hold, when, policy or self._policy)
+            return self._check_with_rules(event, call, hold, when, policy or self._policy)
 
     def record_outcome(
         self, decision: CallDecision, *, status: int | None = None, error: str | None = None
@@ -223,7 +229,12 @@ class CallLoopGuard:
         return sorted(found, key=_paused_key)
 
     def _check_with_rules(
-        self, event: CallEvent, hold: Hold | None, now: float, policy: CallLoopPolicy
+        self,
+        event: CallEvent,
+        call: tuple[str, str],
+        hold: Hold | None,
+        now: float,
+        policy: CallLoopPolicy,
     ) -> CallDecision:
         """`check` for a call some rules apply to: their group holds and counts join in."""
         tables = self._rule_calls
@@ -234,24 +245,36 @@ class CallLoopGuard:
         holds = self._group_holds
         # Without any group hold, no group key is worked out (but for a group paused now).
         groups = [rule_group(rule, key) for rule, key in rules] if holds else None
-        group_holds = [None] * len(rules) if groups is None else [holds.get(g, now) for g in groups]
-        held_rules = [tables[rule.name].peek(key) for rule, key in rules]
-        circuit = event.circuit
-        call = (circuit, event.identity)
+        group_holds: list[Hold | None] = (
+            [None] * len(rules) if groups is None else [holds.get(g, now) for g in groups]
+        )
+        # Loops, not comprehensions: in 3.11 each comprehension is a function call.
+        held_rules: list[CountedCalls | None] = []
+        for rule, key in rules:
+            held_rules.append(tables[rule.name].peek(key))
         held = self._calls.peek(call)
-        record = CallRecord(hold, held, list(group_holds), list(held_rules))
+        record = self._rules_record
+        record.hold = hold
+        record.calls = held
+        record.group_holds = group_holds.copy()
+        record.rule_calls = held_rules.copy()
         record, decision = step_call(record, event, policy, now)
         if record.hold is not hold:
-            self._circuit_holds.put(circuit, record.hold, now)
+            self._circuit_holds.put(event.circuit, record.hold, now)
         counted = decision.allowed
-        _keep(self._calls, call, held, record.calls, counted=counted)
+        _keep(self._calls, call, held, record.calls, counted)
+        after_holds = record.group_holds
+        # The step sets a new hold or None when one changes: the lists compare by identity
+        # first, in C, so the common case (none changed) costs no loop.
+        if after_holds != group_holds:
+            for index, (rule, key) in enumerate(rules):
+                after = after_holds[index]
+                if after is not group_holds[index]:
+                    group = rule_group(rule, key) if groups is None else groups[index]
+                    holds.put(group, after, now)
+        after_calls = record.rule_calls
         for index, (rule, key) in enumerate(rules):
-            after = record.group_holds[index]
-            if after is not group_holds[index]:
-                holds.put(rule_group(rule, key) if groups is None else groups[index], after, now)
-            _keep(
-                tables[rule.name], key, held_rules[index], record.rule_calls[index], counted=counted
-            )
+            _keep(tables[rule.name], key, held_rules[index], after_calls[index], counted)
         return decision
 
 
@@ -260,7 +283,6 @@ def _keep(
     key: tuple[str, ...],
     held: CountedCalls | None,
     calls: CountedCalls | None,
-    *,
     counted: bool,
 ) -> None:
     """Save a record the step saw (`held`: before it): counted, the most recent; emptied, gone."""

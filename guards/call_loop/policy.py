@@ -315,11 +315,8 @@ def rules_by_name(rules: Iterable[UniquenessRule]) -> dict[str, UniquenessRule]:
     return named
 
 
-def _field_value(name: str, fingerprint: str, fields: Mapping[str, str]) -> str | None:
-    """A call's value for a rule field; "prompt" falls back to the fingerprint."""
-    value = fields.get(name)
-    if value:
-        return value
+def _unset_value(name: str, fingerprint: str) -> str | None:
+    """A rule field's value when the call's fields have none: "prompt" is the fingerprint."""
     if name == "prompt":
         return fingerprint or None
     return None
@@ -327,8 +324,9 @@ def _field_value(name: str, fingerprint: str, fields: Mapping[str, str]) -> str 
 
 def rule_key(rule: UniquenessRule, fingerprint: str, fields: Mapping[str, str]) -> RuleKey | None:
     """The rule's key for a call (its field values), or None when the rule does not apply."""
+    # `or`: a field's own value costs no call (an empty value is none).
     for name, pattern in rule.filters.items():
-        value = _field_value(name, fingerprint, fields)
+        value = fields.get(name) or _unset_value(name, fingerprint)
         if value is None:
             return None
         if pattern.endswith("*"):
@@ -338,7 +336,7 @@ def rule_key(rule: UniquenessRule, fingerprint: str, fields: Mapping[str, str]) 
             return None
     values: list[str] = []
     for name in rule.fields:
-        value = _field_value(name, fingerprint, fields)
+        value = fields.get(name) or _unset_value(name, fingerprint)
         if value is None:
             return None
         values.append(value)

@@ -62,6 +62,9 @@ NEVER = -math.inf
 # this limit they are a list (dropping the oldest shifts a few pointers); above it a
 # deque, so that a rule allowing thousands of calls per window stays O(1) per call.
 _LIST_MAX_LIMIT = 64
+# Builds a CallEvent as NamedTuple's __new__ does, without that Python-level call (one
+# event per call).
+_new_event = tuple.__new__
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,13 +130,13 @@ def call_event(
     """The event of a call: its identity and the rules that apply to it (pure)."""
     identity = call_identity(fingerprint, fields)
     if not rules:
-        return CallEvent(circuit, identity, ())
+        return _new_event(CallEvent, (circuit, identity, ()))
     matched = []
     for rule in rules:
         key = rule_key(rule, fingerprint, fields)
         if key is not None:
             matched.append((rule, key))
-    return CallEvent(circuit, identity, tuple(matched))
+    return _new_event(CallEvent, (circuit, identity, tuple(matched)))
 
 
 @dataclass(slots=True)
@@ -168,27 +171,38 @@ def step_call(
         elif hold.paused_until > now:
             hold = record.hold = _refused(hold)
             return record, paused_verdict(circuit, hold.paused_until - now, hold.count, None)
+    rules = event.rules
     group_holds = record.group_holds
-    for index, earlier in enumerate(group_holds):
-        if earlier is None:
-            continue
-        if earlier.expires_at <= now:
-            group_holds[index] = None
-        elif earlier.paused_until > now:
-            refused = group_holds[index] = _refused(earlier)
-            remaining = refused.paused_until - now
-            return record, paused_verdict(circuit, remaining, refused.count, refused.rule)
+    # any() (in C) skips the loop when no group is held, the common case.
+    if any(group_holds):
+        for index, earlier in enumerate(group_holds):
+            if earlier is None:
+                continue
+            if earlier.expires_at <= now:
+                group_holds[index] = None
+            elif earlier.paused_until > now:
+                refused = group_holds[index] = _refused(earlier)
+                remaining = refused.paused_until - now
+                return record, paused_verdict(circuit, remaining, refused.count, refused.rule)
     window = policy.window_seconds
-    repeats = len(_live(record.calls, now, window, NEVER if hold is None else hold.fresh_from))
+    calls = record.calls
+    floor = NEVER if hold is None else hold.fresh_from
+    repeats = 0 if calls is None else len(_live(calls, now, window, floor))
     if repeats >= policy.max_repeats:
         pause = policy.pause_seconds
         record.hold = pause_hold(hold, now, pause, reason="loop_detected", rule=None)
         return record, loop_verdict(circuit, repeats + 1, pause)
+    if not rules:
+        record.calls = _count(calls, now, window, policy.max_repeats)
+        return record, allowed_verdict(circuit, event.identity, repeats + 1, now, ())
     rule_calls = record.rule_calls
-    for index, (rule, key) in enumerate(event.rules):
+    for index, (rule, key) in enumerate(rules):
+        held = rule_calls[index]
+        if held is None:  # nothing counted: under any limit
+            continue
         group_hold = group_holds[index]
         floor = NEVER if group_hold is None else group_hold.fresh_from
-        times = _live(rule_calls[index], now, rule.window_seconds, floor)
+        times = _live(held, now, rule.window_seconds, floor)
         if len(times) < rule.max_calls:
             continue
         if rule.action == "pause":
@@ -198,13 +212,12 @@ def step_call(
             return record, duplicate_verdict(circuit, rule, key, len(times) + 1, pause)
         retry_after = times[0] + rule.window_seconds - now
         return record, duplicate_verdict(circuit, rule, key, len(times) + 1, retry_after)
-    record.calls = _count(record.calls, now, window, policy.max_repeats)
-    if not event.rules:
-        return record, allowed_verdict(circuit, event.identity, repeats + 1, now, ())
-    for index, (rule, _) in enumerate(event.rules):
+    record.calls = _count(calls, now, window, policy.max_repeats)
+    rule_keys = []
+    for index, (rule, key) in enumerate(rules):
         rule_calls[index] = _count(rule_calls[index], now, rule.window_seconds, rule.max_calls)
-    rule_keys = tuple([(rule.name, key) for rule, key in event.rules])
-    return record, allowed_verdict(circuit, event.identity, repeats + 1, now, rule_keys)
+        rule_keys.append((rule.name, key))
+    return record, allowed_verdict(circuit, event.identity, repeats + 1, now, tuple(rule_keys))
 
 
 def step_reopen(hold: Hold | None, now: float, window: float) -> tuple[Hold, bool]:
@@ -252,13 +265,11 @@ def _current(hold: Hold | None, now: float) -> Hold | None:
     return None if hold is None or hold.expires_at <= now else hold
 
 
-def _live(calls: CountedCalls | None, now: float, window: float, floor: float) -> Sequence[float]:
+def _live(calls: CountedCalls, now: float, window: float, floor: float) -> Sequence[float]:
     """The counted times in the window (a call at t counts in [t, t + window)), after floor.
 
     The others are dropped from the record; an idle record is emptied.
     """
-    if calls is None:
-        return ()
     times = calls.times
     if calls.idle_at <= now:
         times.clear()

@@ -82,6 +82,7 @@ async def test_issue6_replicas_share_one_circuit(
     assert "billing-bot/session=batch-3" in out.getvalue()
     assert await asyncio.to_thread(cli, "circuits", "reopen", "billing-bot/session=batch-3") == 0
     await ask(servers[0].port)
+    await servers[0].settle()  # the log is written in batches, after the response
     entries = await servers[1].store.calls_since(3_600)
     assert [e.outcome for e in entries] == ["forwarded"] * 5 + [
         "loop_detected",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import pytest
 
@@ -14,7 +15,7 @@ from gateway.proxy.config import Price
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import GuardedCall, Usage
-from gateway.proxy.request_log import RequestLog, log_entry
+from gateway.proxy.request_log import BATCH_MAX, RequestLog, log_entry
 from tests.gateway.proxy.proxy_helpers import MODEL
 
 
@@ -77,21 +78,52 @@ async def test_issue10_entries_are_written_after_the_call_in_order_with_their_du
     assert [entry.at for entry in logged] == [999.0, 999.0, 999.0]
 
 
-class FailingOnce(MemoryCallStore):
-    """A store whose first log write fails."""
+class Counting(MemoryCallStore):
+    """A store that counts the entries of each log write."""
 
     def __init__(self) -> None:
         super().__init__(wall_clock=lambda: 0.0)
-        self.failed = False
+        self.writes: list[int] = []
 
-    async def log_call(self, entry: CallLogEntry) -> None:
-        if not self.failed:
-            self.failed = True
+    async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
+        self.writes.append(len(entries))
+        await super().log_calls(entries)
+
+
+class FailingOnce(Counting):
+    """A store whose first log write fails."""
+
+    async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
+        if not self.writes:
+            self.writes.append(len(entries))
             raise OSError("disk full")
-        await super().log_call(entry)
+        await super().log_calls(entries)
 
 
-async def test_issue10_a_failed_write_loses_its_entry_only(
+async def test_issue10_the_entries_queued_together_are_written_in_one_batch_in_order() -> None:
+    store = Counting()
+    request_log = RequestLog(store, prices(), wall_clock=lambda: 0.0)
+    for n in range(5):
+        request_log.record(a_call(f"call {n}"), "forwarded", 200, None)
+    await request_log.settle()
+    logged = await store.calls_since(60)
+    assert store.writes == [5]
+    assert [entry.fingerprint for entry in logged] == [
+        a_call(f"call {n}").fingerprint for n in range(5)
+    ]
+
+
+async def test_issue10_a_backlog_is_written_in_batches_of_at_most_batch_max() -> None:
+    store = Counting()
+    request_log = RequestLog(store, prices(), wall_clock=lambda: 0.0)
+    for n in range(2 * BATCH_MAX + 3):
+        request_log.record(a_call(f"call {n}"), "forwarded", 200, None)
+    await request_log.settle()
+    assert store.writes == [BATCH_MAX, BATCH_MAX, 3]
+    assert len(await store.calls_since(60)) == 2 * BATCH_MAX + 3
+
+
+async def test_issue10_a_failed_write_loses_its_batch_only(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     store = FailingOnce()
@@ -100,14 +132,18 @@ async def test_issue10_a_failed_write_loses_its_entry_only(
     request_log.record(a_call("second"), "forwarded", 200, None)
     with caplog.at_level(logging.ERROR, logger="loopwarden.proxy"):
         await request_log.settle()
-    assert len(await store.calls_since(60)) == 1
-    assert "request-log write for billing-bot failed" in caplog.text
+    request_log.record(a_call("third"), "forwarded", 200, None)
+    await request_log.settle()
+    assert [entry.fingerprint for entry in await store.calls_since(60)] == [
+        a_call("third").fingerprint
+    ]
+    assert "request-log write of 2 entries (first for billing-bot) failed" in caplog.text
 
 
 class Stuck(MemoryCallStore):
     """A store whose log writes never finish."""
 
-    async def log_call(self, entry: CallLogEntry) -> None:
+    async def log_calls(self, entries: Sequence[CallLogEntry]) -> None:
         await asyncio.Event().wait()
 
 
