@@ -24,7 +24,9 @@ Decisions where DESIGN.md is silent:
 - The agents' LLM calls share one CallStore of the state backend (default policy), so
   `/loop circuits` and `/loop reopen` see them, and with sqlite or redis so do other
   replicas, the proxy and `loopwarden circuits`. Their `policy.spend` budgets are counted
-  there too, their periods reckoned on `wall_clock` (the call store's clock of record).
+  there too, their periods reckoned on `wall_clock` (the call store's clock of record),
+  and each call is written to its request log (`request_log`, priced by the config's
+  `proxy.prices` as the proxy prices), drained by `stop` before the state store closes.
 - The Activity feed (gateway/activity.py) is recorded only with `http.admin_token` set
   (without it no one may read it); it flushes from `start` on; `stop` closes it
   after the agents and before the state store, so its last batch is kept and the live
@@ -62,6 +64,8 @@ from gateway.delivery import Delivery
 from gateway.errors import ConfigError, GatewayStopping
 from gateway.http import AdminAccess, HttpServer, Readiness, create_app
 from gateway.metrics import Metrics
+from gateway.proxy.pricing import PriceTable
+from gateway.proxy.request_log import RequestLog
 from gateway.refusals import RecentRefusals
 from gateway.rooms_api import room_routes
 from gateway.spend import AgentBudgets, spend_routes
@@ -131,6 +135,8 @@ class Gateway:
         self.metrics.watch_state(self.state)
         recent = RecentRefusals(clock=clock)
         budgets = AgentBudgets.from_config(config, wall_clock=wall_clock)
+        prices = PriceTable.for_config(config.proxy)
+        self.request_log = RequestLog(self.calls, prices, wall_clock=wall_clock)
         admin = self._admin = AdminService(
             config, self.state, recent=recent, calls=self.calls, spend=budgets
         )
@@ -164,7 +170,9 @@ class Gateway:
         self.app.add_routes(activity_routes(admin, self.activity, access))
         self._http = HttpServer(self.app, config.http.host, config.http.port)
         self._agents = {
-            name: build_agent(name, agent, calls=self.calls, budgets=budgets)
+            name: build_agent(
+                name, agent, calls=self.calls, budgets=budgets, request_log=self.request_log
+            )
             for name, agent in config.agents.items()
         }
         services = ConnectorServices(
@@ -320,6 +328,7 @@ class Gateway:
             ("connector", {h.bot.id: h.connector.aclose for h in self._hosted.values()}),
             ("agent", {name: agent.aclose for name, agent in self._agents.items()}),
             ("activity", {"feed": self.activity.aclose}),
+            ("request log", {"calls": lambda: self._drain_log(deadline - loop.time(), reserve)}),
             ("state", {self.config.state.backend: self.state.aclose, "calls": self.calls.aclose}),
             ("http", {"server": self._http.aclose} if self._started else {}),
         ):
@@ -328,6 +337,13 @@ class Gateway:
                 *(_close(f"{phase} {name}", close, budget) for name, close in closers.items())
             )
         log.info("gateway stopped")
+
+    async def _drain_log(self, seconds: float, reserve: float) -> None:
+        """Write the queued request-log entries within half the time left (at least `reserve`).
+
+        Half: what `drain` cannot write in time it cancels, within the phase's bound.
+        """
+        await self.request_log.drain(max(seconds, reserve) / 2)
 
     async def _drain(self, seconds: float, grace: float) -> None:
         """Wait for turns in flight up to `seconds`, then cancel the rest."""

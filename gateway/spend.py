@@ -74,6 +74,7 @@ from gateway.proxy.config import ProxyConfig
 from gateway.proxy.messages import money
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.pricing import PriceTable
+from gateway.proxy.provider import Usage
 from gateway.state.base import StateStore
 from gateway.types import Halt
 
@@ -84,6 +85,11 @@ SPEND = "spend"
 PROVIDER = "openai"
 """The price catalogue's provider for the agents' models (they speak OpenAI's API)."""
 _OPENAI = OpenAIProvider()
+
+
+def reported_usage(usage: object) -> Usage | None:
+    """The token counts a completion's `usage` block reports (None: no block)."""
+    return _OPENAI.usage({"usage": usage})
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +139,7 @@ class AgentBudgets:
         bots: Mapping[str, Sequence[str]] | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        prices = proxy or ProxyConfig()
-        self._prices = PriceTable(prices.prices, prices.default_output_tokens)
+        self._prices = PriceTable.for_config(proxy)
         self._bots = {platform: tuple(ids) for platform, ids in (bots or {}).items()}
         self._wall_clock = wall_clock
         self._periods: dict[str, Periods] = {}
@@ -179,7 +184,7 @@ class AgentBudgets:
 
     def used(self, charge: CallCharge, usage: object) -> Amount:
         """What a call that answered cost: its reported tokens, the estimate's where missing."""
-        reported = _OPENAI.usage({"usage": usage})
+        reported = reported_usage(usage)
         tokens_in = reported.input_tokens if reported is not None else None
         tokens_out = reported.output_tokens if reported is not None else None
         if usage is not None and (tokens_in is None or tokens_out is None):

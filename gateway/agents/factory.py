@@ -15,6 +15,7 @@ from gateway.config import (
     PythonAgentConfig,
     ScriptedAgentConfig,
 )
+from gateway.proxy.request_log import RequestLog
 from gateway.spend import AgentBudgets
 
 
@@ -24,18 +25,20 @@ def build_agent(
     *,
     calls: CallStore | None = None,
     budgets: AgentBudgets | None = None,
+    request_log: RequestLog | None = None,
 ) -> Agent:
     """The agent for `agents.<name>`; import errors surface here as ConfigError, at start-up.
 
     `calls` is where `openai` agents count their LLM calls (default: their own, in memory),
-    `budgets` how they price and charge them under `policy.spend` (default: genai-prices).
+    `budgets` how they price and charge them under `policy.spend` (default: genai-prices),
+    `request_log` where they log them (default: nowhere).
     """
     if isinstance(config, ScriptedAgentConfig):
         return ScriptedAgent(config)
     if isinstance(config, PythonAgentConfig):
         return PythonAgent(config, name=name)
     if isinstance(config, OpenAIAgentConfig):
-        return OpenAIAgent(name, config, calls=calls, budgets=budgets)
+        return OpenAIAgent(name, config, calls=calls, budgets=budgets, request_log=request_log)
     if isinstance(config, HttpAgentConfig):
         return HttpAgent(name, config)
     raise TypeError(f"unknown agent config {type(config).__name__}")

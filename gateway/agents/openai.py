@@ -63,6 +63,14 @@ Decisions where DESIGN.md is silent:
   ends the turn with `halt=Halt("spend", "budget_exceeded")`, the room's humans getting
   one notice per period and bots nothing. A sent request is charged what its usage block
   says (streams ask for it), a failed one nothing.
+- The request log (`request_log`, the gateway's `gateway.proxy.request_log.RequestLog` on
+  its CallStore): every attempt, sent or refused, is one entry under the agent's name,
+  with the room (and thread) as its session, the guard's circuit, `fields` {room, bot}
+  (the budget's; not fields rules read), and the attempt's number (0 first) as `retry`.
+  A sent call has the tokens its usage block reports (streams always ask for it), priced
+  as the proxy prices them; a refused one (`budget_exceeded`, or the call guard's code)
+  the proxy's estimate; a failed one (`upstream_error`, with the status when there was
+  an answer) no tokens and no cost, as the budget charges it nothing.
 """
 
 from __future__ import annotations
@@ -89,11 +97,14 @@ from gateway import messages
 from gateway.agents.completion_stream import CompletionStreamError, read_completion
 from gateway.agents.python_fn import import_callable
 from gateway.calls.budgets import Amount, SpendHold
-from gateway.calls.store import CallStore, MemoryCallStore
+from gateway.calls.store import CallOutcome, CallStore, MemoryCallStore
 from gateway.config import OpenAIAgentConfig, SpendSettings
 from gateway.errors import ConfigError, LoopwardenError
 from gateway.jsonbody import JsonBodyError, parse_json
-from gateway.spend import AgentBudgets, CallCharge
+from gateway.proxy.provider import Usage
+from gateway.proxy.refusal import refusal_outcome
+from gateway.proxy.request_log import RequestLog
+from gateway.spend import PROVIDER, AgentBudgets, CallCharge, reported_usage
 from gateway.types import AgentResult, Halt, HistoryEntry, ToolCall
 from guards.call_loop import (
     CallDecision,
@@ -131,6 +142,7 @@ _JSON_TYPES: Mapping[type, str] = {
     dict: "object",
 }
 _ERROR_DETAIL_MAX = 300
+_NOTHING_USED = Usage(0, 0)
 
 
 class _WireModel(BaseModel):
@@ -307,6 +319,23 @@ class _TurnSpend:
     waived: list[Halt]
 
 
+@dataclass(frozen=True, slots=True)
+class _ModelCall:
+    """One request to the model as the request log reads it (a `LoggedRequest`)."""
+
+    agent: str
+    session: str
+    circuit: str
+    model: str
+    fields: Mapping[str, str]
+    fingerprint: str = ""
+    request_bytes: int = 0
+    retry: int = 0
+    started: float = 0.0
+    provider_name: str = PROVIDER
+    max_output: int | None = None  # the agents send no max_tokens
+
+
 class _TurnEnded(LoopwardenError):
     """Ends the turn early with this reply (None: silence), and the guard's halt if any."""
 
@@ -333,6 +362,7 @@ class OpenAIAgent:
         max_retry_wait: float = 30.0,
         mcp: McpToolbox | None = None,
         budgets: AgentBudgets | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.name = name
         self._config = config
@@ -349,6 +379,7 @@ class OpenAIAgent:
         self._secret = config.api_key.get_secret_value() if config.api_key else ""
         self._mcp = mcp if mcp is not None else mcp_toolbox(name, config)
         self._budgets = budgets if budgets is not None else AgentBudgets()
+        self.request_log = request_log  # None: the agent's calls are not logged
 
     @property
     def tools(self) -> Mapping[str, ToolSpec]:
@@ -373,13 +404,15 @@ class OpenAIAgent:
         tool_shadow = resolved.tool_loop_shadow
         shadowed: list[Halt] = []  # the call guard's refusals shadow mode let through
         call_shadow = shadowed if resolved.call_loop_shadow else None
+        fields = {"room": msg.room, "bot": turn.bot.id}
+        model_call = _ModelCall(self.name, session, circuit, self._config.model, fields)
         settings = resolved.policy.spend
         spend = (
             None
             if settings is None
             else _TurnSpend(
                 settings,
-                {"room": msg.room, "bot": turn.bot.id},
+                fields,
                 turn.state,
                 msg.room,
                 msg.sender_is_bot,
@@ -399,7 +432,7 @@ class OpenAIAgent:
         try:
             for round_no in range(rounds + 1):
                 answer = await self._complete(
-                    circuit,
+                    model_call,
                     policy,
                     conversation,
                     offered,
@@ -514,7 +547,7 @@ class OpenAIAgent:
 
     async def _complete(
         self,
-        circuit: str,
+        model_call: _ModelCall,
         policy: CallLoopPolicy,
         conversation: list[WireMessage],
         tools: list[WireMessage],
@@ -537,9 +570,12 @@ class OpenAIAgent:
             payload["temperature"] = self._config.temperature
         if stream is not None:
             payload["stream"] = True
-            if spend is not None:
-                payload["stream_options"] = {"include_usage": True}
-        fingerprint = fingerprint_call(self._config.model, conversation)
+            payload["stream_options"] = {"include_usage": True}
+        call = replace(
+            model_call,
+            fingerprint=fingerprint_call(self._config.model, conversation),
+            request_bytes=len(json.dumps(payload).encode()),
+        )
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._max_attempts),
             wait=self._wait,
@@ -548,17 +584,17 @@ class OpenAIAgent:
             reraise=True,
         )
         try:
-            completion: _Completion = await retrying(
-                self._attempt,
-                circuit,
-                policy,
-                fingerprint,
-                payload,
-                sender_is_bot,
-                stream=stream,
-                shadowed=shadowed,
-                spend=spend,
-            )
+            async for attempt in retrying:
+                with attempt:
+                    completion = await self._attempt(
+                        replace(call, retry=attempt.retry_state.attempt_number - 1),
+                        policy,
+                        payload,
+                        sender_is_bot,
+                        stream=stream,
+                        shadowed=shadowed,
+                        spend=spend,
+                    )
         except _ProviderError as exc:
             log.warning(
                 "agent %s: model call to %s failed: %s",
@@ -574,9 +610,8 @@ class OpenAIAgent:
 
     async def _attempt(
         self,
-        circuit: str,
+        call: _ModelCall,
         policy: CallLoopPolicy,
-        fingerprint: str,
         payload: Mapping[str, object],
         sender_is_bot: bool,
         *,
@@ -584,10 +619,16 @@ class OpenAIAgent:
         shadowed: list[Halt] | None,
         spend: _TurnSpend | None,
     ) -> _Completion:
-        """One HTTP request, if budget and call guard allow it; a failure is uncounted and free."""
-        decision, charge = await self._admit(circuit, policy, fingerprint, payload, spend)
+        """One HTTP request, if budget and call guard allow it; a failure is uncounted and free.
+
+        Every attempt is logged, sent or refused.
+        """
+        if self.request_log is not None:
+            call = replace(call, started=self.request_log.started())
+        decision, charge = await self._admit(call, policy, spend)
         if not decision.allowed:
             if shadowed is None:
+                self._log(call, refusal_outcome(decision), None, None, rule=decision.rule)
                 raise self._refused(decision, sender_is_bot=sender_is_bot)
             log.info(
                 "agent %s: shadow: would have refused the model call (%s) on %s",
@@ -598,33 +639,32 @@ class OpenAIAgent:
             )
             shadowed.append(Halt("call_loop", decision.code))
         try:
-            completion = await self._post(payload, stream)
+            completion, status = await self._post(payload, stream)
         except _ProviderError as exc:
+            self._log(call, "upstream_error", exc.status, _NOTHING_USED)
             await self.calls.record_outcome(decision, exc.status, exc.reason)
             if charge is not None:
                 await self.calls.charge(charge.hold, None)
             raise
+        self._log(call, "forwarded", status, reported_usage(completion.usage))
         if charge is not None:
             await self.calls.charge(charge.hold, self._budgets.used(charge, completion.usage))
         return completion
 
     async def _admit(
-        self,
-        circuit: str,
-        policy: CallLoopPolicy,
-        fingerprint: str,
-        payload: Mapping[str, object],
-        spend: _TurnSpend | None,
+        self, call: _ModelCall, policy: CallLoopPolicy, spend: _TurnSpend | None
     ) -> tuple[CallDecision, CallCharge | None]:
         """The call guard's decision and, under a budget, what the call holds.
 
         A call the budget refuses ends the turn (in shadow mode it goes on, holding
         nothing); one the call guard refuses holds nothing either (the store gave it back).
         """
+        circuit, fingerprint = call.circuit, call.fingerprint
         if spend is None:
             return await self.calls.decide(circuit, fingerprint, policy=policy), None
-        size = len(json.dumps(payload).encode())
-        event, charge = self._budgets.event(spend.settings, spend.fields, self._config.model, size)
+        event, charge = self._budgets.event(
+            spend.settings, spend.fields, call.model, call.request_bytes
+        )
         admission = await self.calls.admit(circuit, fingerprint, {}, event, policy=policy)
         unheld = replace(charge, hold=SpendHold(event.groups, Amount()))
         verdict = admission.spend
@@ -632,6 +672,7 @@ class OpenAIAgent:
             group = verdict.refused or event.groups[0]  # the call's one group
             halt = self._budgets.refusal(verdict, group, spend.settings)
             if spend.settings.mode == "enforce":
+                self._log(call, "budget_exceeded", None, None)
                 notice = (
                     None
                     if spend.sender_is_bot
@@ -650,6 +691,19 @@ class OpenAIAgent:
             spend.waived.append(halt)
             return await self.calls.decide(circuit, fingerprint, policy=policy), unheld
         return admission.call, charge if admission.call.allowed else unheld
+
+    def _log(
+        self,
+        call: _ModelCall,
+        outcome: CallOutcome,
+        status: int | None,
+        usage: Usage | None,
+        *,
+        rule: str | None = None,
+    ) -> None:
+        """Queue the call's request-log entry, when the agent has a request log."""
+        if self.request_log is not None:
+            self.request_log.record(call, outcome, status, usage, rule=rule)
 
     def _refused(self, decision: CallDecision, *, sender_is_bot: bool) -> _TurnEnded:
         """The turn's end when the call guard refuses a model call."""
@@ -676,8 +730,8 @@ class OpenAIAgent:
 
     async def _post(
         self, payload: Mapping[str, object], stream: ReplyStream | None = None
-    ) -> _Completion:
-        """POST /chat/completions; HTTP errors, timeouts and bad bodies become _ProviderError.
+    ) -> tuple[_Completion, int]:
+        """POST /chat/completions, its answer and status; failures raise _ProviderError.
 
         With `stream` the answer is read as it comes, its text written into `stream`.
         """
@@ -692,10 +746,11 @@ class OpenAIAgent:
             async with self._client().post(
                 self._url, json=payload, headers=headers, timeout=timeout
             ) as response:
-                if response.status >= 400:
+                status = response.status
+                if status >= 400:
                     detail = _error_detail(await response.text())
                     retry_after = parse_retry_after(response.headers)
-                    raise _ProviderError(response.status, detail, retry_after)
+                    raise _ProviderError(status, detail, retry_after)
                 if stream is None:
                     body = parse_json(await response.read())
                 else:
@@ -712,7 +767,7 @@ class OpenAIAgent:
         except ValueError:
             raise _ProviderError(None, "invalid response") from None
         try:
-            return _Completion.model_validate(body)
+            return _Completion.model_validate(body), status
         except ValidationError:
             raise _ProviderError(None, "invalid response") from None
 

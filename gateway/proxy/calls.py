@@ -55,6 +55,27 @@ class ProxiedCall:
     decision: CallDecision | None = None
     spend: SpendVerdict | None = None
 
+    # What the request log reads of a call (`gateway.proxy.request_log.LoggedRequest`).
+    @property
+    def provider_name(self) -> str:
+        """The route's provider."""
+        return self.provider.name
+
+    @property
+    def agent(self) -> str:
+        """The key's agent."""
+        return self.client.agent
+
+    @property
+    def model(self) -> str:
+        """The model the body names."""
+        return self.call.model
+
+    @property
+    def max_output(self) -> int | None:
+        """The body's output limit (`max_tokens` or the provider's name for it)."""
+        return self.call.max_output
+
 
 def rule_fields(headers: Mapping[str, str], client: ProxyClient, model: str) -> dict[str, str]:
     """The fields uniqueness rules read: from the headers, the key's agent, the model.

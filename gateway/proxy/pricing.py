@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.proxy.config import Price
+from gateway.proxy.config import Price, ProxyConfig
 
 log = logging.getLogger("loopwarden.proxy")
 
@@ -51,7 +51,7 @@ class _Average:
 
 def catalogue_price(provider: str, model: str) -> Price | None:
     """The price `genai-prices` has for a provider's model, None when it has none."""
-    # Imported here: reading its data takes a third of a second, paid by the proxy only.
+    # Imported here: reading its data takes a third of a second, paid where calls are priced.
     from genai_prices import Usage, calc_price
 
     provider_id = CATALOGUE_PROVIDERS.get(provider)
@@ -74,6 +74,12 @@ class PriceTable:
         self._by_model: dict[tuple[str | None, str], Price | None] = {}
         self._outputs: dict[str, _Average] = {}
         self._warned: set[str] = set()
+
+    @classmethod
+    def for_config(cls, proxy: ProxyConfig | None) -> PriceTable:
+        """The table of a config's `proxy:` section (its defaults without one)."""
+        settings = proxy or ProxyConfig()
+        return cls(settings.prices, settings.default_output_tokens)
 
     def price(self, model: str, provider: str | None = None) -> Price | None:
         """The price of a model (cached per provider and model name)."""

@@ -7,7 +7,9 @@ writer, so a write never delays the next request on the connection. The writer g
 the entries of `BATCH_SECONDS` and writes them in order with one `log_calls` (one SQLite
 transaction, one Redis pipeline): a transaction's fixed cost, more than an entry's own,
 is paid once per batch, not once per call. Tokens are the provider's usage; those it did
-not report are estimated (`pricing`), and the entry says so.
+not report are estimated (`pricing`), and the entry says so. The gateway's own `openai`
+agents log their model calls through a `RequestLog` too (`gateway.agents.openai`): a call
+is any `LoggedRequest`, the proxy's `ProxiedCall` or an agent's request.
 
 Decisions where DESIGN.md is silent: a batch holds `BATCH_MAX` entries at most, so one
 write never holds the event loop for long, and a full one is written without waiting; a
@@ -21,10 +23,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from gateway.calls.store import CallLogEntry, CallOutcome, CallStore
-from gateway.proxy.calls import ProxiedCall
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage
 
@@ -36,8 +38,35 @@ BATCH_MAX = 128
 """Entries per write at most (about 2 ms of SQLite inserts)."""
 
 
+class LoggedRequest(Protocol):
+    """A call as the request log reads it: who sent what, how big, when it started."""
+
+    @property
+    def provider_name(self) -> str: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def session(self) -> str: ...
+    @property
+    def circuit(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def fingerprint(self) -> str: ...
+    @property
+    def fields(self) -> Mapping[str, str]: ...
+    @property
+    def request_bytes(self) -> int: ...
+    @property
+    def max_output(self) -> int | None: ...
+    @property
+    def retry(self) -> int: ...
+    @property
+    def started(self) -> float: ...
+
+
 def log_entry(
-    call: ProxiedCall,
+    call: LoggedRequest,
     prices: PriceTable,
     outcome: CallOutcome,
     status: int | None,
@@ -48,15 +77,15 @@ def log_entry(
     rule: str | None = None,
 ) -> CallLogEntry:
     """The call's entry: reported tokens where the provider gave them, estimates elsewhere."""
-    model = call.call.model
+    model = call.model
     reported = usage or Usage()
-    guess_in, guess_out = prices.estimate(model, call.request_bytes, call.call.max_output)
+    guess_in, guess_out = prices.estimate(model, call.request_bytes, call.max_output)
     input_tokens = guess_in if reported.input_tokens is None else reported.input_tokens
     output_tokens = guess_out if reported.output_tokens is None else reported.output_tokens
     return CallLogEntry(
         at=at,
-        provider=call.provider.name,
-        agent=call.client.agent,
+        provider=call.provider_name,
+        agent=call.agent,
         session=call.session,
         circuit=call.circuit,
         model=model,
@@ -64,7 +93,7 @@ def log_entry(
         status=status,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        cost=prices.cost(model, input_tokens, output_tokens, call.provider.name),
+        cost=prices.cost(model, input_tokens, output_tokens, call.provider_name),
         estimated=reported.input_tokens is None or reported.output_tokens is None,
         fingerprint=call.fingerprint,
         rule=rule,
@@ -99,7 +128,7 @@ class RequestLog:
 
     def record(
         self,
-        call: ProxiedCall,
+        call: LoggedRequest,
         outcome: CallOutcome,
         status: int | None,
         usage: Usage | None,
@@ -107,7 +136,7 @@ class RequestLog:
         rule: str | None = None,
     ) -> CallLogEntry:
         """Queue the call's entry (and return it); a forwarded call's output feeds estimates."""
-        model = call.call.model
+        model = call.model
         if outcome == "forwarded" and usage is not None and usage.output_tokens is not None:
             self._prices.observe(model, usage.output_tokens)
         entry = log_entry(

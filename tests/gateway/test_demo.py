@@ -238,6 +238,15 @@ class DemoRoom:
             body = await response.json()
         return [entry["circuit"] for entry in body["circuits"]]
 
+    async def calls(self, **filters: str) -> tuple[list[dict[str, object]], dict[str, object]]:
+        """The calls and totals `GET /admin/calls` answers for these filters."""
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        url = self.url("/admin/calls")
+        async with self.http.get(url, params=filters, headers=headers) as response:
+            assert response.status == 200
+            body = await response.json()
+        return body["calls"], body["totals"]
+
     def said_by(self, sender: str) -> list[str]:
         """The lobby messages `sender` posted."""
         hub = RoomHub.for_app(self.gateway.app)
@@ -318,3 +327,27 @@ async def test_issue12_finder_is_halted_by_the_loop_guard_with_the_short_notice(
         *["the tool result carries the loop guard's warn"] * 4,
         "the loop guard did not run the tool: find_document was called 8 times this turn",
     ]
+
+
+async def test_issue12_the_admin_api_lists_oracles_and_finders_model_calls() -> None:
+    async with demo_room() as room, room.http.ws_connect(room.url("/room/ws")) as alice:
+        await join(alice, "alice")
+        await say(alice, "@finder find the invoice")
+        assert (await next_event(alice, "message", from_sender("finder")))["text"] == FINDER_STOP
+        await say(alice, ORACLE_ASKS)
+        assert (await next_event(alice, "message", from_sender("oracle")))["text"] == ORACLE_STOP
+        await room.gateway.request_log.settle()
+        oracle, totals = await room.calls(agent="oracle")
+        finder, _ = await room.calls(agent="finder")
+    # Newest first: the refused 6th repeat, then the 5 repeats and the first request answered.
+    assert [call["outcome"] for call in oracle] == ["loop_detected"] + ["forwarded"] * 6
+    refused = oracle[0]
+    assert (refused["circuit"], refused["estimated"], refused["refused"]) == (CIRCUIT, True, True)
+    # The demo's model has no price: its calls count as unpriced, by tokens only.
+    assert refused["priced"] is False
+    assert totals["refused"] == 1
+    assert totals["unpriced"] == 7
+    assert totals["cost_saved"] == 0
+    # finder: its first request and one per tool result until the loop guard halted it.
+    assert [call["outcome"] for call in finder] == ["forwarded"] * 9
+    assert {call["model"] for call in finder} == {"demo-finder"}
