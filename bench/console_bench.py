@@ -10,8 +10,9 @@ runs with none, in the same process and run; the turns yield to the event loop e
 `YIELD_EVERY` messages, as a connector's reads do, so the flushes and the stream run
 during the measurement. Every run starts with fresh state and an empty feed. Times are
 this thread's CPU time (the client's own is not the gateway's). Also shown: the same
-pipeline with no feed at all, for the feed's own cost. Target: with a client, at least
-0.95× the rate without.
+pipeline with no feed at all, for the feed's own cost (recording, the flushes, the memory
+backend's appends). Targets: with a client, at least 0.95× the rate without; with the feed,
+at least 0.9× the rate with no feed (about 4 µs per message).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from gateway.state.memory import MemoryStateStore
 from gateway.types import InboundMessage
 
 TARGET_RATIO = 0.95
+TARGET_FEED_RATIO = 0.9
 YIELD_EVERY = 50
 TOKEN = "bench-console-token-0123456789"
 
@@ -169,10 +171,12 @@ async def main(total: int, repeat: int) -> None:
     print(f"feed, one client        {1 / one:>12,.0f} msg/s  {one * 1e6:8.2f} µs/msg  (CPU)")
     print(f"no feed at all          {1 / off:>12,.0f} msg/s  {off * 1e6:8.2f} µs/msg  (CPU)")
     print(f"events the client read  {read:>12,}  (all runs; dropped by the feed: {feed.dropped:,})")
-    ratio = none / one
+    ratio, feed_ratio = none / one, off / none
     print(f"one client / none       {ratio:>12.3f} ×  (target ≥ {TARGET_RATIO})")
-    print(f"feed / no feed          {off / none:>12.3f} ×  (the feed's own cost)")
-    print(f"{'meets' if ratio >= TARGET_RATIO else 'misses'} the target")
+    print(f"feed / no feed          {feed_ratio:>12.3f} ×  (target ≥ {TARGET_FEED_RATIO})")
+    print(f"the feed's own cost     {(none - off) * 1e6:>12.2f} µs/msg  (CPU)")
+    met = ratio >= TARGET_RATIO and feed_ratio >= TARGET_FEED_RATIO
+    print(f"{'meets' if met else 'misses'} the targets")
 
 
 async def client(url: str) -> None:

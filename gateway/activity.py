@@ -23,6 +23,9 @@ Decisions where DESIGN.md is silent:
   the backend is slower than the traffic (or down) the oldest are dropped and counted
   (`dropped`), never the gateway slowed. A batch the backend refuses (Redis down) is
   logged and lost.
+- Each event is stamped with its own clock reading when recorded, not one per batch: a
+  batch's time would put an event recorded just before a minute ends into the next
+  minute's bar, and the reading is a small part of the feed's cost (bench/console_bench.py).
 - `aclose` flushes what is left, then ends every reader's wait and gives the readers
   (`reading`) up to `reader_grace` seconds to send that last batch and finish, so the live
   streams end before the state store closes.
@@ -35,7 +38,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from gateway.errors import StateError
 from gateway.state.activity import ActivityEvent, Kind
@@ -139,7 +142,7 @@ class ActivityFeed:
         async with self._lock:
             if not self._pending:
                 return
-            batch = [_event(pending) for pending in self._pending]
+            batch = _events(self._pending)
             self._pending.clear()
             try:
                 await self.state.activity_append(batch)
@@ -191,22 +194,27 @@ class ActivityFeed:
                 await self._no_readers.wait()
 
 
-def _event(pending: _Pending) -> ActivityEvent:
-    """The feed event of one recording (the excerpt is made here, off the hot path)."""
-    at, kind, message, stage, code, detail, text = pending
-    # A message in is the room's, not one hosted bot's; a reply is the bot's own words.
-    bot = "" if kind == "in" else message.bot_id
-    sender = message.bot_id if kind == "reply" else message.sender_name or message.sender_id
-    return ActivityEvent(
-        0,
-        at,
-        message.room,
-        bot,
-        sender[:FIELD_CHARS],
-        kind,
-        stage,
-        code,
-        detail[:FIELD_CHARS],
-        excerpt(text),
-        message.message_key,
-    )
+def _events(recorded: Iterable[_Pending]) -> list[ActivityEvent]:
+    """The feed events of the recordings (excerpts are made here, off the hot path)."""
+    make = ActivityEvent._make  # a NamedTuple's own constructor takes twice as long
+    events: list[ActivityEvent] = []
+    last: InboundMessage | None = None
+    room = key = human = said = cut = ""
+    for at, kind, message, stage, code, detail, text in recorded:
+        if message is not last:  # a message's events are mostly recorded one after another
+            last, room, key = message, message.room, message.message_key
+            human = (message.sender_name or message.sender_id)[:FIELD_CHARS]
+        if text is not said:
+            said, cut = text, excerpt(text)
+        # A message in is the room's, not one hosted bot's; a reply is the bot's own words.
+        if kind == "in":
+            bot, sender = "", human
+        elif kind == "reply":
+            bot = message.bot_id
+            sender = bot[:FIELD_CHARS]
+        else:
+            bot, sender = message.bot_id, human
+        events.append(
+            make((0, at, room, bot, sender, kind, stage, code, detail[:FIELD_CHARS], cut, key))
+        )
+    return events

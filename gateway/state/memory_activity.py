@@ -5,13 +5,20 @@ Decisions where DESIGN.md is silent:
   process keeps its last hour and day until traffic moves them on.
 - A bucket counts at most `ROOMS_KEEP` rooms of its own; past that, a flood of new rooms
   is counted in the total only, so memory stays bounded.
+- The ring holds the events as appended (id 0): ids in it are consecutive, so an event's
+  id is known from its place and the event under its id is made only when it is read.
+- Message keys older than `SEEN_SECONDS` are forgotten once per batch (measured from the
+  batch's first event) rather than per event; each `in` is still judged by its own time.
+- A batch's rooms are moved to the front in the order of their newest events, so `rooms`
+  is newest first within a batch too, as if its events had come one by one.
 """
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import count, islice
+from operator import itemgetter
 
 from gateway.state import activity
 from gateway.state.activity import (
@@ -27,6 +34,7 @@ from gateway.state.activity import (
 _KEEP_SECONDS = {"m": activity.MINUTE_KEEP_SECONDS, "h": activity.HOUR_KEEP_SECONDS}
 # Message keys remembered at most, whatever their age: a flood cannot grow the set.
 _SEEN_KEEP = 100_000
+_NEVER = float("-inf")
 
 _Counts = dict[str, dict[str, int]]
 """One bucket's counters: room → field → count."""
@@ -36,10 +44,9 @@ class MemoryActivity:
     """Events (ids 1, 2, …), counters and rooms of one process, bounded."""
 
     def __init__(self) -> None:
-        # (id, event as appended): the event under its id is made only when it is read.
-        self._events: deque[tuple[int, ActivityEvent]] = deque(maxlen=EVENTS_KEEP)
+        self._events: deque[ActivityEvent] = deque(maxlen=EVENTS_KEEP)
         self._last_id = 0
-        # Message keys by when appended, and the same in that order for the sweep.
+        # Message keys by when appended, and the same in that order for forgetting them.
         self._seen: dict[str, float] = {}
         self._seen_order: deque[tuple[float, str]] = deque()
         self._counts: dict[str, OrderedDict[int, _Counts]] = {
@@ -49,51 +56,52 @@ class MemoryActivity:
 
     def append(self, events: Sequence[ActivityEvent]) -> None:
         """Store and count each event, a message key's `in` once (counted per batch)."""
-        tallies: Counter[activity.Tally] = Counter()
+        if not events:
+            return
+        self._forget_seen(events[0].at - SEEN_SECONDS)
+        seen, order, dedupe_key = self._seen, self._seen_order, activity.dedupe_key
+        kept: list[ActivityEvent] = []
         rooms: dict[str, float] = {}
-        stored = self._events
         for event in events:
-            if not self._fresh(event):
-                continue
-            self._last_id += 1
-            stored.append((self._last_id, event))
-            counted = activity.tally(event)
-            if counted is not None:
-                tallies[counted] += 1
-            rooms[event.room] = max(event.at, rooms.get(event.room, event.at))
+            at = event.at
+            key = dedupe_key(event)
+            if key is not None:
+                held = seen.get(key)
+                if held is not None and held > at - SEEN_SECONDS:
+                    continue
+                if len(order) >= _SEEN_KEEP:
+                    self._forget_seen(at - SEEN_SECONDS)
+                seen[key] = at
+                order.append((at, key))
+            kept.append(event)
+            if rooms.get(event.room, _NEVER) < at:
+                rooms[event.room] = at
+        self._events.extend(kept)
+        self._last_id += len(kept)
+        tallies = activity.tallies(kept)
         latest = max(rooms.values(), default=0.0)
         for counted, n in tallies.items():
             for resolution, start, room, field in activity.counters(counted):
                 counts = self._bucket(resolution, start, latest)
-                held = counts.get(room)
-                if held is None:
+                held_counts = counts.get(room)
+                if held_counts is None:
                     if len(counts) > ROOMS_KEEP:
                         continue
-                    held = counts[room] = {}
-                held[field] = held.get(field, 0) + n
-        for room, at in rooms.items():
+                    held_counts = counts[room] = {}
+                held_counts[field] = held_counts.get(field, 0) + n
+        for room, at in sorted(rooms.items(), key=itemgetter(1)):  # newest last
             self._rooms[room] = at
             self._rooms.move_to_end(room)
         while len(self._rooms) > ROOMS_KEEP:
             self._rooms.popitem(last=False)
 
-    def _fresh(self, event: ActivityEvent) -> bool:
-        """False for a message in whose key was appended within SEEN_SECONDS."""
-        key = activity.dedupe_key(event)
-        if key is None:
-            return True
+    def _forget_seen(self, since: float) -> None:
+        """Forget message keys appended at or before `since`, and the oldest past the cap."""
         seen, order = self._seen, self._seen_order
-        since = event.at - SEEN_SECONDS
         while order and (order[0][0] <= since or len(order) >= _SEEN_KEEP):
             at, old = order.popleft()
             if seen.get(old) == at:
                 del seen[old]
-        held = seen.get(key)
-        if held is not None and held > since:
-            return False
-        seen[key] = event.at
-        order.append((event.at, key))
-        return True
 
     def _bucket(self, resolution: str, start: int, now: float) -> _Counts:
         """The counters of one bucket; buckets older than the resolution keeps go first."""
@@ -111,19 +119,25 @@ class MemoryActivity:
     ) -> tuple[list[ActivityEvent], int | None]:
         """Events after `cursor` (None: the newest), oldest first, and the next cursor."""
         events = self._events
-        newest = events[-1][0] if events else None
+        newest = self._last_id if events else None
         if cursor is not None and (newest is None or cursor > newest):
             cursor = None
         if cursor is None:
-            backwards = (e for e in reversed(events) if room is None or e[1].room == room)
+            backwards: Iterable[tuple[int, ActivityEvent]] = zip(
+                count(self._last_id, -1), reversed(events), strict=False
+            )
+            if room is not None:
+                backwards = ((i, e) for i, e in backwards if e.room == room)
             picked = list(islice(backwards, limit))
             picked.reverse()
             return [e.stored(i) for i, e in picked], newest
-        # Ids in the ring are consecutive, so the first one after the cursor is found by place.
-        start = max(cursor + 1 - events[0][0], 0)
-        after: Iterable[tuple[int, ActivityEvent]] = islice(events, start, None)
+        first = self._last_id - len(events) + 1
+        start = max(cursor + 1 - first, 0)
+        after: Iterable[tuple[int, ActivityEvent]] = zip(
+            count(first + start), islice(events, start, None), strict=False
+        )
         if room is not None:
-            after = (e for e in after if e[1].room == room)
+            after = ((i, e) for i, e in after if e.room == room)
         found = [e.stored(i) for i, e in islice(after, limit)]
         return found, found[-1].id if len(found) == limit else newest
 

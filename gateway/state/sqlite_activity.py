@@ -17,7 +17,6 @@ Decisions where DESIGN.md is silent:
 from __future__ import annotations
 
 import sqlite3
-from collections import Counter
 from collections.abc import Sequence
 
 from gateway.state import activity
@@ -59,7 +58,7 @@ _KEEP = {"m": MINUTE_KEEP_SECONDS, "h": HOUR_KEEP_SECONDS}
 def append(db: sqlite3.Connection, now: float, events: Sequence[ActivityEvent]) -> None:
     """Insert and count the events (a message key's `in` once), then apply retention."""
     db.execute("DELETE FROM activity_seen WHERE expires_at <= ?", (now,))
-    tallies: Counter[activity.Tally] = Counter()
+    kept: list[ActivityEvent] = []
     rooms: dict[str, float] = {}
     for event in events:
         key = activity.dedupe_key(event)
@@ -75,14 +74,16 @@ def append(db: sqlite3.Connection, now: float, events: Sequence[ActivityEvent]) 
             "INSERT INTO activity (at, room, event) VALUES (?, ?, ?)",
             (event.at, event.room, activity.encode(event)),
         )
-        counted = activity.tally(event)
-        if counted is not None:
-            tallies[counted] += 1
+        kept.append(event)
         rooms[event.room] = max(event.at, rooms.get(event.room, event.at))
     db.executemany(
         "INSERT INTO activity_counts (resolution, bucket, room, field, n) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (resolution, bucket, room, field) DO UPDATE SET n = n + excluded.n",
-        [(*counter, n) for counted, n in tallies.items() for counter in activity.counters(counted)],
+        [
+            (*counter, n)
+            for counted, n in activity.tallies(kept).items()
+            for counter in activity.counters(counted)
+        ],
     )
     db.executemany(
         "INSERT INTO activity_rooms (room, last_seen) VALUES (?, ?) "

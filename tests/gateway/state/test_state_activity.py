@@ -17,8 +17,9 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.state import activity
-from gateway.state.activity import EVENTS_KEEP, TOTAL, ActivityEvent, Kind
+from gateway.state.activity import EVENTS_KEEP, SEEN_SECONDS, TOTAL, ActivityEvent, Kind, Span
 from gateway.state.base import StateStore
+from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
 from tests.gateway.state.test_state_conformance import BACKENDS, Clock, build_store
@@ -177,14 +178,37 @@ async def test_issue12_the_chart_counts_per_minute_and_hour_by_guard(store: Stat
     assert day[-1].messages_in + day[-2].messages_in == 3
     assert sum(sum((b.refusals or {}).values()) for b in day) == 4
     expected: Counter[tuple[str, int, str, str]] = Counter()
-    for each in batch:
-        counted = activity.tally(each)
-        if counted is not None:
-            expected.update(activity.counters(counted))
+    for counted, n in activity.tallies(batch).items():
+        expected.update(dict.fromkeys(activity.counters(counted), n))
     day_total = sum(n for (res, _, room, _), n in expected.items() if res == "h" and room == TOTAL)
     assert sum(b.messages_in + b.replies_out + sum((b.refusals or {}).values()) for b in day) == (
         day_total
     )
+
+
+async def test_issue12_memory_counts_and_keeps_a_batch_as_its_events_one_by_one() -> None:
+    minute = int(NOW // 60) * 60
+    batch = [
+        event("in", at=minute - 1, message="a"),
+        event("reply", at=minute - 0.5, stage="delivery"),
+        event("in", at=minute, message="a"),  # the same message again: kept once
+        event("refusal", at=minute + 59.5, stage="bot_loop", room=OTHER),
+        event("in", at=minute + 60, message="b", room=OTHER),
+        event("in", at=minute + 61 + SEEN_SECONDS, message="a"),  # by its own time: forgotten
+    ]
+    batched, one_by_one = MemoryStateStore(), MemoryStateStore()
+    await batched.activity_append(batch)
+    for each in batch:
+        await one_by_one.activity_append([each])
+    now = minute + 61 + SEEN_SECONDS
+    spans: list[tuple[Span, str | None]] = [("hour", None), ("hour", OTHER), ("day", ROOM)]
+    for span, room in spans:
+        series = await batched.activity_series(span, now, room)
+        assert series == await one_by_one.activity_series(span, now, room), (span, room)
+    assert await batched.activity_since(None, 10) == await one_by_one.activity_since(None, 10)
+    kept, _ = await batched.activity_since(None, 10)
+    assert [e.message for e in kept if e.kind == "in"] == ["a", "b", "a"]
+    assert await batched.activity_rooms() == await one_by_one.activity_rooms()
 
 
 async def test_issue12_every_room_seen_newest_first(store: StateStore) -> None:
