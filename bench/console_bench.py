@@ -11,8 +11,9 @@ runs with none, in the same process and run; the turns yield to the event loop e
 during the measurement. Every run starts with fresh state and an empty feed. Times are
 this thread's CPU time (the client's own is not the gateway's). Also shown: the same
 pipeline with no feed at all, for the feed's own cost (recording, the flushes, the memory
-backend's appends). Targets: with a client, at least 0.95× the rate without; with the feed,
-at least 0.9× the rate with no feed (about 4 µs per message).
+backend's appends). Target (issue 12): with a client, at least 0.95× the rate without. Our
+own goal, not yet reached on every run: with the feed, at least 0.9× the rate with no feed
+(about 4 µs per message).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from gateway.state.memory import MemoryStateStore
 from gateway.types import InboundMessage
 
 TARGET_RATIO = 0.95
-TARGET_FEED_RATIO = 0.9
+FEED_GOAL = 0.9
 YIELD_EVERY = 50
 TOKEN = "bench-console-token-0123456789"
 
@@ -172,11 +173,11 @@ async def main(total: int, repeat: int) -> None:
     print(f"no feed at all          {1 / off:>12,.0f} msg/s  {off * 1e6:8.2f} µs/msg  (CPU)")
     print(f"events the client read  {read:>12,}  (all runs; dropped by the feed: {feed.dropped:,})")
     ratio, feed_ratio = none / one, off / none
-    print(f"one client / none       {ratio:>12.3f} ×  (target ≥ {TARGET_RATIO})")
-    print(f"feed / no feed          {feed_ratio:>12.3f} ×  (target ≥ {TARGET_FEED_RATIO})")
+    client_verdict = "met" if ratio >= TARGET_RATIO else "missed"
+    feed_verdict = "met" if feed_ratio >= FEED_GOAL else "missed"
+    print(f"one client / none       {ratio:>12.3f} ×  (target ≥ {TARGET_RATIO}: {client_verdict})")
+    print(f"feed / no feed          {feed_ratio:>12.3f} ×  (goal ≥ {FEED_GOAL}: {feed_verdict})")
     print(f"the feed's own cost     {(none - off) * 1e6:>12.2f} µs/msg  (CPU)")
-    met = ratio >= TARGET_RATIO and feed_ratio >= TARGET_FEED_RATIO
-    print(f"{'meets' if met else 'misses'} the targets")
 
 
 async def client(url: str) -> None:
