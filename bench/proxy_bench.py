@@ -8,13 +8,13 @@ conversation; each one different, so the call guard admits them all) is sent
   body, fingerprinting, the CallStore decision, a second HTTP hop, relaying, the
   background log write);
 - concurrently (32 in flight): requests per second, direct and through the proxy.
-Both with the default memory state and with sqlite state (two transactions per call,
-the decision and the log entry, each on the event loop while the file's lock is free;
-since the client shares that loop, the log write counts in its latency). The proxy's
-upstream key and the client's proxy key are real config. The client, the proxy and the
-provider share one event loop (one CPU), so requests/s through the proxy also pay for the
-provider's and the client's work twice over: the ratio is a floor, the added latency the
-figure to watch.
+Both with the default memory state and with sqlite state (a transaction per call for
+the decision, and one per batch of log entries, each on the event loop while the file's
+lock is free; since the client shares that loop, the log writes count in its latency).
+The proxy's upstream key and the client's proxy key are real config. The client, the
+proxy and the provider share one event loop (one CPU), so requests/s through the proxy
+also pay for the provider's and the client's work twice over: the ratio is a floor, the
+added latency the figure to watch.
 
 Targets: <= 1 ms added latency at p50 with memory state, <= 0.5 ms with sqlite state.
 

@@ -119,7 +119,7 @@ class KeyMasker:
 
     def feed(self, chunk: bytes) -> bytes:
         """The part of the stream that can be sent now, masked."""
-        if not self._secrets:
+        if not self._secrets or not (chunk or self._held):
             return chunk
         data = self._held + chunk
         for secret, mask in self._secrets:

@@ -89,6 +89,9 @@ class Upstreams:
             connector=aiohttp.TCPConnector(limit=0),
             auto_decompress=False,
             timeout=self._timeout,
+            # One session serves every client: a cookie one upstream answer sets must not
+            # ride along on another client's calls.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def aclose(self) -> None:
@@ -190,11 +193,14 @@ class Upstreams:
                     break
                 if scanner is not None:
                     scanner.feed(plain)
-                await response.write(masker.feed(plain))
+                # Empty writes are skipped: each is a round through aiohttp's writer.
+                if sendable := masker.feed(plain):
+                    await response.write(sendable)
                 if not chunk:
                     break
             if broken is None:
-                await response.write(masker.flush())
+                if held := masker.flush():
+                    await response.write(held)
                 await response.write_eof()
         except ConnectionError:
             # The client went away (every `wrk` run ends so): one line, no traceback. The

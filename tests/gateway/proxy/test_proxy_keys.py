@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from urllib.parse import quote
 
 import aiohttp
 import pytest
 
-from tests.fakes.llm_upstream import INPUT_TOKENS, FakeLLM
-from tests.gateway.proxy.proxy_helpers import MODEL, PROXY_KEY, UPSTREAM_KEY, running_proxy
+from gateway.proxy.alerts import Alerter
+from gateway.proxy.app import ProxyServer
+from tests.fakes.llm_upstream import INPUT_TOKENS, FakeLLM, text_response
+from tests.gateway.proxy.proxy_helpers import (
+    MODEL,
+    PROXY_KEY,
+    UPSTREAM_KEY,
+    proxy_config,
+    running_proxy,
+)
 
 # A key with the characters that escaping and encoding change.
 ODD_KEY = "sk-up/stream+5ecret=0123/456789abcdef"
@@ -109,3 +118,27 @@ async def test_issue9_escaped_percent_and_base64_forms_are_masked(stream: bool) 
     assert leaks(listing_text, ODD_KEY) == []
     assert leaks(json.dumps(headers), ODD_KEY) == []
     assert not [name for name in {**headers, **listing_headers} if name.startswith("x-echo")]
+
+
+async def test_a_cookie_an_upstream_sets_never_rides_on_a_later_call() -> None:
+    # One upstream session serves every client: what one answer sets must not reach
+    # the upstream again on anyone's next call (Cloudflare's __cf_bm, say). By name, not
+    # by IP: a cookie jar keeps no cookie for a bare IP address.
+    async with FakeLLM() as fake, aiohttp.ClientSession() as http:
+        named = fake.url.replace("127.0.0.1", "localhost")
+        proxy = ProxyServer(proxy_config(named), alerter=Alerter([]))
+        await proxy.start()
+        try:
+            answered = text_response("hello")
+            cookie = {"Set-Cookie": "__cf_bm=tenant-a-secret; Path=/"}
+            fake.enqueue(replace(answered, headers=cookie))
+            for text in ("first", "second"):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+                url = f"http://127.0.0.1:{proxy.port}{COMPLETIONS}"
+                async with http.post(url, json=body, headers=HEADERS) as answer:
+                    assert answer.status == 200
+        finally:
+            await proxy.stop()
+    [first, second] = fake.calls("/v1/chat/completions")
+    assert "Cookie" not in first.headers
+    assert "Cookie" not in second.headers

@@ -131,6 +131,14 @@ def test_nothing_is_held_back_when_no_key_could_start() -> None:
     assert KeyMasker([]).feed(b"sk-li") == b"sk-li"
 
 
+def test_an_empty_chunk_keeps_what_could_start_a_key() -> None:
+    masker = KeyMasker([KEY])
+    assert masker.feed(b"") == b""
+    assert masker.feed(b"ends with sk-li") == b"ends with "
+    assert masker.feed(b"") == b""
+    assert masker.flush() == b"sk-li"
+
+
 def test_openai_usage_from_the_final_stream_chunk() -> None:
     scanner = UsageScanner(OpenAIProvider().usage, sse=True)
     chunk = {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 30}}
