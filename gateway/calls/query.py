@@ -191,6 +191,22 @@ class CallSums(NamedTuple):
     cost_saved: float = 0.0
     unpriced: int = 0
 
+    def plus(self, other: CallSums) -> CallSums:
+        """Both added up, sum by sum."""
+        return CallSums._make(mine + theirs for mine, theirs in zip(self, other, strict=True))
+
+    def totals(self) -> CallTotals:
+        """The totals these sums make: money rounded to nano-dollars, as every backend does."""
+        return CallTotals(
+            calls=self.calls,
+            refused=self.refused,
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cost=nano_rounded(self.cost),
+            cost_saved=nano_rounded(self.cost_saved),
+            unpriced=self.unpriced,
+        )
+
 
 def call_sums(entry: CallLogEntry) -> CallSums:
     """One call's share of the totals: the one place each sum's meaning is written.
@@ -217,9 +233,7 @@ class TotalsBuilder:
 
     def __init__(self, where: CallFilter) -> None:
         self._where = where
-        self._calls = self._refused = self._unpriced = 0
-        self._input = self._output = 0
-        self._cost = self._saved = 0.0
+        self._sums = CallSums()
 
     def add(self, entry: CallLogEntry) -> None:
         """Count one entry, if the filter matches it."""
@@ -228,25 +242,11 @@ class TotalsBuilder:
 
     def add_sums(self, sums: CallSums) -> None:
         """Count sums already added up (calls the filter matched)."""
-        self._calls += sums.calls
-        self._refused += sums.refused
-        self._input += sums.input_tokens
-        self._output += sums.output_tokens
-        self._cost += sums.cost
-        self._saved += sums.cost_saved
-        self._unpriced += sums.unpriced
+        self._sums = self._sums.plus(sums)
 
     def totals(self) -> CallTotals:
         """The sums so far."""
-        return CallTotals(
-            calls=self._calls,
-            refused=self._refused,
-            input_tokens=self._input,
-            output_tokens=self._output,
-            cost=nano_rounded(self._cost),
-            cost_saved=nano_rounded(self._saved),
-            unpriced=self._unpriced,
-        )
+        return self._sums.totals()
 
 
 def series_start(since: float, bucket_seconds: float) -> float:

@@ -23,11 +23,11 @@ from gateway.calls.query import (
     FIELD_FILTERS,
     SENT_OUTCOMES,
     CallFilter,
+    CallSums,
     CallTotals,
     CostBucket,
     Cursor,
     bucket_count,
-    nano_rounded,
     series_buckets,
     series_start,
 )
@@ -94,15 +94,10 @@ def totals(db: sqlite3.Connection, where: CallFilter) -> CallTotals:
         params,
     ).fetchone()
     calls, refused, tokens_in, tokens_out, cost, saved, unpriced = row
-    return CallTotals(
-        calls=int(calls),
-        refused=int(refused),
-        input_tokens=int(tokens_in),
-        output_tokens=int(tokens_out),
-        cost=nano_rounded(float(cost)),
-        cost_saved=nano_rounded(float(saved)),
-        unpriced=int(unpriced),
+    sums = CallSums(
+        int(calls), int(refused), int(tokens_in), int(tokens_out), cost, saved, int(unpriced)
     )
+    return sums.totals()
 
 
 def cost_series(
