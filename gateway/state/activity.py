@@ -93,6 +93,7 @@ class ActivityEvent(NamedTuple):
             "detail": self.detail,
             "excerpt": self.excerpt,
             "message": self.message,
+            "routine": self.kind == "refusal" and self.code in ROUTINE_CODES,
         }
 
 

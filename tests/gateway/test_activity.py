@@ -491,7 +491,10 @@ def test_issue12_an_event_reads_back_as_the_api_shows_it() -> None:
         "detail": "d",
         "excerpt": "e",
         "message": "m",
+        "routine": False,
     }
+    routine = event._replace(kind="refusal", stage="admission", code="not_addressed")
+    assert routine.as_json()["routine"] is True, "the page hides these unless asked"
 
 
 REPLICA = """

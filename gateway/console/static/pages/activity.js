@@ -11,8 +11,6 @@
   const CHART_MS = 10000;
   const CHART_HEIGHT = 200;
   const NO_POINTS = { show: false };
-  // Every hosted bot a message does not address refuses it: shown only on request.
-  const ROUTINE_CODES = new Set(["not_addressed"]);
   const COLORS = ["#b3261e", "#8e44ad", "#d35400", "#16a085", "#2c3e50", "#c0392b", "#7f8c8d", "#27ae60"];
   const SPANS = { hour: "Last hour, per minute", day: "Last day, per hour" };
 
@@ -59,7 +57,8 @@
   }
 
   function shown(event) {
-    return routine.checked || !ROUTINE_CODES.has(event.code);
+    // Every hosted bot a message does not address refuses it: shown only on request.
+    return routine.checked || !event.routine;
   }
 
   function item(event) {
