@@ -21,6 +21,8 @@ Decisions where DESIGN.md is silent:
 - `proxy` does the same with `proxy.drain_seconds`: requests in flight (streams included)
   finish, then alert deliveries and request-log writes, then exit 0. A config without a
   `proxy:` section is a config error (exit 2).
+- `run` and `proxy` take `--loop auto|asyncio|uvloop` (gateway/eventloop.py: uvloop
+  when installed); `demo` runs on the `auto` choice.
 - `circuits` and `calls` open the state backend's call store directly (gateway/calls/
   commands.py); with memory state they exit 2 and point at the admin API. So does
   `spend` (gateway/proxy/spend.py).
@@ -37,7 +39,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TypeAlias, cast
 
-from gateway import __version__
+from gateway import __version__, eventloop
 from gateway.calls import commands
 from gateway.calls.budgets import PER_FIELDS, PERIODS
 from gateway.config import Config, load_config
@@ -99,7 +101,12 @@ def _serving(serve: Serve) -> Handler:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        return asyncio.run(serve(config))
+        try:
+            loop = eventloop.loop_name(args.loop)
+        except eventloop.LoopUnavailableError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return eventloop.run(serve(config), choice=loop)
 
     return _with_config(run)
 
@@ -126,13 +133,19 @@ def _stop_on_signals(note: str) -> Iterator[asyncio.Event]:
 def _add_serving(
     subcommands: Subcommands, name: str, serve: Serve, *, help: str, description: str
 ) -> None:
-    """Add a long-running subcommand: `--config`, `--log-level`, and `serve` as its handler."""
+    """Add a long-running subcommand: `--config`, `--log-level`, `--loop`, `serve` as handler."""
     parser = subcommands.add_parser(name, help=help, description=description)
     parser.add_argument(
         "--log-level",
         type=str.upper,
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         help="log level (default: $LOOPWARDEN_LOG_LEVEL or INFO)",
+    )
+    parser.add_argument(
+        "--loop",
+        choices=eventloop.LOOP_CHOICES,
+        default="auto",
+        help="event loop (default auto: uvloop when installed, else asyncio's)",
     )
     _config_option(parser)
     parser.set_defaults(handler=_serving(serve))
@@ -166,7 +179,10 @@ async def serve(config: Config) -> int:
             if starting.done():
                 starting.result()
                 log.info(
-                    "loopwarden running, %d bot(s), http port %d", len(config.bots), gateway.port
+                    "loopwarden running, %d bot(s), http port %d, on %s",
+                    len(config.bots),
+                    gateway.port,
+                    eventloop.running(),
                 )
                 await stopping
         except Exception:

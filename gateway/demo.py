@@ -49,6 +49,7 @@ from typing import TextIO
 from pydantic import SecretStr
 
 from connectors.room.hub import DEFAULT_ROOM, RoomHub, RoomMessage, RoomNotice
+from gateway import eventloop
 from gateway.config import Config, parse_config
 from gateway.demo_model import DemoModel
 from gateway.logs import configure_logging
@@ -366,7 +367,7 @@ def _banner(report: TerminalReport, url: str, config: Config) -> None:
 def run(options: DemoOptions) -> int:
     """Run the demo in the terminal until Ctrl-C (or `--exit-after`); returns the exit code."""
     configure_logging(options.log_level or "WARNING")
-    return asyncio.run(run_demo(options, out=sys.stdout, handle_signals=True))
+    return eventloop.run(run_demo(options, out=sys.stdout, handle_signals=True))
 
 
 def main(argv: list[str] | None = None) -> int:

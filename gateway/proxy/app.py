@@ -46,6 +46,7 @@ from gateway.config import Config
 from gateway.console.app import add_console
 from gateway.console.sessions import ConsoleSessions
 from gateway.errors import ConfigError
+from gateway.eventloop import running
 from gateway.http import (
     ADMIN_ACCESS,
     AdminAccess,
@@ -168,7 +169,7 @@ class ProxyServer:
         await self.store.start()
         self._upstreams.start()
         await self._http.start()
-        log.info("proxy listening on %s:%d", self.config.host, self.port)
+        log.info("proxy listening on %s:%d, on %s", self.config.host, self.port, running())
 
     async def stop(self) -> None:
         """Stop taking connections, drain requests, charges, log writes and alerts, close."""

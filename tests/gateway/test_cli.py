@@ -179,6 +179,7 @@ async def test_run_serves_until_a_signal_then_exits_0(
     output = "".join(lines) + out.decode()
     assert code == 0, output
     assert ADMIN_SECRET not in output
+    assert ", on uvloop" in output  # issue10: served on uvloop by default
     assert "gateway stopped" in output
 
 

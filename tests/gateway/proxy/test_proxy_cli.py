@@ -203,10 +203,10 @@ async def test_issue6_loopwarden_proxy_serves_and_exits_0_on_sigterm(tmp_path: P
         )
         assert process.stderr is not None
         try:
-            while b"proxy listening" not in await asyncio.wait_for(
-                process.stderr.readline(), timeout=20
-            ):
-                pass
+            started = b""
+            while b"proxy listening" not in started:
+                started = await asyncio.wait_for(process.stderr.readline(), timeout=20)
+            assert b", on uvloop" in started  # issue10: served on uvloop by default
             async with openai.AsyncOpenAI(
                 base_url=f"http://127.0.0.1:{port}/openai/v1", api_key=PROXY_KEY
             ) as sdk:
