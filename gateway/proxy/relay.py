@@ -1,6 +1,9 @@
 """What the proxy does to a response body on its way to the client: decode, mask, read usage.
 
-All three work chunk by chunk, so a stream is relayed as it arrives and never held whole.
+All three work chunk by chunk, so a stream is relayed as it arrives and never held whole;
+an answer that is no stream (not `text/event-stream`), in identity encoding and with a
+Content-Length up to `WHOLE_BODY_MAX` is masked and read for usage whole instead
+(`KeyMasker.whole`, `body_usage`), and sent in one write with its headers.
 `BodyDecoder` undoes a gzip or deflate `Content-Encoding` (an upstream may ignore the
 proxy's `Accept-Encoding: identity`), so keys are masked and usage read in the plain
 body, which is what the client gets; any other encoding cannot be checked for keys and is
@@ -11,6 +14,12 @@ be the start of one, so a key split across two chunks is still masked. `UsageSca
 reads the token usage: from each `data:` line of a server-sent-events stream that
 mentions usage, or from the whole body otherwise (up to `max_body` bytes; a larger body's
 usage is left unknown rather than held in memory).
+
+Decisions where DESIGN.md is silent: `WHOLE_BODY_MAX` is 1 MiB. An answer that is no
+stream is of no use to its client before its last byte, so holding it back costs the
+client nothing, and one write of headers and body instead of three saves the proxy and
+the client a round each; larger answers (files, say) are still streamed, so an answer
+held whole is at most that.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from gateway.proxy.provider import Usage
 
 UsageReader = Callable[[object], Usage | None]
 MAX_BODY = 8 * 1024 * 1024
+WHOLE_BODY_MAX = 1024 * 1024
+"""The largest answer (not a stream, identity encoding, Content-Length known) relayed whole."""
 _MAX_LINE = 1024 * 1024
 # What one compressed chunk may inflate to; more is a decompression bomb, not an answer.
 MAX_INFLATED_CHUNK = 16 * 1024 * 1024
@@ -121,12 +132,19 @@ class KeyMasker:
         """The part of the stream that can be sent now, masked."""
         if not self._secrets or not (chunk or self._held):
             return chunk
-        data = self._held + chunk
-        for secret, mask in self._secrets:
-            data = data.replace(secret, mask)
+        data = self._replace(self._held + chunk)
         keep = self._partial_tail(data)
         self._held = data[len(data) - keep :] if keep else b""
         return data[: len(data) - keep]
+
+    def whole(self, body: bytes) -> bytes:
+        """A complete body, masked: nothing follows it, so nothing is held back."""
+        return self._replace(body) if self._secrets else body
+
+    def _replace(self, data: bytes) -> bytes:
+        for secret, mask in self._secrets:
+            data = data.replace(secret, mask)
+        return data
 
     def flush(self) -> bytes:
         """Whatever was held back at the end of the stream."""
@@ -177,13 +195,7 @@ class UsageScanner:
             self._buffer += b"\n"
             self._scan_lines()
         elif not self._overflow and self._buffer:
-            try:
-                data = json.loads(bytes(self._buffer))
-            except (ValueError, UnicodeDecodeError):
-                data = None
-            # A streamed Gemini response without alt=sse is one JSON array of chunks.
-            for item in data if isinstance(data, list) else [data]:
-                self._take(item)
+            self._usage = body_usage(self._read, bytes(self._buffer))
             self._buffer.clear()
         return self._usage
 
@@ -203,6 +215,26 @@ class UsageScanner:
                     continue
 
     def _take(self, data: object) -> None:
-        found = self._read(data)
-        if found is not None:
-            self._usage = found if self._usage is None else self._usage.merge(found)
+        self._usage = _merged(self._usage, self._read(data))
+
+
+def body_usage(read: UsageReader, body: bytes) -> Usage | None:
+    """The usage a whole JSON body reports (None: none, or the body is not JSON)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(data, list):
+        return read(data)
+    # A streamed Gemini response without alt=sse is one JSON array of chunks.
+    usage: Usage | None = None
+    for item in data:
+        usage = _merged(usage, read(item))
+    return usage
+
+
+def _merged(usage: Usage | None, found: Usage | None) -> Usage | None:
+    """Usage so far with one more report: streamed usage is cumulative."""
+    if found is None:
+        return usage
+    return found if usage is None else usage.merge(found)

@@ -1,4 +1,4 @@
-"""Forwarding a request to its upstream and relaying the answer, chunk by chunk, as it comes.
+"""Forwarding a request to its upstream and relaying the answer: whole, or chunk by chunk.
 
 The upstream gets the canonical path (encoded once, never re-normalised by the HTTP
 client), the client's headers without credentials and our own, and the upstream's own
@@ -7,7 +7,9 @@ a stream) are uncounted as soon as they are known, so a retry is not taken for a
 A connection failure answers 502 and a timeout 504, in the provider's format, without
 `x-should-retry` (the SDK may retry them). A stream the upstream drops midway is cut off
 for the client too (the connection is closed), never ended as if complete. Bodies are
-decoded, masked and read for usage by `relay`; the status line carries the standard
+decoded, masked and read for usage by `relay`: streams and large or compressed answers
+chunk by chunk as they come, other answers whole (`relay.WHOLE_BODY_MAX`; one that breaks
+off is cut off before any of it is sent); the status line carries the standard
 reason phrase, never the upstream's (it may quote the key it was sent). A client that
 hangs up mid-reply is one INFO line naming the circuit, never a traceback; the call's
 usage, when the upstream sent it, is still charged to its budgets (`budgets.settle`).
@@ -35,6 +37,7 @@ from gateway.proxy.provider import (
     response_headers,
 )
 from gateway.proxy.relay import (
+    WHOLE_BODY_MAX,
     BodyDecoder,
     EncodedBodyError,
     KeyMasker,
@@ -159,7 +162,11 @@ class Upstreams:
         answer: aiohttp.ClientResponse,
         call: ProxiedCall | None,
     ) -> web.StreamResponse:
-        """Relay status, headers and body chunk by chunk, masking keys and reading usage."""
+        """Relay status, headers and body, masking keys and reading usage; then log and charge.
+
+        An answer that is no stream, in identity encoding, with a Content-Length up to
+        `WHOLE_BODY_MAX` is relayed whole (`_send_whole`); any other chunk by chunk.
+        """
         status = answer.status
         if call is not None and call.decision is not None and is_provider_failure(status):
             # Known before the body: uncount now, so a prompt retry is not a repeat.
@@ -170,38 +177,27 @@ class Upstreams:
             return await self._unreadable(provider, call, status, str(exc))
         secrets = self._secrets[provider.name]
         headers = response_headers(answer.headers, secrets)
-        if decoder.encoding is not None:
-            headers.popall("Content-Encoding", None)
-        response = web.StreamResponse(status=status, headers=headers)
-        if decoder.encoding is None and answer.content_length is not None:
-            response.content_length = answer.content_length
+        length = answer.content_length
+        sse = answer.content_type == "text/event-stream"
         masker = KeyMasker(secrets)
-        scanner = (
-            UsageScanner(provider.usage, sse=answer.content_type == "text/event-stream")
-            if call is not None
-            else None
-        )
+        scanner = UsageScanner(provider.usage, sse=sse) if call is not None else None
+        small = length is not None and length <= WHOLE_BODY_MAX
+        response: web.StreamResponse
         broken: str | None = None
         try:
-            await response.prepare(request)
-            while True:
-                try:
-                    chunk = await answer.content.readany()
-                    plain = decoder.feed(chunk) if chunk else decoder.finish()
-                except (aiohttp.ClientError, TimeoutError, EncodedBodyError) as exc:
-                    broken = type(exc).__name__
-                    break
-                if scanner is not None:
-                    scanner.feed(plain)
-                # Empty writes are skipped: each is a round through aiohttp's writer.
-                if sendable := masker.feed(plain):
-                    await response.write(sendable)
-                if not chunk:
-                    break
-            if broken is None:
-                if held := masker.flush():
-                    await response.write(held)
-                await response.write_eof()
+            if small and decoder.encoding is None and not sse:
+                # Kept as the upstream sent it: the masked body is as long, and a HEAD
+                # answer's length is the resource's.
+                headers["Content-Length"] = str(length)
+                response = web.Response(status=status, headers=headers)
+                broken = await _send_whole(request, answer, response, masker, scanner)
+            else:
+                if decoder.encoding is not None:
+                    headers.popall("Content-Encoding", None)
+                response = web.StreamResponse(status=status, headers=headers)
+                if decoder.encoding is None and length is not None:
+                    response.content_length = length
+                broken = await _stream(request, answer, response, masker, scanner, decoder=decoder)
         except ConnectionError:
             # The client went away (every `wrk` run ends so): one line, no traceback. The
             # call did reach the provider: it stays counted, and is charged.
@@ -235,3 +231,59 @@ class Upstreams:
         # The upstream answers every retry the same way.
         headers = {"x-should-retry": "false"}
         return error_response(provider, "unreachable", "upstream_unreadable", text, headers)
+
+
+async def _send_whole(
+    request: web.Request,
+    answer: aiohttp.ClientResponse,
+    response: web.Response,
+    masker: KeyMasker,
+    scanner: UsageScanner | None,
+) -> str | None:
+    """Read the whole body, then send it masked with the headers in one write.
+
+    Returns why the upstream broke off, if it did; then nothing has been sent.
+    """
+    try:
+        body = await answer.read()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return type(exc).__name__
+    if scanner is not None:
+        scanner.feed(body)
+    response.body = masker.whole(body)
+    await response.prepare(request)
+    await response.write_eof()
+    return None
+
+
+async def _stream(
+    request: web.Request,
+    answer: aiohttp.ClientResponse,
+    response: web.StreamResponse,
+    masker: KeyMasker,
+    scanner: UsageScanner | None,
+    *,
+    decoder: BodyDecoder,
+) -> str | None:
+    """Relay the body chunk by chunk as it comes, decoded and masked.
+
+    Returns why the upstream broke off, if it did; then the body is left unended.
+    """
+    await response.prepare(request)
+    while True:
+        try:
+            chunk = await answer.content.readany()
+            plain = decoder.feed(chunk) if chunk else decoder.finish()
+        except (aiohttp.ClientError, TimeoutError, EncodedBodyError) as exc:
+            return type(exc).__name__
+        if scanner is not None:
+            scanner.feed(plain)
+        # Empty writes are skipped: each is a round through aiohttp's writer.
+        if sendable := masker.feed(plain):
+            await response.write(sendable)
+        if not chunk:
+            break
+    if held := masker.flush():
+        await response.write(held)
+    await response.write_eof()
+    return None

@@ -7,6 +7,7 @@ import binascii
 import gzip
 import json
 import zlib
+from itertools import zip_longest
 from urllib.parse import quote
 
 import pytest
@@ -23,6 +24,7 @@ from gateway.proxy.relay import (
     EncodedBodyError,
     KeyMasker,
     UsageScanner,
+    body_usage,
     masked_forms,
 )
 
@@ -48,6 +50,40 @@ def test_a_key_is_masked_wherever_the_chunks_split_it(
     assert KEY.encode() not in masked
     assert len(masked) == len(body)
     assert masked == body.replace(KEY.encode(), b"*" * len(KEY))
+
+
+@given(
+    st.lists(st.sampled_from([b"", b"x", b"\\/", b"%2F", b"s", b"sk-", b"=="]), max_size=8),
+    st.lists(st.integers(min_value=0, max_value=300), max_size=6),
+)
+def test_issue10_a_whole_body_is_masked_as_its_chunks_are(
+    fillers: list[bytes], cuts: list[int]
+) -> None:
+    odd = "sk-up/stream+5ecret=0123/456789abcdef"
+    forms = [form.encode() for form in masked_forms(odd)]
+    # Every form, at the start, between fillers and at the end, and two side by side.
+    body = b"".join(form + filler for form, filler in zip_longest(forms, fillers, fillvalue=b""))
+    body += forms[0] + forms[-1]
+    points = sorted({min(c, len(body)) for c in cuts})
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    whole = KeyMasker(masked_forms(odd)).whole(body)
+    assert whole == relay(KeyMasker(masked_forms(odd)), chunks)
+    assert len(whole) == len(body)
+    assert not [form for form in forms if form in whole]
+
+
+def test_issue10_a_whole_body_without_secrets_is_passed_as_it_is() -> None:
+    body = b'{"id": "chatcmpl-1"}'
+    assert KeyMasker([]).whole(body) is body
+
+
+def test_issue10_a_whole_json_body_reports_its_usage() -> None:
+    openai_usage = OpenAIProvider().usage
+    completion = {"usage": {"prompt_tokens": 3, "completion_tokens": 4}}
+    assert body_usage(openai_usage, json.dumps(completion).encode()) == Usage(3, 4)
+    assert body_usage(openai_usage, b"not json") is None
+    assert body_usage(openai_usage, b"\xff\xfe") is None
+    assert body_usage(openai_usage, b'[{"usage": {"prompt_tokens": 3}}, 7]') == Usage(3, None)
 
 
 ODD_KEY = "sk-up/stream+5ecret=0123/456789abcdef"
