@@ -6,6 +6,11 @@ spend (JSON `[[index, nano-dollars], ...]`) and the current window's spend by se
 (JSON), and when the record stops mattering (`anomaly.expires_at`); expired rows are swept
 a few per decision with the call store's other expired rows. The earlier windows are only
 decoded when the record rolls over to a new window, the one time the step reads them.
+
+Unlike the call store's other keyed tables, `call_anomaly` keeps its rowid: its rows
+grow with the sessions of a window (the JSON), and a WITHOUT ROWID table stores whole
+rows in its key's b-tree, fewer to a page, where it suits small rows; a charge updates
+its row in place, one page written either way.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ SCHEMA = (
         past TEXT NOT NULL, sessions TEXT NOT NULL, expires_at REAL NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS call_anomaly_end ON call_anomaly (expires_at)",
 )
-SWEPT = (("call_anomaly", "expires_at"),)
+SWEPT = (("call_anomaly", "agent", "expires_at"),)
+"""The tables the call store sweeps: (table, primary key, indexed expiry column)."""
 
 
 def load(

@@ -4,6 +4,11 @@
 highest alert sent, when the period ends); `call_spend_limits` an admin's limits per
 budget and period. Rows whose period has ended count as none and are swept a few per
 decision with the call store's other expired rows.
+
+Both tables are WITHOUT ROWID since the call store's schema 3 (which upgrades older
+files): every budgeted call reads them by key and upserts its groups' rows, and their
+rows are small, so one b-tree serves where a rowid table reads its key's index and then
+the table (measured: a few µs off each admit and settle, about 3%).
 """
 
 from __future__ import annotations
@@ -23,13 +28,16 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS call_spend (
         key TEXT PRIMARY KEY, spent_usd INTEGER NOT NULL, spent_tokens INTEGER NOT NULL,
         held_usd INTEGER NOT NULL, held_tokens INTEGER NOT NULL, alerted INTEGER NOT NULL,
-        ends_at REAL NOT NULL)""",
+        ends_at REAL NOT NULL) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS call_spend_end ON call_spend (ends_at)",
     """CREATE TABLE IF NOT EXISTS call_spend_limits (
-        key TEXT PRIMARY KEY, usd INTEGER, tokens INTEGER, ends_at REAL NOT NULL)""",
+        key TEXT PRIMARY KEY, usd INTEGER, tokens INTEGER, ends_at REAL NOT NULL) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS call_spend_limits_end ON call_spend_limits (ends_at)",
 )
-SWEPT = (("call_spend", "ends_at"), ("call_spend_limits", "ends_at"))
+SWEPT = (("call_spend", "key", "ends_at"), ("call_spend_limits", "key", "ends_at"))
+"""The tables the call store sweeps: (table, primary key, indexed expiry column)."""
+WITHOUT_ROWID = ("call_spend", "call_spend_limits")
+"""The tables that are WITHOUT ROWID since schema 3 (the call store rebuilds older ones)."""
 _COLUMNS = "spent_usd, spent_tokens, held_usd, held_tokens, alerted, ends_at"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gateway.calls.redis_store import RedisCallStore
-from gateway.calls.sqlite_store import SqliteCallStore
+from gateway.calls.sqlite_store import SCHEMA_VERSION, SqliteCallStore
 from gateway.calls.store import CallLogEntry, CallStore
 from gateway.errors import StateError
 from guards.call_loop import (
@@ -805,7 +805,7 @@ async def test_issue10_sqlite_upgrades_a_schema_1_file_keeping_its_pauses(
     with sqlite3.connect(path) as db:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master")}
         assert "call_events" not in tables
-        assert db.execute("SELECT value FROM call_meta").fetchone() == (2,)
+        assert db.execute("SELECT value FROM call_meta").fetchone() == (SCHEMA_VERSION,)
 
 
 @pytest.mark.redis
