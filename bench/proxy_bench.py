@@ -18,8 +18,9 @@ added latency the figure to watch.
 
 Each runs first on the event loop `loopwarden proxy` serves on (gateway/eventloop.py:
 uvloop when installed), then on asyncio's standard loop, so the run also shows what
-uvloop takes off. Targets (judged on the served loop): <= 1 ms added latency at p50 with
-memory state, <= 0.5 ms with sqlite state.
+uvloop takes off; all of it ROUNDS times, since one run's p50 moves with the machine
+by more than the figures differ. Targets (judged on the served loop, the median of the
+rounds): <= 1 ms added latency at p50 with memory state, <= 0.5 ms with sqlite state.
 
 Budgets (issue 14): in the same run, on memory, sqlite and redis state, two proxies on
 one upstream, one without budgets and one with three (per agent a day, all calls a
@@ -66,6 +67,7 @@ BUDGETS = """
 """
 TARGET_SQLITE_ADDED_P50_MS = 0.5
 CONCURRENCY = 32
+ROUNDS = 3
 PROXY_KEY = "lw-bench-key"
 SYSTEM = "You are a careful billing assistant. " * 12
 
@@ -145,7 +147,7 @@ async def _throughput(send: Send, requests: int) -> float:
     return requests / (time.perf_counter() - began)
 
 
-async def _measure(state: str, label: str, requests: int) -> float:
+async def _measure(state: str, label: str, requests: int, *, table: bool = True) -> float:
     async with FakeLLM() as upstream:
         config = parse_config(_config(upstream.url, state), env={})
         proxy = ProxyServer(config, alerter=Alerter([]))
@@ -166,6 +168,9 @@ async def _measure(state: str, label: str, requests: int) -> float:
         finally:
             await proxy.stop()
     added = through.percentile(50) - plain.percentile(50)
+    if not table:
+        print(f"  {label}: added p50 {added:.3f} ms ({plain.percentile(50):.3f} direct)")
+        return added
     print(
         f"\n{label}: {requests:,} sequential requests each way, then {requests:,} at "
         f"{CONCURRENCY} in flight"
@@ -278,28 +283,39 @@ def main(argv: list[str] | None = None) -> int:
     if args.budgets_only:
         return 0
     served = eventloop.loop_name()
-    figures: dict[tuple[str, str], float] = {}
+    loops = tuple(dict.fromkeys((served, "asyncio")))
+    figures: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(prefix="lw-proxy-bench-") as workdir:
-        # The loop `loopwarden proxy` runs on first, then the standard one for comparison.
-        for loop in dict.fromkeys((served, "asyncio")):
-            path = Path(workdir) / f"{loop}.sqlite3"
-            for state, config in (
-                ("memory", "{backend: memory}"),
-                ("sqlite", f"{{backend: sqlite, path: '{path}'}}"),
-            ):
-                label = f"{state} state, {loop} loop"
-                run = _measure(config, label, requests)
-                figures[loop, state] = eventloop.run(run, choice=loop)
-    print()
+        # Rounds, each the loop `loopwarden proxy` runs on first, then the standard one:
+        # a run's p50 moves with the machine by more than the figures differ, so the
+        # verdict is on the median of the rounds. The first round prints its tables.
+        for round_ in range(1, ROUNDS + 1):
+            if round_ == 2:
+                print()
+            for loop in loops:
+                path = Path(workdir) / f"{loop}-{round_}.sqlite3"
+                for state, config in (
+                    ("memory", "{backend: memory}"),
+                    ("sqlite", f"{{backend: sqlite, path: '{path}'}}"),
+                ):
+                    label = f"{state} state, {loop} loop"
+                    if round_ > 1:
+                        label += f", round {round_}"
+                    run = _measure(config, label, requests, table=round_ == 1)
+                    figures.setdefault((loop, state), []).append(eventloop.run(run, choice=loop))
+    medians = {key: statistics.median(values) for key, values in figures.items()}
+    print(f"\nadded p50, median of {ROUNDS} rounds (range):")
+    for (name, state), values in figures.items():
+        print(
+            f"  {state:<7}{name:<9}{medians[name, state]:.3f} ms "
+            f"({min(values):.3f}-{max(values):.3f})"
+        )
     if served != "asyncio":
         for state in ("memory", "sqlite"):
-            fast, standard = figures[served, state], figures["asyncio", state]
-            print(
-                f"{state} state: {served} takes {standard - fast:.3f} ms off the added p50 "
-                f"({fast:.3f} vs asyncio {standard:.3f} ms)"
-            )
+            fast, standard = medians[served, state], medians["asyncio", state]
+            print(f"{state} state: {served} takes {standard - fast:.3f} ms off the added p50")
     for state, target in (("memory", TARGET_ADDED_P50_MS), ("sqlite", TARGET_SQLITE_ADDED_P50_MS)):
-        verdict = "met" if figures[served, state] <= target else "NOT met"
+        verdict = "met" if medians[served, state] <= target else "NOT met"
         print(f"target <= {target:.1f} ms added at p50 ({state} state, {served} loop): {verdict}")
     return 0
 
