@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import re
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -82,16 +80,6 @@ def test_run_with_a_missing_platform_extra_exits_2(
     assert err.startswith("config error: bots.0.platform: ")
     assert "pip install 'loopwarden[slack]'" in err
     assert "xoxb-1" not in err
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """`run` installs a root handler on the captured stderr: take it away afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.mark.usefixtures("restore_logging")

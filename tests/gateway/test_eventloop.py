@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import inspect
-import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -51,16 +49,6 @@ def test_issue10_without_uvloop_auto_falls_back_and_uvloop_is_refused() -> None:
         eventloop.run(pending, choice="uvloop")
     # Closed, not left un-awaited (pytest turns that warning into an error).
     assert inspect.getcoroutinestate(pending) == inspect.CORO_CLOSED
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    """The CLI installs a root handler on the captured stderr: take it away afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 @pytest.mark.usefixtures("without_uvloop", "restore_logging")
