@@ -351,8 +351,15 @@ async def test_subprocess_sigterm_exits_zero_and_never_prints_the_token(
     path = write_config(tmp_path, fake, TOKEN, TOKEN_B)
     async with gateway_process(path) as gateway:
         await gateway.ready()
-        reply = await say(fake, f"<@{PARROT.id}> hello from outside", channel=STRICT_CHANNEL)
-        assert reply.content.startswith("echo: hello from outside")
+        before = len(fake.sent)
+        fake.message(STRICT_CHANNEL, ALICE, f"<@{PARROT.id}> hello from outside")
+        # Both bots answer a person, in either order; the parrot drops its own mention.
+        await wait_for(lambda: {m.author_id for m in fake.sent[before:]} == {PARROT.id, ECHO.id})
+        replies: dict[int, str] = {}
+        for message in fake.sent[before:]:  # each bot's first: they may answer each other too
+            replies.setdefault(message.author_id, message.content)
+        assert replies[PARROT.id].startswith("echo: hello from outside")
+        assert replies[ECHO.id].startswith(f"echo: <@{PARROT.id}> hello from outside")
         fake.fail_next_sends(1, retry_after=0.05)
         await say(fake, "and through a 429", channel=THREAD)
         fake.drop_connections()
