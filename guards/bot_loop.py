@@ -60,7 +60,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, MutableSequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Literal
 
@@ -196,6 +196,9 @@ class PairDecision:
     reason: Reason
     retry_after: float
     count: int
+    until: float | None = field(default=None, compare=False)
+    """A refusal's cooldown end on the state's clock, the same for every replica that asks
+    (None when admitted): it names the cooldown, e.g. to announce it once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +287,7 @@ def _step(record: PairRecord, policy: BotLoopPolicy, now: float) -> PairDecision
         until = record.cooldown_until
         if until is not None:
             # A running cooldown: refused, not recorded, not extended.
-            return PairDecision(False, "cooldown", until - now, count)
+            return PairDecision(False, "cooldown", until - now, count, until)
         if count < policy.max_events_per_window:
             times.append(now)
             record.idle_at = now + window
@@ -295,7 +298,9 @@ def _step(record: PairRecord, policy: BotLoopPolicy, now: float) -> PairDecision
         # A finished cooldown means a fresh window: the pair is idle once it ends.
         record.cooldown_until = record.idle_at = now + policy.cooldown_seconds
         # Exactly the cooldown: `(now + cooldown) - now` may round below it.
-        return PairDecision(False, "budget_exceeded", policy.cooldown_seconds, count)
+        return PairDecision(
+            False, "budget_exceeded", policy.cooldown_seconds, count, record.cooldown_until
+        )
     # No event in the window and no running cooldown: a fresh window.
     record.times = [now] if policy.max_events_per_window <= _LIST_MAX_BUDGET else deque((now,))
     record.cooldown_until = None

@@ -21,10 +21,12 @@ that exceeds the budget opens the cooldown and is the only one answered
 `cooldown`, by whichever replica or hosted bot asks, and a reset starts the pair afresh.
 
 The cooldown notice (when `announce_cooldown` is on and the cooldown is longer than 0)
-is posted once per cooldown: the `budget_exceeded` refusal posts it and claims the
-pair's notice (`state.claim`, for the rest of the cooldown), and a `cooldown` refusal
-posts it only when it wins that claim, that is when the cooldown was opened in shadow
-mode and this is the first enforce-mode refusal of it. The notice names the hosted bot
+is posted once per cooldown: the refusal that wins the cooldown's notice claim
+(`state.claim` of the pair and the cooldown's end, `PairDecision.until`, for the rest of
+the cooldown) posts it. That is the `budget_exceeded` refusal that opens it, unless a
+replica's `cooldown` refusal of the same cooldown claimed it first (it then posts it
+instead: one notice either way), or, for a cooldown opened in shadow mode, the first
+enforce-mode refusal of it. The notice names the hosted bot
 by its display name and the admin command by the platform's prefix
 (`capabilities.command_prefix`): this module knows no platform.
 
@@ -34,9 +36,8 @@ a message over the bot-turn cap is not charged to the pair, as in enforce), reco
 it would have refused (`DecisionLog.shadow`), posts no notice and hands the message on.
 A switch to enforce takes effect on the next message, with the state built in shadow: a
 pair in a cooldown opened in shadow is refused at once, and that refusal posts the notice.
-A reset during a cooldown leaves its notice claimed until that cooldown would have ended.
-A new cooldown of the pair opened before then still posts its notice when it opens; only
-if a refusal of it comes after the old claim ran out is the notice posted a second time.
+A reset ends a cooldown: the pair's next cooldown is another one, with a notice of its
+own.
 """
 
 from __future__ import annotations
@@ -125,9 +126,8 @@ class BotLoopMiddleware:
             ctx, decision.reason, detail, retry_after=decision.retry_after, count=decision.count
         )
         if settings.announce_cooldown and settings.cooldown_seconds > 0:
-            key = _notice_key(msg.room, self_bot_id, msg.sender_id)
-            claimed = await ctx.state.claim(key, decision.retry_after)
-            if claimed or decision.reason == "budget_exceeded":
+            key = _notice_key(msg.room, self_bot_id, msg.sender_id, decision.until)
+            if await ctx.state.claim(key, decision.retry_after):
                 return self._notice(ctx, settings, decision.retry_after)
         return None
 
@@ -180,10 +180,15 @@ def _detail(decision: PairDecision, settings: BotLoopSettings) -> str:
     return messages.cooling_down_detail(decision.retry_after)
 
 
-def _notice_key(room: str, self_bot_id: str, sender_bot_id: str) -> str:
-    """The claim of a pair's cooldown notice in a room (direction-independent, as the pair)."""
+def _notice_key(room: str, self_bot_id: str, sender_bot_id: str, until: float | None) -> str:
+    """The claim of one cooldown's notice: the pair (direction-independent) and its end.
+
+    The end, to the millisecond, names the cooldown the same way on every replica (one
+    computes it as its clock plus the time left, which may differ in the last bit).
+    """
     a, b = pair_key(self_bot_id, sender_bot_id)
-    return f"cooldown-notice:{room}:{a}:{b}"
+    end = "unknown" if until is None else f"{until:.3f}"
+    return f"cooldown-notice:{room}:{a}:{b}:{end}"
 
 
 def _pair(ctx: TurnContext) -> str:

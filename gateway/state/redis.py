@@ -117,7 +117,8 @@ local function ms(seconds) return math.min(1e13, math.max(1, math.ceil(seconds *
 )
 
 # `step_pair` over the pair's record. KEYS: record. ARGV: now, budget, window, cooldown.
-# Returns {code, retry_after, count}: code 0 ok, 1 budget exceeded, 2 cooldown.
+# Returns {code, retry_after, count}: code 0 ok, 1 budget exceeded, 2 cooldown; a refusal
+# adds the cooldown's end as stored (`PairDecision.until`).
 _PAIR_STEP = (
     _PRELUDE
     + """
@@ -145,7 +146,7 @@ if held then
     if until_at then
       -- A running cooldown: refused, not recorded, not extended.
       save(idle_at, until_at, fields, first)
-      return {2, num(until_at - now), count}
+      return {2, num(until_at - now), count, fields[2]}
     end
     if count < budget then
       fields[#fields + 1] = num(now)
@@ -153,7 +154,7 @@ if held then
       return {0, '0', count + 1}
     end
     save(now + cooldown, now + cooldown, fields, first)
-    return {1, num(cooldown), count}
+    return {1, num(cooldown), count, num(now + cooldown)}
   end
 end
 -- No record, or an idle one: a fresh window.
@@ -466,21 +467,20 @@ class RedisStateStore(RedisLinked):
             repr(policy.cooldown_seconds),
         )
         try:
-            code, retry_after, count = await self._link.guarded(
-                lambda: self._pair_step(keys=keys, args=args)
-            )
+            answer = await self._link.guarded(lambda: self._pair_step(keys=keys, args=args))
         except StateError:
             if self._link.on_error == "allow":
                 return await self._fallback().pair_decide(
                     scope=scope, self_bot_id=self_bot_id, sender_bot_id=sender_bot_id, policy=policy
                 )
             return PairDecision(False, "cooldown", self._link.probe_interval, 0)
+        code, retry_after, count = answer[:3]
         if code == 0:
             return PairDecision(True, "ok", 0.0, int(count))
         reason: Literal["budget_exceeded", "cooldown"] = (
             "budget_exceeded" if code == 1 else "cooldown"
         )
-        return PairDecision(False, reason, float(retry_after), int(count))
+        return PairDecision(False, reason, float(retry_after), int(count), float(answer[3]))
 
     async def pair_reset(self, *, scope: str | None = None, bot_id: str | None = None) -> int:
         """Delete the pairs held (all, one room's, one bot's); returns how many were there."""

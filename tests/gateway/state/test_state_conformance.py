@@ -193,6 +193,27 @@ async def test_the_cooldown_is_not_extended_and_ends_in_a_fresh_window(
     assert (await decide(store)).reason == "budget_exceeded"
 
 
+async def test_every_refusal_of_one_cooldown_names_the_same_end(
+    store: StateStore, clock: Clock
+) -> None:
+    """The cooldown notice is claimed by the cooldown's end (issue10: replicas raced it)."""
+    for _ in range(3):
+        assert (await decide(store)).until is None
+    opened = clock.now
+    over = await decide(store)
+    assert over.until == opened + 20.0
+    clock.advance(7.3)
+    assert (await decide(store)).until == over.until
+    clock.advance(0.123456789)
+    assert (await decide(store, "bot-b", "bot-a")).until == over.until
+    await store.pair_reset()
+    for _ in range(3):
+        await decide(store)
+    again = await decide(store)
+    assert again.reason == "budget_exceeded"
+    assert again.until == clock.now + 20.0 != over.until
+
+
 async def test_an_event_counts_in_a_half_open_window(store: StateStore, clock: Clock) -> None:
     start = clock.now
     for offset in (0.0, 10.0, 20.0):
