@@ -183,11 +183,12 @@ def _detail(decision: PairDecision, settings: BotLoopSettings) -> str:
 def _notice_key(room: str, self_bot_id: str, sender_bot_id: str, until: float | None) -> str:
     """The claim of one cooldown's notice: the pair (direction-independent) and its end.
 
-    The end, to the millisecond, names the cooldown the same way on every replica (one
-    computes it as its clock plus the time left, which may differ in the last bit).
+    The end is read from the state, so it is the same on every replica. Two cooldowns of
+    a pair ending at the same instant (a reset and a new cooldown with no time passing,
+    as under a frozen clock) share one notice.
     """
     a, b = pair_key(self_bot_id, sender_bot_id)
-    end = "unknown" if until is None else f"{until:.3f}"
+    end = "unknown" if until is None else repr(until)
     return f"cooldown-notice:{room}:{a}:{b}:{end}"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable
 
@@ -56,13 +57,20 @@ def from_sender(name: str, text: str | None = None) -> Callable[[Event], bool]:
 
 
 NOW = 1000.0
-"""The frozen time of the gateways under test: budgets never expire by themselves."""
+"""The start of the gateways' time under test: budgets never expire by themselves."""
+
+
+def ticking(start: float) -> Callable[[], float]:
+    """A clock a microsecond later at each reading: frozen in effect, yet no two cooldowns
+    of a pair end at the same instant (each has its own notice)."""
+    readings = itertools.count()
+    return lambda: start + next(readings) * 1e-6
 
 
 @contextlib.asynccontextmanager
 async def demo_gateway(config: Config | None = None) -> AsyncIterator[Gateway]:
     """A started gateway with the demo's bots on a free loopback port, no reply delay."""
-    gateway = Gateway(config or demo_config(port=0, delay=0), clock=lambda: NOW)
+    gateway = Gateway(config or demo_config(port=0, delay=0), clock=ticking(NOW))
     await gateway.start()
     try:
         yield gateway
