@@ -343,11 +343,11 @@ async def test_issue12_the_admin_api_lists_oracles_and_finders_model_calls() -> 
     assert [call["outcome"] for call in oracle] == ["loop_detected"] + ["forwarded"] * 6
     refused = oracle[0]
     assert (refused["circuit"], refused["estimated"], refused["refused"]) == (CIRCUIT, True, True)
-    # The demo's model has no price: its calls count as unpriced, by tokens only.
-    assert refused["priced"] is False
+    # The demo's model is priced at zero (demo.yaml's proxy.prices): priced, costing nothing.
+    assert refused["priced"] is True
     assert totals["refused"] == 1
-    assert totals["unpriced"] == 7
-    assert totals["cost_saved"] == 0
+    assert totals["unpriced"] == 0
+    assert totals["cost"] == totals["cost_saved"] == 0
     # finder: its first request and one per tool result until the loop guard halted it.
     assert [call["outcome"] for call in finder] == ["forwarded"] * 9
     assert {call["model"] for call in finder} == {"demo-finder"}
