@@ -8,6 +8,7 @@ import socket
 import pytest
 from aiohttp import ClientSession, web
 
+from tests.fakes.loopback import serve_loopback
 from tests.network_guard import NetworkForbidden
 
 
@@ -30,10 +31,7 @@ async def test_loopback_stays_open() -> None:
     app = web.Application()
     app.router.add_get("/", here)
     runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    port = await serve_loopback(runner)
     try:
         async with ClientSession() as client, client.get(f"http://localhost:{port}/") as answer:
             assert await answer.text() == "here"

@@ -30,6 +30,7 @@ from gateway.state.activity import ActivityEvent
 from gateway.state.memory import MemoryStateStore
 from gateway.types import InboundMessage
 from tests.connectors.connector_helpers import wait_for
+from tests.fakes.loopback import serve_loopback
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human, make_config
 
 TOKEN = "adm-activity-9f8e7d6c5b4a"
@@ -359,12 +360,10 @@ async def small() -> AsyncIterator[tuple[int, ActivityRoutes, ActivityFeed]]:
     app = web.Application()
     app.add_routes(routes.routes())
     runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    port = await serve_loopback(runner)
     feed.start()
     try:
-        yield int(runner.addresses[0][1]), routes, feed
+        yield port, routes, feed
     finally:
         await feed.aclose()
         await runner.cleanup()

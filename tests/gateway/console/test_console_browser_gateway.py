@@ -23,6 +23,7 @@ from gateway.http import SESSION_COOKIE
 from gateway.runtime import Gateway
 from tests.browser.plugin import artifact_path, needs_chromium
 from tests.connectors.room.room_helpers import WAIT_SECONDS, from_sender, join, next_event, say
+from tests.fakes.loopback import serve_loopback
 
 pytestmark = needs_chromium
 
@@ -286,10 +287,7 @@ async def attacker(target: str) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/", serve)
     runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
+    port = await serve_loopback(runner)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

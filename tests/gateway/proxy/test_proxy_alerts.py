@@ -28,6 +28,7 @@ from gateway.proxy.alerts import (
     WebhookChannel,
 )
 from gateway.proxy.config import EmailAlert, TelegramAlert, WebhookAlert
+from tests.fakes.loopback import LOOPBACK_HOST, serve_loopback
 from tests.fakes.telegram_server import FakeChat, TelegramFake
 from tests.gateway.proxy.proxy_helpers import MODEL, PROXY_KEY, running_proxy
 
@@ -76,10 +77,8 @@ async def hook() -> AsyncIterator[Hook]:
     app = web.Application()
     app.router.add_post(HOOK_PATH, receiver.handle)
     runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    host, port = runner.addresses[0][:2]
-    receiver.url = f"http://{host}:{port}{HOOK_PATH}"
+    port = await serve_loopback(runner)
+    receiver.url = f"http://{LOOPBACK_HOST}:{port}{HOOK_PATH}"
     yield receiver
     if receiver.hold is not None:
         receiver.hold.set()
@@ -301,11 +300,8 @@ async def test_issue10_a_failed_delivery_is_a_loopwarden_error_without_the_url()
     app = web.Application()
     app.router.add_post(HOOK_PATH, refuse)
     runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    url = f"http://127.0.0.1:{port}{HOOK_PATH}"
+    port = await serve_loopback(runner)
+    url = f"http://{LOOPBACK_HOST}:{port}{HOOK_PATH}"
     channel = WebhookChannel(WebhookAlert(url=SecretStr(url)))
     try:
         async with aiohttp.ClientSession() as http:
