@@ -14,8 +14,11 @@ from gateway.config import parse_config
 from gateway.middlewares import bot_loop as bot_loop_stage
 from gateway.refusals import RecentRefusals
 from gateway.stages import build_gateway_pipeline
+from gateway.state.memory import MemoryStateStore
+from guards.bot_loop import BotLoopPolicy, PairDecision
 from tests.fakes.inmemory import (
     ConstantAgent,
+    FakeClock,
     InMemoryConnector,
     InMemoryRoom,
     PipelineRig,
@@ -69,6 +72,36 @@ async def test_issue3_notice_posted_once_per_cooldown() -> None:
     await room.post("hi again")
     await room.run()
     assert len(notices(room)) == 2
+
+
+class ReplicaClaimsFirst(MemoryStateStore):
+    """A state where another replica's `cooldown` refusal of a new cooldown claims its
+    notice between this replica's `budget_exceeded` decision and this replica's claim."""
+
+    async def pair_decide(
+        self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
+    ) -> PairDecision:
+        decision = await super().pair_decide(
+            scope=scope, self_bot_id=self_bot_id, sender_bot_id=sender_bot_id, policy=policy
+        )
+        if decision.reason == "budget_exceeded":
+            key = bot_loop_stage._notice_key(scope, self_bot_id, sender_bot_id, decision.until)
+            assert await self.claim(key, decision.retry_after)  # the other replica posts it
+        return decision
+
+
+async def test_issue10_a_replica_that_claims_the_notice_first_posts_it_alone() -> None:
+    clock = FakeClock()
+    config = rig_config(NO_CAP, bots=("parrot", "echo"))
+    rig = PipelineRig(config, state=ReplicaClaimsFirst(clock=clock), clock=clock)
+    await rig.start()
+    room = InMemoryRoom(rig)
+    await room.post("hi bots")
+    await room.run()
+    # Cut at the budget, and this replica leaves the notice to the one that claimed it.
+    assert len([post for post in room.bot_posts() if post.text == "pong"]) == 2 + 20
+    assert notices(room) == []
+    assert rig.metrics.value("refusals_total", stage="bot_loop", reason="budget_exceeded") == 1
 
 
 async def test_cooldown_refusals_are_silent_and_recorded() -> None:
