@@ -2,7 +2,7 @@
 
 Everything loopwarden serves is many small requests on one thread, so the loop's own work
 (polling, callbacks, socket writes) is a fair share of each. uvloop runs the same asyncio
-API on libuv and does that work in C: the proxy adds about 0.1 ms less to a call at p50
+API on libuv and does that work in C: the proxy adds 0.04-0.09 ms less to a call at p50
 (`bench/proxy_bench.py` measures both loops in one run).
 
 Decisions where DESIGN.md is silent:
