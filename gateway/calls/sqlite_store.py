@@ -460,7 +460,9 @@ def _create_schema(db: sqlite3.Connection, path: str) -> None:
     """Create the call tables, upgrading older ones (a newer schema is refused, not downgraded)."""
     db.execute(_META)
     row = db.execute("SELECT value FROM call_meta WHERE name = 'schema'").fetchone()
-    version = SCHEMA_VERSION if row is None else int(row[0])
+    version = SCHEMA_VERSION if row is None else row[0]
+    if type(version) is not int or version < 1:  # a hand-edited or foreign file
+        raise StateError(f"{path} holds call tables of an unknown schema {str(version)[:40]!r}")
     if version > SCHEMA_VERSION:
         raise StateError(
             f"{path} holds call tables of a newer loopwarden "

@@ -199,6 +199,26 @@ async def test_issue10_sqlite_refuses_call_tables_of_a_newer_schema(tmp_path: Pa
     assert (version, without) == (SCHEMA_VERSION + 1, set())
 
 
+@pytest.mark.parametrize("version", ["abc", 1e308, float("inf"), "9" * 5_000, 0, -1, b"\xff\xfe"])
+async def test_issue10_sqlite_refuses_a_schema_version_it_cannot_read(
+    tmp_path: Path, version: object
+) -> None:
+    path = tmp_path / "state.sqlite3"
+    write_schema_2_file(path)
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE call_meta SET value = ?", (version,))
+    store = SqliteCallStore(path)
+    with pytest.raises(StateError, match="unknown schema") as refused:
+        await store.start()
+    assert str(path) in str(refused.value)
+    assert len(str(refused.value)) < len(str(path)) + 120
+    # The file is left as it was, and the next open with a good version works.
+    with closing(sqlite3.connect(path)) as db, db:
+        db.execute("UPDATE call_meta SET value = 2")
+    await (await open_store(path, Clock(START))).aclose()
+    assert schema_of(path)[0] == SCHEMA_VERSION
+
+
 async def test_issue10_sqlite_sweeps_expired_rows_of_every_table_by_key(tmp_path: Path) -> None:
     path = tmp_path / "state.sqlite3"
     clock = Clock(START)
