@@ -97,4 +97,4 @@ def build_gateway_pipeline(
     if memory.max_messages:
         inner.append(HistoryMiddleware(admin, decisions.metrics))
     inner.append(AgentDispatchMiddleware(config.pipeline, decisions))
-    return build_pipeline([ErrorsMiddleware(decisions.metrics, inner), *inner])
+    return build_pipeline([ErrorsMiddleware(decisions.metrics), *inner])

@@ -59,7 +59,7 @@ class BrokenStage:
 async def test_issue10_an_error_is_counted_under_the_name_of_the_stage_it_escaped() -> None:
     rig, _ = await rig_with()
     broken = BrokenStage()
-    handler = build_pipeline([ErrorsMiddleware(rig.metrics, [broken]), broken])
+    handler = build_pipeline([ErrorsMiddleware(rig.metrics), broken])
     connector = rig.connector()
     turn = TurnContext(
         message=connector.message("x"),
@@ -112,3 +112,45 @@ def test_issue10_every_stage_names_itself_uniquely() -> None:
         "silence",
         "transcript",
     }
+
+
+class _SharedCall:
+    """Stages that share one `__call__` (a common base): told apart by their names."""
+
+    name = "shared"
+
+    def __init__(self, *, fails: bool) -> None:
+        self._fails = fails
+
+    async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+        if self._fails:
+            raise RuntimeError("inside a shared stage")
+        return await call_next(ctx)
+
+
+class OuterShared(_SharedCall):
+    name = "outer_shared"
+
+
+class InnerShared(_SharedCall):
+    name = "inner_shared"
+
+
+async def test_issue21_the_failing_stage_is_named_by_the_stage_not_by_its_code() -> None:
+    rig, _ = await rig_with()
+    handler = build_pipeline(
+        [ErrorsMiddleware(rig.metrics), InnerShared(fails=True), OuterShared(fails=False)]
+    )
+    connector = rig.connector()
+    turn = TurnContext(
+        message=connector.message("x"),
+        policy=rig.config.policy,
+        state=rig.state,
+        config=rig.config,
+        bot=rig.config.bot("parrot"),
+        connector=connector,
+        agent=rig.agents["parrot"],
+    )
+    assert await handler(turn) is None
+    assert rig.metrics.value("errors_total", stage="inner_shared") == 1
+    assert rig.metrics.value("errors_total", stage="outer_shared") == 0
