@@ -489,17 +489,8 @@ class TelegramConnector:
                 message_thread_id=call.message_thread_id,
                 reply_parameters=call.reply_parameters,
             )
-        except RetryAfter as exc:
-            raise DeliveryError(
-                f"telegram bot {self.bot_id}: rate limited",
-                retryable=True,
-                retry_after=retry_after_seconds(exc),
-            ) from None
         except TelegramError as exc:
-            raise DeliveryError(
-                f"telegram bot {self.bot_id}: sendMessage failed: {self._runtime.describe(exc)}",
-                retryable=isinstance(exc, NetworkError) and nothing_sent(exc),
-            ) from None
+            raise self._delivery_error("sendMessage", exc) from None
         self._posts[channel_id] = self._posts.get(channel_id, 0) + 1
         self._offer_to_peers(message)
         return str(message.message_id)
@@ -514,24 +505,25 @@ class TelegramConnector:
             await bot.edit_message_text(
                 chat_id=call.chat_id, message_id=call.message_id, text=call.text
             )
-        except RetryAfter as exc:
-            raise DeliveryError(
+        except TelegramError as exc:
+            if not (isinstance(exc, BadRequest) and not_modified(exc)):
+                raise self._delivery_error("editMessageText", exc) from None
+
+    def _delivery_error(self, method: str, exc: TelegramError) -> DeliveryError:
+        """The one mapping of a failed send or edit: 429 and nothing-sent are retryable.
+
+        A 429 waits as Telegram says; any other failure may have posted, so is final.
+        """
+        if isinstance(exc, RetryAfter):
+            return DeliveryError(
                 f"telegram bot {self.bot_id}: rate limited",
                 retryable=True,
                 retry_after=retry_after_seconds(exc),
-            ) from None
-        except BadRequest as exc:
-            if not not_modified(exc):
-                raise DeliveryError(
-                    f"telegram bot {self.bot_id}: editMessageText failed: "
-                    f"{self._runtime.describe(exc)}"
-                ) from None
-        except TelegramError as exc:
-            raise DeliveryError(
-                f"telegram bot {self.bot_id}: editMessageText failed: "
-                f"{self._runtime.describe(exc)}",
-                retryable=isinstance(exc, NetworkError) and nothing_sent(exc),
-            ) from None
+            )
+        return DeliveryError(
+            f"telegram bot {self.bot_id}: {method} failed: {self._runtime.describe(exc)}",
+            retryable=isinstance(exc, NetworkError) and nothing_sent(exc),
+        )
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """Show "typing…" if no reply came within `typing_delay` (best effort, never raises)."""
