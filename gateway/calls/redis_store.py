@@ -87,6 +87,7 @@ from gateway.calls.query import (
     TotalsBuilder,
 )
 from gateway.calls.store import (
+    ENFORCED,
     LOG_KEEP,
     OUTCOMES,
     Admission,
@@ -94,6 +95,7 @@ from gateway.calls.store import (
     CallOutcome,
     MemoryCallStore,
     Settled,
+    ShadowGuards,
 )
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
@@ -190,8 +192,9 @@ end
 # then per budget group: its record and its admin's limits (budgets_redis), then the
 # agent's anomaly hold when the agent may be paused (anomaly_redis).
 # ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name,
-# then the spend estimate and per group its limits and end, and last whether the agent's
-# hold is given (1 or 0) and the group count.
+# then the spend estimate and per group its limits and end, and last the shadow flags
+# (`ShadowGuards.flags`), whether the agent's hold is given (1 or 0) and the group count.
+# A call a guard in shadow mode refuses holds its estimate as an allowed call does.
 # Returns {0, at, count, 0} allowed; {1, pause, count, 0} loop detected;
 # {2, remaining, refusals, rule index or 0} paused; {3, retry_after, count, rule index};
 # {4, ...} refused by a budget (budgets_redis.SPEND_CHECK); {5, remaining, refusals, 0}
@@ -203,12 +206,14 @@ _DECIDE = (
 local now = clock(ARGV[1])
 local max_repeats, window, seconds = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ngroups, nagent = tonumber(ARGV[#ARGV]), tonumber(ARGV[#ARGV - 1])
+local shadow = ARGV[#ARGV - 2]
 local nrules = (#KEYS - 3 - 2 * ngroups - nagent) / 2
 local skeys, sargs = 3 + 2 * nrules, 4 + 4 * nrules
 """
     + anomaly_redis.AGENT_HOLD_CHECK
     + SPEND_CHECK
     + """
+local function guard()
 local h = hold(KEYS[1], now)
 if h and h.pu > now then
   return {2, num(h.pu - now), redis.call('HINCRBY', KEYS[1], 'n', 1), 0}
@@ -252,10 +257,17 @@ count(KEYS[2], at, member, now, window)
 for i = 1, nrules do
   count(KEYS[3 + 2 * i], at, member, now, tonumber(ARGV[4 + 4 * (i - 1) + 2]))
 end
+return {0, at, repeats + 1, 0}
+end
+local reply = guard()
+local by = 1
+if reply[1] ~= 1 then by = tonumber(reply[4]) + 1 end
+if reply[1] == 0 or string.sub(shadow, by, by) == '1' then
 """
     + SPEND_HOLD
     + """
-return {0, at, repeats + 1, 0}
+end
+return reply
 """
 )
 _CHARGE = _PRELUDE + SPEND_PRELUDE + budgets_redis.CHARGE
@@ -393,9 +405,10 @@ class RedisCallStore(RedisLinked):
         spend: SpendEvent,
         *,
         policy: CallLoopPolicy | None = None,
+        shadow: ShadowGuards = ENFORCED,
     ) -> Admission:
         """The budgets, the circuit and the rules of one call in one script call."""
-        return await self._admit(circuit, fingerprint, fields, spend, policy)
+        return await self._admit(circuit, fingerprint, fields, spend, policy, shadow=shadow)
 
     async def _admit(
         self,
@@ -404,6 +417,8 @@ class RedisCallStore(RedisLinked):
         fields: Mapping[str, str],
         spend: SpendEvent | None,
         policy: CallLoopPolicy | None,
+        *,
+        shadow: ShadowGuards = ENFORCED,
     ) -> Admission:
         event = call_event(circuit, fingerprint, fields, self._rules)
         identity = event.identity
@@ -435,11 +450,14 @@ class RedisCallStore(RedisLinked):
             args += budgets_redis.check_args(spend)
         if agent is not None:
             keys.append(self._hold_key(agent))
-        args += [0 if agent is None else 1, len(groups)]
+        flags = shadow.flags([rule for rule, _ in applied])
+        args += [flags, 0 if agent is None else 1, len(groups)]
         try:
             reply = await self._link.guarded(lambda: self._decide(keys=keys, args=args))
         except StateError:
-            return await self._unavailable(circuit, fingerprint, fields, spend, policy)
+            return await self._unavailable(
+                circuit, fingerprint, fields, spend, policy, shadow=shadow
+            )
         kind, value, count, index = reply[:4]
         number, count = float(value), int(count)
         hold = SpendHold(groups, spend.estimate) if spend is not None and groups else None
@@ -568,12 +586,16 @@ class RedisCallStore(RedisLinked):
         fields: Mapping[str, str],
         spend: SpendEvent | None,
         policy: CallLoopPolicy,
+        *,
+        shadow: ShadowGuards,
     ) -> Admission:
         """The decision while Redis is down: local with `allow`, a refusal with `deny`."""
         if self._link.on_error == "allow":
             local = self._fallback()
             if spend is not None:
-                return await local.admit(circuit, fingerprint, fields, spend, policy=policy)
+                return await local.admit(
+                    circuit, fingerprint, fields, spend, policy=policy, shadow=shadow
+                )
             decision = await local.decide(circuit, fingerprint, fields, policy=policy)
             return Admission(decision, ADMITTED_FREE)
         wait = self._link.probe_interval

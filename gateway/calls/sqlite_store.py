@@ -75,12 +75,14 @@ from gateway.calls.budgets import (
 )
 from gateway.calls.query import CallFilter, CallPage, CallTotals, CostBucket, Cursor, page_of
 from gateway.calls.store import (
+    ENFORCED,
     LOG_KEEP,
     OUTCOMES,
     Admission,
     CallLogEntry,
     CallOutcome,
     Settled,
+    ShadowGuards,
 )
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
@@ -219,6 +221,7 @@ class SqliteCallStore:
         spend: SpendEvent,
         *,
         policy: CallLoopPolicy | None = None,
+        shadow: ShadowGuards = ENFORCED,
     ) -> Admission:
         """The agent's pause, the budgets' step, then `decide`'s, in one transaction."""
         chosen = self._policy if policy is None else policy
@@ -237,7 +240,8 @@ class SqliteCallStore:
             decision = None
             if verdict.allowed:
                 decision = _decide(db, now, event, chosen, sweep)
-                if not decision.allowed and verdict.hold is not None:
+                refused = not decision.allowed and not shadow.covers(decision)
+                if refused and verdict.hold is not None:
                     record = step_release(record, verdict.hold, now)
             budgets_sqlite.save(db, spend, record)
             return Admission(decision, verdict)

@@ -127,6 +127,32 @@ class CallLogEntry:
         return LoggedCall(at=self.at, fingerprint=self.fingerprint, fields=self.fields)
 
 
+@dataclass(frozen=True, slots=True)
+class ShadowGuards:
+    """Which call guards run in shadow mode: the circuit's, and the rules named.
+
+    A call one of them refuses is forwarded anyway (DESIGN.md §5), so admission keeps
+    its budget hold as for an admitted call: shadow mode changes what is enforced, never
+    what is counted.
+    """
+
+    circuit: bool = False
+    rules: frozenset[str] = frozenset()
+
+    def covers(self, refused: CallDecision) -> bool:
+        """True when the guard that gave this refusal runs in shadow mode."""
+        return self.circuit if refused.rule is None else refused.rule in self.rules
+
+    def flags(self, rules: Sequence[UniquenessRule]) -> str:
+        """The Redis script's form: '1' or '0' for the circuit, then for each rule given."""
+        marks = [self.circuit, *(rule.name in self.rules for rule in rules)]
+        return "".join("1" if mark else "0" for mark in marks)
+
+
+ENFORCED = ShadowGuards()
+"""Every guard enforces: a refused call holds nothing."""
+
+
 class Admission(NamedTuple):
     """The verdicts on one call: the budgets', then (when they admit it) the repeat guard's.
 
@@ -175,9 +201,11 @@ class CallStore(Protocol):
         spend: SpendEvent,
         *,
         policy: CallLoopPolicy | None = None,
+        shadow: ShadowGuards = ENFORCED,
     ) -> Admission:
         """Decide one call on its budgets (`gateway.calls.budgets.step_spend`) and, when
-        they admit it, as `decide` does, atomically; an admitted call's estimate is held.
+        they admit it, as `decide` does, atomically; an admitted call's estimate is held,
+        and so is that of a call a guard of `shadow` refuses (it is forwarded anyway).
         """
 
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
@@ -286,6 +314,7 @@ class MemoryCallStore:
         spend: SpendEvent,
         *,
         policy: CallLoopPolicy | None = None,
+        shadow: ShadowGuards = ENFORCED,
     ) -> Admission:
         """The agent's pause, the budgets' step, then the guard's decision (atomic: no I/O)."""
         now = self._wall_clock()
@@ -303,7 +332,7 @@ class MemoryCallStore:
         decision = self.guard.check(
             circuit=circuit, fingerprint=fingerprint, fields=fields, policy=policy
         )
-        if not decision.allowed and verdict.hold is not None:
+        if not decision.allowed and verdict.hold is not None and not shadow.covers(decision):
             record = step_release(record, verdict.hold, now)
         table.save(spend, record)
         return Admission(decision, verdict)

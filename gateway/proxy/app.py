@@ -112,7 +112,14 @@ class ProxyServer:
         self._log = RequestLog(self.store, prices, wall_clock=wall_clock)
         self._refusals = Refusals(self.alerter, clock=clock)
         self._shadow = ShadowModes(proxy)
-        self._budgets = ProxyBudgets(proxy, self.store, prices, self.alerter, wall_clock=wall_clock)
+        self._budgets = ProxyBudgets(
+            proxy,
+            self.store,
+            prices,
+            self.alerter,
+            shadow=self._shadow.guards,
+            wall_clock=wall_clock,
+        )
         self._upstreams = Upstreams(proxy, self.store, self._log, self._budgets)
         admin = AdminService(config, self.state, calls=self.store)
         # The console's sessions: the admin API accepts them beside the bearer token.
@@ -234,7 +241,6 @@ class ProxyServer:
                 self._log.record(call, refusal_outcome(answered), None, None, rule=answered.rule)
                 return response
             request[SHADOW_CODE] = shadow
-            self._budgets.waived(call)
         return await self._upstreams.forward(
             request, provider, upstream, tail=tail, body=body, call=call
         )

@@ -28,7 +28,8 @@ Decisions where DESIGN.md is silent:
 - A model without a price is charged its tokens and no money; with `unpriced: refuse`,
   a call to it that falls in a budget with `limit_usd` is refused `budget_exceeded`.
 - A call the repeat guard refuses holds nothing; one it refuses in shadow mode is
-  forwarded and charged afterwards without having held its estimate.
+  forwarded, so it holds its estimate like an admitted call (`ShadowGuards`; issue 20)
+  and is refused `budget_exceeded` like one when the budget has no room for it.
 - Periods are worked out on this process's wall clock in `budget_timezone` (cached until
   the period ends), the same way on every replica.
 - The charge runs in the background (`ProxyServer.settle` and `stop` wait for it), so a
@@ -45,7 +46,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
@@ -68,7 +68,7 @@ from gateway.calls.budgets import (
     nano,
     period_span,
 )
-from gateway.calls.store import Admission, CallLogEntry, CallStore
+from gateway.calls.store import ENFORCED, Admission, CallLogEntry, CallStore, ShadowGuards
 from gateway.proxy import background, messages
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.calls import ProxiedCall
@@ -115,9 +115,11 @@ class ProxyBudgets:
         prices: PriceTable,
         alerter: Alerter,
         *,
+        shadow: ShadowGuards = ENFORCED,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.budgets: tuple[Budget, ...] = tuple(b.budget() for b in config.budgets)
+        self._shadow = shadow
         self.anomaly = config.anomaly.policy()
         self._pauses = self.anomaly is not None and self.anomaly.action == "pause"
         self.periods = Periods(ZoneInfo(config.budget_timezone))
@@ -171,7 +173,9 @@ class ProxyBudgets:
             )
             call.spend = verdict
             return Admission(None, verdict)
-        admission = await store.admit(call.circuit, call.fingerprint, call.fields, event)
+        admission = await store.admit(
+            call.circuit, call.fingerprint, call.fields, event, shadow=self._shadow
+        )
         call.spend = admission.spend
         if admission.spend.alert is not None:
             self._alert(call, admission.spend.alert)
@@ -185,13 +189,6 @@ class ProxyBudgets:
         if not dollars or self._prices.price(call.call.model, call.provider.name) is not None:
             return None
         return dollars[0]
-
-    def waived(self, call: ProxiedCall) -> None:
-        """A call the repeat guard refused in shadow mode goes on: charge it, holding nothing."""
-        verdict = call.spend
-        if verdict is not None and verdict.hold is not None:
-            hold = SpendHold(verdict.hold.groups, Amount())
-            call.spend = replace(verdict, hold=hold)
 
     def refusal(self, call: ProxiedCall, verdict: SpendVerdict) -> web.Response:
         """The `budget_exceeded` answer, in the provider's format."""

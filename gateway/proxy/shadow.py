@@ -9,6 +9,9 @@ admitted one, and its response, whatever the upstream answers, carries
 `x-loopwarden-shadow: <code>` (`loop_detected`, `loop_paused`, or
 `duplicate_call:<rule name>`) so a client can log it. No refusal answer and no alert is
 sent; the verdict is logged at INFO with `shadow: "true"` among the structured fields.
+The budgets count the call as any forwarded one: the store's admission keeps its
+estimate held (`ShadowGuards`), so a guard in shadow never lets calls pass a budget
+(issue 20: before, such a call held nothing and concurrent repeats all went through).
 
 Decisions where DESIGN.md is silent: the first refusing check settles a call, as in
 enforce mode (the circuit's pause, the rule groups' pauses, the circuit's repeats, then
@@ -24,6 +27,7 @@ import logging
 
 from aiohttp import web
 
+from gateway.calls.store import ShadowGuards
 from gateway.proxy.calls import ProxiedCall
 from gateway.proxy.config import ProxyConfig
 from guards.call_loop import CallDecision
@@ -35,17 +39,23 @@ SHADOW_CODE = web.RequestKey("loopwarden_shadow", str)
 """The shadow verdict of a forwarded call, set on its request for `add_shadow_header`."""
 
 
-class ShadowModes:
+def shadow_guards(config: ProxyConfig) -> ShadowGuards:
     """Which of the proxy's call guards run in shadow mode."""
+    return ShadowGuards(
+        config.call_loop.mode == "shadow",
+        frozenset(rule.name for rule in config.rules if rule.mode == "shadow"),
+    )
+
+
+class ShadowModes:
+    """Which of the proxy's call guards run in shadow mode, and what a waived refusal says."""
 
     def __init__(self, config: ProxyConfig) -> None:
-        self._circuit = config.call_loop.mode == "shadow"
-        self._rules = frozenset(rule.name for rule in config.rules if rule.mode == "shadow")
+        self.guards = shadow_guards(config)
 
     def waived(self, call: ProxiedCall, refused: CallDecision) -> str | None:
         """The header value when a guard in shadow mode gave this refusal (logged); else None."""
-        shadow = self._circuit if refused.rule is None else refused.rule in self._rules
-        if not shadow:
+        if not self.guards.covers(refused):
             return None
         code = (
             f"duplicate_call:{refused.rule}" if refused.code == "duplicate_call" else refused.code

@@ -38,8 +38,9 @@ from gateway.calls.budgets import (
     step_charge,
     step_spend,
 )
+from gateway.calls.store import ShadowGuards
 from gateway.proxy.config import PerField
-from guards.call_loop import CallLoopPolicy, circuit_key
+from guards.call_loop import CallLoopPolicy, UniquenessRule, circuit_key
 from tests.gateway.calls.store_helpers import START, Clock, MakeStore, fingerprint, redis_replicas
 
 DAY_END = datetime(2027, 1, 16, tzinfo=ZoneInfo("UTC")).timestamp()
@@ -319,6 +320,46 @@ async def test_issue14_a_budget_refusal_is_not_counted_by_the_repeat_guard(
     # The repeat guard refused it after the budget admitted it: only the five stay held.
     ((_, spent),) = await store.spend_groups()
     assert spent.held == Amount(0, 5 * 100)
+
+
+async def test_issue20_a_refusal_in_shadow_mode_keeps_its_hold(make: MakeStore) -> None:
+    rules = [
+        UniquenessRule.from_dict(
+            {"name": "one-per-step", "fields": ["step"], "max_calls": 1, "window_seconds": 60}
+        ),
+        UniquenessRule.from_dict(
+            {"name": "one-per-user", "fields": ["user"], "max_calls": 1, "window_seconds": 60}
+        ),
+    ]
+    store = await make(CallLoopPolicy(max_repeats=1), rules)
+    daily = group(usd=1.0)
+    shadow = ShadowGuards(circuit=True, rules=frozenset({"one-per-user"}))
+    calls = [
+        (fingerprint(1), {}, "ok"),
+        (fingerprint(1), {}, "loop_detected"),  # the circuit's, in shadow: held
+        (fingerprint(2), {"user": "u", "step": "s"}, "loop_paused"),  # its pause: held
+    ]
+    for print_, fields, code in calls:
+        admitted = await store.admit(CIRCUIT, print_, fields, event(daily), shadow=shadow)
+        assert admitted.call is not None
+        assert admitted.call.code == code
+    a, b, c = (circuit_key("billing-bot", f"run-{n}") for n in (2, 3, 4))
+    await store.admit(a, fingerprint(3), {"user": "u", "step": "s"}, event(daily))
+    # The rule in shadow refuses a second call of user u (held); the enforced one step s.
+    user = await store.admit(b, fingerprint(4), {"user": "u"}, event(daily), shadow=shadow)
+    step = await store.admit(c, fingerprint(5), {"step": "s"}, event(daily), shadow=shadow)
+    assert user.call is not None
+    assert (user.call.code, user.call.rule) == ("duplicate_call", "one-per-user")
+    assert step.call is not None
+    assert (step.call.code, step.call.rule) == ("duplicate_call", "one-per-step")
+    ((_, spent),) = await store.spend_groups()
+    assert spent.held == Amount(nano(0.1) * 5, 500)
+    # Enforced, the same refusal gives its hold back.
+    again = await store.admit(CIRCUIT, fingerprint(1), {}, event(daily))
+    assert again.call is not None
+    assert again.call.code == "loop_paused"
+    ((_, spent),) = await store.spend_groups()
+    assert spent.held == Amount(nano(0.1) * 5, 500)
 
 
 async def test_issue14_decide_without_budgets_still_answers_as_before(make: MakeStore) -> None:

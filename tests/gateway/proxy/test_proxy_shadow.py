@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
+from tests.fakes.llm_upstream import FakeLLM
 from tests.gateway.proxy.proxy_helpers import MODEL, PROXY_KEY, Rig, running_proxy
 
 BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
@@ -106,3 +110,68 @@ async def test_issue13_an_enforce_rule_still_refuses_beside_a_shadow_circuit(sta
         assert caught.value.code == "duplicate_call"
         assert SHADOW_HEADER not in caught.value.response.headers
         assert len(rig.upstream.calls(COMPLETIONS)) == 3
+
+
+def priced_body(prompt: str) -> bytes:
+    """A streamed call the proxy estimates at exactly $0.10: 40 input + 30 output tokens.
+
+    `gpt-4o*` costs $1 / $2 per 1,000 tokens and the estimate takes 4 bytes a token, so
+    the prompt is padded until the body is 157 to 160 bytes long.
+    """
+    for pad in range(200):
+        data = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt + " " * pad}],
+            "max_tokens": 30,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        encoded = json.dumps(data, separators=(",", ":")).encode()
+        if 156 < len(encoded) <= 160:
+            return encoded
+    raise AssertionError("no padding prices the body at $0.10")
+
+
+async def test_issue20_a_shadow_circuit_does_not_unlock_spend(state: str) -> None:
+    budget = """
+    call_loop: {mode: shadow}
+    budgets:
+      - {name: agent-daily, per: [agent], limit_usd: 1.00, period: day}
+    """
+    gate = asyncio.Event()
+    async with (
+        running_proxy(budget, state=state, upstream=FakeLLM(gate=gate)) as rig,
+        aiohttp.ClientSession() as http,
+    ):
+        data = priced_body("Is the export done?")
+        headers = {
+            "Authorization": f"Bearer {PROXY_KEY}",
+            "Content-Type": "application/json",
+            "X-Loopwarden-Session": "run-1",
+        }
+        refused: list[str] = []
+
+        async def call() -> int:
+            url = f"{rig.url}/openai/v1/chat/completions"
+            async with http.post(url, data=data, headers=headers) as answer:
+                if answer.status != 200:
+                    refused.append(answer.headers.get("x-loopwarden-code", ""))
+                await answer.read()
+                return answer.status
+
+        calls = [asyncio.create_task(call()) for _ in range(50)]
+        # The upstream holds every forwarded stream until each of the 50 calls is decided.
+        async with asyncio.timeout(30):
+            while len(refused) + len(rig.upstream.calls(COMPLETIONS)) < 50:
+                await asyncio.sleep(0.01)
+        gate.set()
+        statuses = await asyncio.gather(*calls)
+        await rig.proxy.settle()
+        rows = await rig.store.spend_groups()
+    # $1.00 holds ten $0.10 estimates: the 5 the circuit admits and 5 it would refuse.
+    assert statuses.count(200) == 10
+    assert len(rig.upstream.calls(COMPLETIONS)) == 10
+    assert refused == ["budget_exceeded"] * 40
+    [(_, spend)] = rows
+    assert spend.held.nano_usd == 0
+    assert spend.spent.nano_usd <= 1_000_000_000
