@@ -15,7 +15,6 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
 
 from aiogram import Bot, Dispatcher
 from aiogram.client.session.aiohttp import AiohttpSession
@@ -24,26 +23,13 @@ from aiogram.types import Message
 from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
-from integrations import Decision, RoomGuard
+from integrations import RoomGuard
 from integrations.aiogram import LoopwardenMiddleware, ReplyFilter
 from integrations.telegram_ptb import GuardedBot, LoopwardenHandler
 
 POLICY: Mapping[str, object] = {
     "bot_loop": {"max_events_per_window": 4, "window_seconds": 300, "cooldown_seconds": 300}
 }
-
-
-class RecordingGuard(RoomGuard):
-    """A RoomGuard that keeps every decision it made, so tests know when a bot is done."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.decisions: list[Decision] = []
-
-    async def admit(self, room: str, sender_id: str, sender_is_bot: bool, **kw: Any) -> Decision:
-        decision = await super().admit(room, sender_id, sender_is_bot, **kw)
-        self.decisions.append(decision)
-        return decision
 
 
 def answer(name: str) -> Callable[[str], str]:

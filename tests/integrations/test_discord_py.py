@@ -19,10 +19,11 @@ import pytest
 import yarl
 
 from connectors.discord.connector import RoutedHTTPClient
-from integrations import Decision, RoomGuard
+from integrations import RoomGuard
 from integrations.discord_py import guard_bot
 from tests.connectors.connector_helpers import wait_for
 from tests.fakes.discord_server import DiscordFake, FakeUser
+from tests.integrations.recording_guard import RecordingGuard
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib `audioop` (for voice), deprecated since Python 3.11.
@@ -38,17 +39,6 @@ TOKENS = {PARROT.id: "parrot-discord-token", ECHO.id: "echo-discord-token"}
 POLICY: Mapping[str, object] = {
     "bot_loop": {"max_events_per_window": 4, "window_seconds": 300, "cooldown_seconds": 300}
 }
-
-
-class RecordingGuard(RoomGuard):
-    """Keeps every decision, so a test knows when the bots are done."""
-
-    decisions: list[Decision]
-
-    async def admit(self, room: str, sender_id: str, sender_is_bot: bool, **kw: object) -> Decision:
-        decision = await super().admit(room, sender_id, sender_is_bot, **kw)  # type: ignore[arg-type]
-        self.decisions = [*getattr(self, "decisions", []), decision]
-        return decision
 
 
 @pytest.fixture

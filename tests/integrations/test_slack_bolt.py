@@ -23,10 +23,11 @@ from slack_bolt.async_app import AsyncApp, AsyncSay
 from slack_sdk.web import WebClient
 from slack_sdk.web.async_client import AsyncWebClient
 
-from integrations import Decision, RoomGuard
+from integrations import RoomGuard
 from integrations.slack_bolt import loopwarden_middleware
 from tests.connectors.connector_helpers import wait_for
 from tests.fakes.slack_server import FakeUser, SlackFake
+from tests.integrations.recording_guard import RecordingGuard
 
 CHANNEL = "C0PAIR"
 ALICE = FakeUser("U0ALICE", "alice")
@@ -35,24 +36,6 @@ APPS = {
     "echo": ("xoxb-echo-integration", "xapp-1-A0ECHO-echo", "U0ECHO", "B0ECHO"),
 }
 POLICY = {"bot_loop": {"max_events_per_window": 4, "window_seconds": 300, "cooldown_seconds": 300}}
-
-
-class RecordingGuard(RoomGuard):
-    """Keeps every decision of either face, so a test knows when the apps are done."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.decisions: list[Decision] = []
-
-    async def admit(self, room: str, sender_id: str, sender_is_bot: bool, **kw: Any) -> Decision:
-        decision = await super().admit(room, sender_id, sender_is_bot, **kw)
-        self.decisions.append(decision)
-        return decision
-
-    def admit_sync(self, room: str, sender_id: str, sender_is_bot: bool, **kw: Any) -> Decision:
-        decision = super().admit_sync(room, sender_id, sender_is_bot, **kw)
-        self.decisions.append(decision)
-        return decision
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from integrations import RoomGuard
 from tests.connectors.connector_helpers import wait_for
 from tests.fakes.telegram_server import TelegramFake
 from tests.integrations import telegram_room as room
-from tests.integrations.telegram_bots import BOTS, POLICY, RecordingGuard
+from tests.integrations.recording_guard import RecordingGuard
+from tests.integrations.telegram_bots import BOTS, POLICY
 
 Runner = Callable[[str, str, str, RoomGuard], AbstractAsyncContextManager[None]]
 PAIRS = {
