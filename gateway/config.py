@@ -29,6 +29,9 @@ Decisions where DESIGN.md is silent:
 - `pipeline.transcript` (`max_messages` 0 switches room memory off, `ttl` in seconds or
   `7d`) and every agent's `history` (`max_messages` 0: no history) are bounded by
   `gateway.limits` (DESIGN.md §3; `gateway.middlewares.transcript`).
+- `state.max_transcript_bytes` (default 32 MiB, from 64 KiB to 64 GiB, a whole number)
+  is what the memory backend's transcripts may hold in all (`gateway.state.memory_transcripts`);
+  sqlite and redis keep theirs outside the process and ignore it.
 - `policy.spend` (`gateway.spend`) is optional: without it the `openai` agents' calls
   have no limit. Its limits are bounded as `proxy.budgets`' are (`gateway.limits`), it
   needs `limit_usd`, `limit_tokens` or both, and `per` lists `room` and/or `bot` once each.
@@ -65,10 +68,13 @@ from gateway.console.sessions import DEFAULT_SESSION_HOURS
 from gateway.console.urls import PublicUrl, http_url
 from gateway.errors import ConfigError
 from gateway.limits import (
+    DEFAULT_TRANSCRIPT_BYTES,
     MAX_COUNT,
     MAX_TOKENS,
+    MAX_TRANSCRIPT_BYTES,
     MAX_TRANSCRIPT_MESSAGES,
     MAX_USD,
+    MIN_TRANSCRIPT_BYTES,
     Duration,
     DurationText,
     Mode,
@@ -112,13 +118,16 @@ class _Frozen(BaseModel):
 
 
 class StateConfig(_Frozen):
-    """Where budgets, cooldowns and receipts live."""
+    """Where budgets, cooldowns and receipts live; `max_transcript_bytes` is memory's only."""
 
     backend: Literal["memory", "sqlite", "redis"] = "memory"
     path: str = "loopwarden.sqlite3"
     url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
     on_error: Literal["allow", "deny"] = "allow"
     key_prefix: str = "lw:"
+    max_transcript_bytes: int = Field(
+        default=DEFAULT_TRANSCRIPT_BYTES, ge=MIN_TRANSCRIPT_BYTES, le=MAX_TRANSCRIPT_BYTES
+    )
 
 
 MAX_SESSION_HOURS = 366 * 24

@@ -18,6 +18,9 @@
   `parse_duration` as `/loop pause` parses its argument.
 - A transcript holds at most `MAX_TRANSCRIPT_MESSAGES` messages and an agent's history
   at most that many and `MAX_TOKENS` tokens.
+- The memory backend's transcripts hold `DEFAULT_TRANSCRIPT_BYTES` (32 MiB) in all unless
+  configured otherwise, from `MIN_TRANSCRIPT_BYTES` (a few of the largest messages: 8,000
+  emoji are 32 KB) to `MAX_TRANSCRIPT_BYTES` (64 GiB), a whole number of bytes.
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ MAX_COUNT = 1_000_000
 MAX_USD = 1_000_000.0
 MAX_TOKENS = 10**12
 MAX_TRANSCRIPT_MESSAGES = 10_000
+DEFAULT_TRANSCRIPT_BYTES = 32 * 1024 * 1024
+MIN_TRANSCRIPT_BYTES = 64 * 1024
+MAX_TRANSCRIPT_BYTES = 64 * 1024**3
 
 DURATION_BOUND = (
     f"must be a finite number of seconds, at most 366 days ({MAX_DURATION_SECONDS} seconds)"

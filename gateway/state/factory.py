@@ -24,7 +24,7 @@ _BACKEND_EXTRAS = {"redis": "redis"}
 def build_state(config: StateConfig, *, clock: Callable[[], float] | None = None) -> StateStore:
     """The StateStore for `config.backend`; `clock` drives the in-memory backend's time."""
     if config.backend == "memory":
-        return MemoryStateStore(clock=clock)
+        return MemoryStateStore(clock=clock, max_transcript_bytes=config.max_transcript_bytes)
     module = _backend_module(config.backend)
     if config.backend == "sqlite":
         return cast(StateStore, module.SqliteStateStore(config.path))

@@ -1,18 +1,22 @@
-"""In-process state: the default backend, fast and lost on restart."""
+"""In-process state: the default backend, fast and lost on restart.
+
+Transcripts are held within a budget of bytes (`state.max_transcript_bytes`), least
+recently written evicted first: see gateway/state/memory_transcripts.py.
+"""
 
 from __future__ import annotations
 
 import math
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from itertools import islice
 
-from gateway.state import receipts, transcripts
+from gateway.limits import DEFAULT_TRANSCRIPT_BYTES
+from gateway.state import receipts
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
 from gateway.state.memory_activity import MemoryActivity
+from gateway.state.memory_transcripts import MemoryTranscripts
 from gateway.state.receipts import Receipt
 from guards.bot_loop import (
     BotLoopGuard,
@@ -27,24 +31,17 @@ _AUDIT_KEEP = 1000
 # same count; hosted bots see a message within moments of each other, so a few thousand
 # recent messages is plenty.
 _TURNS_SEEN_KEEP = 4096
-# Transcripts held; past this the least recently written one goes, so a flood of rooms
-# costs bounded memory (each transcript is bounded by `max_messages` and the text cap).
-TRANSCRIPTS_KEEP = 10_000
-
-
-@dataclass(slots=True)
-class _Transcript:
-    """One room's or thread's messages, the keys they were appended under, and its expiry."""
-
-    expires_at: float
-    entries: deque[TranscriptEntry] = field(default_factory=deque)
-    keys: set[str] = field(default_factory=set)
 
 
 class MemoryStateStore:
     """A StateStore held in this process; one BotLoopGuard serves every room's policy."""
 
-    def __init__(self, *, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] | None = None,
+        max_transcript_bytes: int = DEFAULT_TRANSCRIPT_BYTES,
+    ) -> None:
         self._clock = clock or time.monotonic
         self._owner = receipts.new_owner()
         # One guard for every policy: each call brings the room's policy, so a `/loop set`
@@ -59,8 +56,7 @@ class MemoryStateStore:
         self._overrides: dict[str, dict[str, object]] = {}
         self._pauses: dict[str, float] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=_AUDIT_KEEP)
-        # Least recently written first, so expired transcripts are swept from the front.
-        self._transcripts: OrderedDict[str, _Transcript] = OrderedDict()
+        self._transcripts = MemoryTranscripts(max_transcript_bytes)
         self._activity = MemoryActivity()
 
     async def start(self) -> None:
@@ -191,46 +187,26 @@ class MemoryStateStore:
         entries = (e for e in reversed(self._audit) if scope is None or e.room == scope)
         return [e for _, e in zip(range(limit), entries, strict=False)]
 
+    @property
+    def transcript_bytes(self) -> int:
+        """The bytes every transcript holds, as counted against `max_transcript_bytes`."""
+        return self._transcripts.held_bytes
+
     async def transcript_append(
         self, scope: str, entry: TranscriptEntry, *, max_messages: int, ttl: float
     ) -> bool:
-        """Append once per key; trim to `max_messages`; the transcript lives `ttl` from now."""
-        now = self._clock()
-        held = self._live_transcript(scope, now)
-        if held is not None and entry.key in held.keys:
-            return False
-        self._sweep_transcripts(now)
-        if held is None:
-            held = self._transcripts[scope] = _Transcript(now + ttl)
-            if len(self._transcripts) > TRANSCRIPTS_KEEP:
-                self._transcripts.popitem(last=False)
-        else:
-            held.expires_at = now + ttl
-            self._transcripts.move_to_end(scope)
-        held.entries.append(transcripts.bounded(entry))
-        held.keys.add(entry.key)
-        while len(held.entries) > max_messages:
-            held.keys.discard(held.entries.popleft().key)
-        return True
+        """Append once per key; trim to `max_messages` and to the byte budget; live `ttl`."""
+        return self._transcripts.append(
+            scope, entry, max_messages=max_messages, ttl=ttl, now=self._clock()
+        )
 
     async def transcript_recent(self, scope: str, limit: int) -> Transcript:
         """The newest `limit` entries, oldest first (nothing here can be unreadable)."""
-        held = self._live_transcript(scope, self._clock())
-        if held is None or limit <= 0:
-            return Transcript()
-        newest = list(islice(reversed(held.entries), limit))
-        newest.reverse()
-        return Transcript(tuple(newest))
+        return self._transcripts.recent(scope, limit, self._clock())
 
     async def transcript_forget(self, scope: str, *, threads: bool = False) -> int:
         """Drop the transcript (and, with `threads`, every thread's of it)."""
-        held = self._transcripts.pop(scope, None)
-        dropped = 0 if held is None else len(held.entries)
-        if threads:
-            prefix = scope + transcripts.SEP
-            for name in [name for name in self._transcripts if name.startswith(prefix)]:
-                dropped += len(self._transcripts.pop(name).entries)
-        return dropped
+        return self._transcripts.forget(scope, threads=threads)
 
     async def activity_append(self, events: Sequence[ActivityEvent]) -> None:
         """Store and count the events (gateway/state/memory_activity.py)."""
@@ -251,20 +227,3 @@ class MemoryStateStore:
     async def activity_rooms(self) -> list[tuple[str, float]]:
         """Rooms seen, newest first."""
         return self._activity.rooms()
-
-    def _live_transcript(self, scope: str, now: float) -> _Transcript | None:
-        """The scope's transcript unless it has expired (an expired one is dropped)."""
-        held = self._transcripts.get(scope)
-        if held is not None and held.expires_at <= now:
-            del self._transcripts[scope]
-            return None
-        return held
-
-    def _sweep_transcripts(self, now: float) -> None:
-        """Drop expired transcripts from the front: O(1) amortised per append."""
-        held = self._transcripts
-        while held:
-            oldest = next(iter(held.values()))
-            if oldest.expires_at > now:
-                return
-            held.popitem(last=False)
