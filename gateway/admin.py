@@ -6,8 +6,9 @@ room keys, `platform:channel`, exactly as `InboundMessage.room` writes them. Run
 changes go through the `StateStore`, so every replica sees them.
 
 Decisions where DESIGN.md is silent:
-- `reset` clears the room's bot pairs and its consecutive-bot-turn count; `reset all`
-  clears every pair (turn counts of other rooms are left to the next human message);
+- `reset` clears the room's bot pairs, its room budget (guards/room_budget.py) and its
+  consecutive-bot-turn count; `reset all` clears every pair and room budget (turn counts
+  of other rooms are left to the next human message);
   `reset <bot>` takes a hosted bot's config id, a platform user id or a Discord mention
   (`<@123>`) and clears that bot's pairs in every room.
 - `pause` takes `30s`, `10m`, `2h`, `1d` or a bare number of seconds (ASCII digits), at
@@ -219,14 +220,16 @@ class AdminService:
         return messages.policy_text(room, await self.effective_policy(room, thread_id=thread_id))
 
     async def reset(self, room: str) -> str:
-        """Clear the room's bot pairs and its consecutive-bot-turn count."""
+        """Clear the room's bot pairs, its room budget and its consecutive-bot-turn count."""
         dropped = await self._state.pair_reset(scope=room)
+        await self._state.room_reset(room)
         await self._state.bot_turn(room, is_bot=False)
         return messages.reset_room_ack(dropped)
 
     async def reset_all(self) -> str:
-        """Clear every bot pair in every room."""
+        """Clear every bot pair and room budget in every room."""
         dropped = await self._state.pair_reset()
+        await self._state.room_reset()
         return messages.reset_all_ack(dropped)
 
     async def reset_bot(self, bot: str) -> str:

@@ -13,7 +13,8 @@ Decisions where DESIGN.md is silent:
   / `guard_config()`), so the config, a channel rule, `/loop set` and the admin API all
   refuse the same values. `tool_loop` refuses unknown keys like every other section.
   The guards' counts (`bot_loop.max_events_per_window`, `max_consecutive_bot_turns`,
-  `call_loop.max_repeats`) are at most a million (`gateway.limits.MAX_COUNT`).
+  `room_max_events_per_window`, `call_loop.max_repeats`) are at most a million
+  (`gateway.limits.MAX_COUNT`); `room_max_events_per_window` 0 turns the room budget off.
 - No number is inf or nan; every duration is at most 366 days and chosen secrets
   (`http.admin_token`, a Telegram `webhook_secret`, an `http` agent's `secret`) at least
   16 characters (`gateway.limits`). The file must be UTF-8 and stay within `gateway.safeyaml`'s
@@ -442,13 +443,15 @@ class RespondToPolicy(_Frozen):
 
 
 class BotLoopSettings(_Frozen):
-    """Pair budget, cooldown, the consecutive-bot-turn cap and the cooldown notice."""
+    """Pair and room budgets, cooldown, the consecutive-bot-turn cap and the cooldown notice."""
 
     enabled: bool = True
     max_events_per_window: int = Field(default=20, ge=1, le=MAX_COUNT)
     window_seconds: Duration = Field(default=60.0, gt=0)
     cooldown_seconds: Duration = Field(default=60.0, ge=0)
     max_consecutive_bot_turns: int = Field(default=30, ge=0, le=MAX_COUNT)
+    room_max_events_per_window: int = Field(default=20, ge=0, le=MAX_COUNT)
+    room_window_seconds: Duration = Field(default=90.0, gt=0)
     announce_cooldown: bool = True
     mode: Mode = "enforce"
 
@@ -464,6 +467,8 @@ class BotLoopSettings(_Frozen):
             max_events_per_window=self.max_events_per_window,
             window_seconds=self.window_seconds,
             cooldown_seconds=self.cooldown_seconds,
+            room_max_events_per_window=self.room_max_events_per_window,
+            room_window_seconds=self.room_window_seconds,
         )
 
 

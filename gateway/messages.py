@@ -72,6 +72,35 @@ def pair_cooldown_notice(a: str, b: str, *, cooldown: float, budget: int, window
     )
 
 
+# A room's notice names at most this many bots, then "and N more".
+_NAMED_BOTS = 6
+
+
+def bot_names(bots: Sequence[str]) -> str:
+    """`A`, `A and B`, `A, B and C`, `A, B, …, F and 3 more`: the bots a room notice names."""
+    shown = list(bots[:_NAMED_BOTS])
+    more = len(bots) - len(shown)
+    if more:
+        shown.append(f"{more} more")
+    if len(shown) < 2:
+        return "".join(shown)
+    return f"{', '.join(shown[:-1])} and {shown[-1]}"
+
+
+def room_cooldown_notice(
+    bots: Sequence[str], *, cooldown: float, budget: int, window: float, prefix: str | None
+) -> str:
+    """Posted once per room cooldown (issue 20): the bots whose messages filled the budget.
+
+    `prefix` None leaves out the admin command (what `integrations.RoomGuard` posts).
+    """
+    text = (
+        f"Loop guard: pausing replies to bots in this room for {format_duration(cooldown)} "
+        f"({budget} bot messages in {format_duration(window)} from {bot_names(bots)})."
+    )
+    return text if prefix is None else f"{text} An admin can {prefix} reset."
+
+
 # Why admission or the bot-loop guard refused a message, as `status` lists it.
 def paused_detail(left: float) -> str:
     """A message in a paused room."""
@@ -104,6 +133,21 @@ def budget_exceeded_detail(event: int, budget: int, *, window: float, cooldown: 
 def cooling_down_detail(left: float) -> str:
     """A bot message of a pair in cooldown."""
     return f"cooling down, {format_duration(left)} left"
+
+
+def room_budget_exceeded_detail(
+    event: int, budget: int, *, window: float, cooldown: float, bots: Sequence[str]
+) -> str:
+    """The bot message that exceeded its room's budget (whatever the pair) and opened it."""
+    return (
+        f"room: bot message {event} over {budget} per {format_duration(window)} "
+        f"from {bot_names(bots)}, cooldown {format_duration(cooldown)}"
+    )
+
+
+def room_cooling_down_detail(left: float) -> str:
+    """A bot message in a room whose room budget is cooling down."""
+    return f"room cooling down, {format_duration(left)} left"
 
 
 # What a guard in shadow mode would have refused, as the decision log says it.

@@ -92,12 +92,15 @@ def _is_number(value: object) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class BotLoopPolicy:
-    """How many bot-to-bot events a pair may have per window, and how long it cools down."""
+    """How many bot-to-bot events a pair (and a room) may have per window, and the cooldown."""
 
     enabled: bool = True
     max_events_per_window: int = 20
     window_seconds: float = 60.0
     cooldown_seconds: float = 60.0
+    room_max_events_per_window: int = 20
+    """The room budget (guards/room_budget.py): bot messages per room window, 0 for none."""
+    room_window_seconds: float = 90.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.enabled, bool):
@@ -122,6 +125,23 @@ class BotLoopPolicy:
                 "cooldown_seconds must be a finite number of seconds, 0 or more (e.g. 60), "
                 f"got {cooldown!r}"
             )
+        room_budget = self.room_max_events_per_window
+        if isinstance(room_budget, bool) or not isinstance(room_budget, int):
+            raise TypeError(
+                "room_max_events_per_window must be a whole number (e.g. 20, 0 for none), "
+                f"got {room_budget!r}"
+            )
+        if room_budget < 0:
+            raise ValueError(
+                "room_max_events_per_window must be 0 (no room budget) or more, "
+                f"got {room_budget!r}"
+            )
+        room_window = self.room_window_seconds
+        if not (_is_number(room_window) and math.isfinite(room_window) and room_window > 0):
+            raise ValueError(
+                "room_window_seconds must be a finite number of seconds above 0 (e.g. 60), "
+                f"got {room_window!r}"
+            )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object] | None) -> BotLoopPolicy:
@@ -136,6 +156,13 @@ class BotLoopPolicy:
             )
         window = _number("window_seconds", data.get("window_seconds"))
         cooldown = _number("cooldown_seconds", data.get("cooldown_seconds"))
+        room_budget = _number("room_max_events_per_window", data.get("room_max_events_per_window"))
+        if room_budget is not None and not float(room_budget).is_integer():
+            raise ValueError(
+                "room_max_events_per_window must be a whole number (e.g. 20, 0 for none), "
+                f"got {room_budget!r}"
+            )
+        room_window = _number("room_window_seconds", data.get("room_window_seconds"))
         return cls(
             enabled=_flag("enabled", data.get("enabled"), default=default.enabled),
             max_events_per_window=(
@@ -143,6 +170,12 @@ class BotLoopPolicy:
             ),
             window_seconds=default.window_seconds if window is None else float(window),
             cooldown_seconds=default.cooldown_seconds if cooldown is None else float(cooldown),
+            room_max_events_per_window=(
+                default.room_max_events_per_window if room_budget is None else int(room_budget)
+            ),
+            room_window_seconds=(
+                default.room_window_seconds if room_window is None else float(room_window)
+            ),
         )
 
 

@@ -47,10 +47,13 @@ from gateway.config import BotLoopSettings
 from gateway.context import TurnContext
 from gateway.pipeline import Handler
 from gateway.refusals import DecisionLog
-from gateway.types import Reply
+from gateway.types import InboundMessage, Reply
 from guards.bot_loop import PairDecision, pair_key
+from guards.room_budget import RoomDecision
 
 _GUARD = "bot_loop"
+# A sender's name as the room budget keeps it (and its notice shows it) is cut to this.
+_LABEL_CHARS = 64
 
 
 class BotTurnsMiddleware:
@@ -101,6 +104,14 @@ class BotLoopMiddleware:
             policy=resolved.bot_loop,
         )
         if decision.allowed:
+            room = await ctx.state.room_decide(
+                scope=msg.room,
+                bot=_label(msg),
+                message_key=msg.message_key,
+                policy=resolved.bot_loop,
+            )
+            if not room.allowed:
+                return await self._room_refused(ctx, call_next, room, settings, shadow=shadow)
             self._decisions.guard(
                 ctx,
                 _GUARD,
@@ -130,6 +141,60 @@ class BotLoopMiddleware:
             if await ctx.state.claim(key, decision.retry_after):
                 return self._notice(ctx, settings, decision.retry_after)
         return None
+
+    async def _room_refused(
+        self,
+        ctx: TurnContext,
+        call_next: Handler,
+        room: RoomDecision,
+        settings: BotLoopSettings,
+        *,
+        shadow: bool,
+    ) -> Reply | None:
+        """A bot message over the room budget: refused (or, in shadow, logged and handed on)."""
+        if room.reason == "room_budget_exceeded":
+            detail = messages.room_budget_exceeded_detail(
+                room.count + 1,
+                settings.room_max_events_per_window,
+                window=settings.room_window_seconds,
+                cooldown=room.retry_after,
+                bots=room.bots,
+            )
+        else:
+            detail = messages.room_cooling_down_detail(room.retry_after)
+        if shadow:
+            self._decisions.shadow(
+                ctx,
+                _GUARD,
+                room.reason,
+                detail,
+                who=_pair(ctx),
+                retry_after=room.retry_after,
+                count=room.count,
+            )
+            return await call_next(ctx)
+        self._refuse(ctx, room.reason, detail, retry_after=room.retry_after, count=room.count)
+        if not (settings.announce_cooldown and settings.cooldown_seconds > 0):
+            return None
+        end = "unknown" if room.until is None else repr(room.until)
+        if not await ctx.state.claim(f"room-notice:{ctx.message.room}:{end}", room.retry_after):
+            return None
+        names = messages.bot_names(room.bots)
+        self._decisions.note(
+            ctx,
+            self.name,
+            "room_cooldown_notice",
+            f"room cooldown opened for {messages.format_duration(room.retry_after)}, "
+            f"notice posted, bots={names}",
+        )
+        text = messages.room_cooldown_notice(
+            room.bots,
+            cooldown=room.retry_after,
+            budget=settings.room_max_events_per_window,
+            window=settings.room_window_seconds,
+            prefix=ctx.connector.capabilities.command_prefix,
+        )
+        return Reply(text, thread_id=ctx.message.thread_id)
 
     def _refuse(
         self, ctx: TurnContext, code: str, detail: str, *, retry_after: float = 0.0, count: int
@@ -190,6 +255,11 @@ def _notice_key(room: str, self_bot_id: str, sender_bot_id: str, until: float | 
     a, b = pair_key(self_bot_id, sender_bot_id)
     end = "unknown" if until is None else repr(until)
     return f"cooldown-notice:{room}:{a}:{b}:{end}"
+
+
+def _label(msg: InboundMessage) -> str:
+    """How the room budget records a sender, for its notice: the name, at most 64 characters."""
+    return (msg.sender_name or msg.sender_id)[:_LABEL_CHARS]
 
 
 def _pair(ctx: TurnContext) -> str:

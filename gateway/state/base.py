@@ -14,6 +14,7 @@ from typing import Protocol
 
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot
+from guards.room_budget import RoomDecision
 
 GLOBAL_SCOPE = "*"
 
@@ -73,6 +74,18 @@ class StateStore(Protocol):
 
     async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
         """The pairs held (optionally in one room) with counts and cooldown time left."""
+
+    async def room_decide(
+        self, *, scope: str, bot: str, message_key: str | None, policy: BotLoopPolicy
+    ) -> RoomDecision:
+        """Record one bot message in the room's budget and decide it atomically.
+
+        `bot` is the sender's label (named in a refusal); with `message_key`, a message
+        counts once however many hosted bots report it (guards/room_budget.py).
+        """
+
+    async def room_reset(self, scope: str | None = None) -> int:
+        """Forget the room budget of one room, or of every room; returns how many were held."""
 
     async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
         """Count consecutive bot turns in a room; a human turn resets to 0. Returns the count.

@@ -25,6 +25,7 @@ from guards.bot_loop import (
     PairSnapshot,
     step_bot_turns,
 )
+from guards.room_budget import RoomBudgets, RoomDecision
 
 _AUDIT_KEEP = 1000
 # Messages whose bot-turn count is remembered, so every hosted bot seeing one gets the
@@ -47,6 +48,7 @@ class MemoryStateStore:
         # One guard for every policy: each call brings the room's policy, so a `/loop set`
         # keeps the pair's events in the window (guards/bot_loop.py `step_pair`).
         self._pairs = BotLoopGuard(clock=self._clock)
+        self._rooms = RoomBudgets(clock=self._clock)
         self._bot_turns: dict[str, int] = {}
         self._turns_seen: dict[str, int] = {}
         self._turns_order: deque[str] = deque()
@@ -82,6 +84,16 @@ class MemoryStateStore:
     async def pair_snapshot(self, scope: str | None = None) -> list[PairSnapshot]:
         """The live pairs, optionally in one room."""
         return self._pairs.snapshot(scope)
+
+    async def room_decide(
+        self, *, scope: str, bot: str, message_key: str | None, policy: BotLoopPolicy
+    ) -> RoomDecision:
+        """Step the room's budget record under the room's policy."""
+        return self._rooms.decide(scope, policy, bot=bot, key=message_key or "")
+
+    async def room_reset(self, scope: str | None = None) -> int:
+        """Forget one room's budget, or every room's."""
+        return self._rooms.reset(scope)
 
     async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
         """Count consecutive bot turns; a human resets; a message key counts once."""

@@ -15,6 +15,8 @@ Keys, under `key_prefix` (default `lw:`):
   opened in the window; the admitted events' times oldest first), one GET and one SET a
   decision; it expires at `idle_at` (␟ is U+001F; in the room and the ids, `%` is
   written `%25` and ␟ `%1F`, so any name reads back as it was).
+- `roombudget:{room}`: the room budget's `RoomRecord` (guards/room_budget.py) as JSON,
+  one GET and one SET a decision, expiring at its `idle_at`.
 - `turns:{room}`: consecutive bot turns; `turns:{room}:seen:<message key>`: the count a
   message produced, so every hosted bot (and replica) that sees it gets the same one.
 - `claim:<key>`: once-only claims (admin commands, cooldown notices).
@@ -95,6 +97,7 @@ from guards.bot_loop import (
     pair_view,
     step_pair,
 )
+from guards.room_budget import RoomDecision, room_budget_on, step_room
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +162,76 @@ if held then
 end
 -- No record, or an idle one: a fresh window.
 save(now + window, nil, {num(now)}, 1)
+return {0, '0', 1}
+"""
+)
+
+# `step_room` (guards/room_budget.py) over the room's record. KEYS: record. ARGV: now,
+# budget, window, cooldown, bot, message key ('' for none). The record is JSON: i idle_at,
+# c cooldown_until ('-': none), w window (as the caller wrote it), t the admitted events'
+# times, b their bots, k their message keys; numbers as '%.17g' strings, read back exactly.
+# Returns {code, retry_after, count}: code 0 ok, 2 cooldown, 1 budget exceeded; a refusal
+# adds the cooldown's end as stored and the bots of the window, first posted first.
+_ROOM_STEP = (
+    _PRELUDE
+    + """
+local now = clock(ARGV[1])
+local budget, window, cooldown = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local bot, key = ARGV[5], ARGV[6]
+local function save(record)
+  redis.call('SET', KEYS[1], cjson.encode(record), 'PX', ms(tonumber(record.i) - now))
+end
+local function refused(code, retry_after, count, until_at, bots)
+  local answer, seen = {code, retry_after, count, until_at}, {}
+  for _, name in ipairs(bots) do
+    if not seen[name] then seen[name] = true; answer[#answer + 1] = name end
+  end
+  if not seen[bot] then answer[#answer + 1] = bot end
+  return answer
+end
+local held = redis.call('GET', KEYS[1])
+if held then
+  local record = cjson.decode(held)
+  if now < tonumber(record.i) then
+    -- Drop the events that left the window, oldest first: an event at t counts in
+    -- [t, t + window).
+    local times, bots, keys = {}, {}, {}
+    local first = 1
+    while record.t[first] and tonumber(record.t[first]) + window <= now do first = first + 1 end
+    for i = first, #record.t do
+      times[#times + 1] = record.t[i]
+      bots[#bots + 1] = record.b[i]
+      keys[#keys + 1] = record.k[i]
+    end
+    record.t, record.b, record.k, record.w = times, bots, keys, ARGV[3]
+    local count = #times
+    if key ~= '' then
+      for _, held_key in ipairs(keys) do
+        if held_key == key then
+          save(record)
+          return {0, '0', count}
+        end
+      end
+    end
+    if record.c ~= '-' then
+      -- A running cooldown: refused, not recorded, not extended.
+      save(record)
+      return refused(2, num(tonumber(record.c) - now), count, record.c, bots)
+    end
+    if count < budget then
+      times[count + 1], bots[count + 1], keys[count + 1] = num(now), bot, key
+      record.i = num(now + window)
+      save(record)
+      return {0, '0', count + 1}
+    end
+    record.c = num(now + cooldown)
+    record.i = record.c
+    save(record)
+    return refused(1, num(cooldown), count, record.c, bots)
+  end
+end
+-- No record, or an idle one: a fresh window.
+save({i = num(now + window), c = '-', w = ARGV[3], t = {num(now)}, b = {bot}, k = {key}})
 return {0, '0', 1}
 """
 )
@@ -368,6 +441,7 @@ class RedisStateStore(RedisLinked):
         self._keep_alive: asyncio.Task[None] | None = None
         script = self._link.script
         self._pair_step = script(_PAIR_STEP)
+        self._room_step = script(_ROOM_STEP)
         self._claim = script(_CLAIM)
         self._bot_turn = script(_BOT_TURN)
         self._pause = script(_PAUSE)
@@ -525,6 +599,56 @@ class RedisStateStore(RedisLinked):
             if self._link.on_error == "allow":
                 return await self._fallback().pair_snapshot(scope)
             return []
+
+    # Room budgets
+
+    async def room_decide(
+        self, *, scope: str, bot: str, message_key: str | None, policy: BotLoopPolicy
+    ) -> RoomDecision:
+        """Step the room's record with `step_room`'s Lua version, in one script call."""
+        if not room_budget_on(policy):
+            return step_room(None, policy, 0.0, bot=bot, key="")[1]
+        keys = [self._room_key(scope)]
+        args = (
+            self._link.now(),
+            policy.room_max_events_per_window,
+            repr(policy.room_window_seconds),
+            repr(policy.cooldown_seconds),
+            bot,
+            message_key or "",
+        )
+        try:
+            answer = await self._link.guarded(lambda: self._room_step(keys=keys, args=args))
+        except StateError:
+            if self._link.on_error == "allow":
+                return await self._fallback().room_decide(
+                    scope=scope, bot=bot, message_key=message_key, policy=policy
+                )
+            return RoomDecision(False, "room_cooldown", self._link.probe_interval, 0)
+        code, retry_after, count = answer[:3]
+        if code == 0:
+            return RoomDecision(True, "ok", 0.0, int(count))
+        reason: Literal["room_budget_exceeded", "room_cooldown"] = (
+            "room_budget_exceeded" if code == 1 else "room_cooldown"
+        )
+        return RoomDecision(
+            False, reason, float(retry_after), int(count), tuple(answer[4:]), float(answer[3])
+        )
+
+    async def room_reset(self, scope: str | None = None) -> int:
+        """Delete the room budget of one room (or, by SCAN, of every room); how many were held."""
+
+        async def reset() -> int:
+            if scope is not None:
+                return int(await self._link.client.unlink(self._room_key(scope)))
+            head = glob_escape(f"{self._prefix}roombudget:{{") + "*}"
+            held = [key async for key in self._link.scan(head)]
+            return int(await self._link.client.unlink(*held)) if held else 0
+
+        return await self._link.guarded(reset)
+
+    def _room_key(self, scope: str) -> str:
+        return f"{self._prefix}roombudget:{{{_escape(scope)}}}"
 
     # Counters and claims
 

@@ -19,6 +19,9 @@ Decisions where DESIGN.md is silent:
   change mid-window (`/loop set`: the events in the window count against the new budget,
   a running cooldown keeps its end). The row expires (`expires_at`) at the record's
   `idle_at`, when forgetting it changes no decision.
+- A room budget's row (table `room_budgets`, issue 20) is its `RoomRecord`
+  (guards/room_budget.py) as JSON, stepped by `step_room` like a pair's row; the table is
+  created in any schema 4 file (an older loopwarden leaves it alone).
 - Schema 3 stores event times where 1 and 2 stored the instants events stop counting,
   under a window they did not record: opening an older file drops its pair rows (a pair
   starts a fresh window, a running cooldown ends early) and keeps everything else.
@@ -61,6 +64,7 @@ from guards.bot_loop import (
     step_bot_turns,
     step_pair,
 )
+from guards.room_budget import RoomDecision, RoomRecord, room_budget_on, step_room
 
 SCHEMA_VERSION = 4
 # The first schema whose pair rows are `PairRecord`s; older pair rows are dropped.
@@ -75,6 +79,10 @@ _SCHEMA = (
         expires_at REAL NOT NULL, PRIMARY KEY (scope, bot_a, bot_b))""",
     "CREATE INDEX IF NOT EXISTS pairs_expiry ON pairs (expires_at)",
     "CREATE TABLE IF NOT EXISTS bot_turns (scope TEXT PRIMARY KEY, count INTEGER NOT NULL)",
+    # A room budget's `RoomRecord` (guards/room_budget.py) as JSON, expiring at its idle_at.
+    """CREATE TABLE IF NOT EXISTS room_budgets (
+        scope TEXT PRIMARY KEY, record TEXT NOT NULL, expires_at REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS room_budgets_expiry ON room_budgets (expires_at)",
     """CREATE TABLE IF NOT EXISTS turns_seen (
         message_key TEXT PRIMARY KEY, count INTEGER NOT NULL, expires_at REAL NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS turns_seen_expiry ON turns_seen (expires_at)",
@@ -190,6 +198,28 @@ class SqliteStateStore:
             return found
 
         return await self._sqlite.read(snapshot)
+
+    async def room_decide(
+        self, *, scope: str, bot: str, message_key: str | None, policy: BotLoopPolicy
+    ) -> RoomDecision:
+        """Load the room's budget record, step it and save it, in one transaction."""
+        if not room_budget_on(policy):
+            return step_room(None, policy, 0.0, bot=bot, key="")[1]
+        key = message_key or ""
+        return await self._sqlite.write(
+            lambda db, now: _step_room(db, now, scope, policy, bot=bot, key=key)
+        )
+
+    async def room_reset(self, scope: str | None = None) -> int:
+        """Drop the room budget of one room or of all; idle ones are not counted."""
+
+        def reset(db: sqlite3.Connection, now: float) -> int:
+            db.execute("DELETE FROM room_budgets WHERE expires_at <= ?", (now,))
+            if scope is None:
+                return db.execute("DELETE FROM room_budgets").rowcount
+            return db.execute("DELETE FROM room_budgets WHERE scope = ?", (scope,)).rowcount
+
+        return await self._sqlite.write(reset)
 
     async def bot_turn(self, scope: str, *, is_bot: bool, message_key: str | None = None) -> int:
         """Count consecutive bot turns; a human resets; a message key counts once."""
@@ -557,3 +587,31 @@ def _step(
             ),
         )
     return decision
+
+
+def _step_room(
+    db: sqlite3.Connection, now: float, scope: str, policy: BotLoopPolicy, *, bot: str, key: str
+) -> RoomDecision:
+    """Load one room's budget record, apply `step_room` and save it (inside a transaction)."""
+    row = db.execute(
+        "SELECT record, expires_at FROM room_budgets WHERE scope = ?", (scope,)
+    ).fetchone()
+    held = None if row is None else _room_record(*row)
+    record, decision = step_room(held, policy, now, bot=bot, key=key)
+    if record is not None:
+        if row is None:
+            _sweep(db, "room_budgets", now)
+        stored = json.dumps(
+            [record.times, record.bots, record.keys, record.cooldown_until, record.window]
+        )
+        db.execute(
+            "INSERT OR REPLACE INTO room_budgets (scope, record, expires_at) VALUES (?, ?, ?)",
+            (scope, stored, record.idle_at),
+        )
+    return decision
+
+
+def _room_record(stored: str, idle_at: float) -> RoomRecord:
+    """The `RoomRecord` a room_budgets row holds (its idle_at is the row's expiry)."""
+    times, bots, keys, cooldown_until, window = json.loads(stored)
+    return RoomRecord(times, bots, keys, cooldown_until, window, idle_at)
