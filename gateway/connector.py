@@ -132,10 +132,12 @@ class ConnectorServices:
     `peers` lets connectors of one platform in one process feed each other (Telegram).
     `metrics` is where connectors count the events they drop (`events_dropped_total`).
     `http_host` is the address that server binds (`http.host`): the web room accepts it as
-    a Host besides loopback.
+    a Host besides loopback. `forget_room` empties the gateway's memory (the transcript) of
+    a room, given its room key (`room:lobby`): the web room calls it for a room it reclaims.
     """
 
     http: web.Application
     peers: PeerBus = field(default_factory=PeerBus)
     metrics: Metrics = field(default_factory=Metrics)
     http_host: str = "127.0.0.1"
+    forget_room: Callable[[str], Awaitable[object]] | None = None

@@ -176,7 +176,11 @@ class Gateway:
             for name, agent in config.agents.items()
         }
         services = ConnectorServices(
-            http=self.app, peers=PeerBus(), metrics=self.metrics, http_host=config.http.host
+            http=self.app,
+            peers=PeerBus(),
+            metrics=self.metrics,
+            http_host=config.http.host,
+            forget_room=admin.forget,  # the web room forgets the rooms it reclaims
         )
         self._hosted: dict[str, HostedBot] = {}
         for index, bot in enumerate(config.bots):

@@ -6,6 +6,8 @@ Decisions where DESIGN.md is silent:
 - Each bot handles the room's messages one at a time, in room order, from a bounded queue
   (`INBOX_LIMIT`); a message that finds the queue full is dropped with a warning rather
   than letting a flood grow memory without bound.
+- The bot counts the messages it queued and handled, so the hub can forget a reclaimed
+  room once the bot has handled what it held (`after_handled`); a closed bot holds none.
 - `Reply.ephemeral_to` is not supported: refusals and acks are posted to the whole room,
   where the demo's watcher can see them.
 """
@@ -16,6 +18,8 @@ import asyncio
 import logging
 import re
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from connectors.room.hub import RoomHub, RoomMessage
@@ -95,6 +99,10 @@ class RoomConnector:
         self._inbox: asyncio.Queue[InboundMessage] = asyncio.Queue(maxsize=INBOX_LIMIT)
         self._worker: asyncio.Task[None] | None = None
         self._closed = False
+        self._queued = 0
+        self._handled = 0
+        # (messages queued when asked, callback), in the order asked.
+        self._waiters: deque[tuple[int, Callable[[], None]]] = deque()
         hub.attach(self)
 
     @property
@@ -134,6 +142,15 @@ class RoomConnector:
             self._inbox.put_nowait(inbound)
         except asyncio.QueueFull:
             log.warning("room bot %s is %d messages behind; dropped one", self.bot_id, INBOX_LIMIT)
+            return
+        self._queued += 1
+
+    def after_handled(self, done: Callable[[], None]) -> None:
+        """Call `done` once every message queued so far is handled (at once when none is)."""
+        if self._closed or self._handled == self._queued:
+            done()
+        else:
+            self._waiters.append((self._queued, done))
 
     async def _drain_inbox(self, sink: Sink) -> None:
         while True:
@@ -146,6 +163,14 @@ class RoomConnector:
                 log.exception(
                     "room bot %s: handling message %s failed", self.bot_id, inbound.message_id
                 )
+            finally:
+                self._handled += 1
+                self._wake(self._handled)
+
+    def _wake(self, handled: int) -> None:
+        """Call back whoever waited for `handled` messages or fewer, in order."""
+        while self._waiters and self._waiters[0][0] <= handled:
+            self._waiters.popleft()[1]()
 
     async def send(self, channel_id: str, reply: Reply) -> str | None:
         """Post a reply into the room; returns its message id."""
@@ -171,3 +196,4 @@ class RoomConnector:
         if self._worker is not None:
             self._worker.cancel()
             await asyncio.wait({self._worker})
+        self._wake(self._queued)  # nothing more will be handled

@@ -31,6 +31,11 @@ Decisions where DESIGN.md is silent:
   reclaimed, nor counted; bots sit in every room, so no other room is theirs to keep.
   A room opened again numbers its messages past every id the hub has issued: the
   gateway's receipts remember `room` + id, and must not take new messages for old ones.
+  The gateway's memory of a reclaimed room (its transcript in the state store) is
+  forgotten too, once the bots have handled what was posted there (`reclaim.py`).
+- A room's own history (what joiners and `/room/history` get) keeps its newest
+  `HISTORY_LIMIT` messages within `HISTORY_BYTES` of text and names (the memory they
+  hold, `sys.getsizeof`), the newest message always: the hub holds at most 65 of these.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -49,6 +55,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from connectors.room.access import RoomAccess, name_key
 from connectors.room.client import RoomClient
+from connectors.room.reclaim import ForgetRoom, Reclaimed
 from gateway.jsonbody import JsonBodyError, parse_json
 
 log = logging.getLogger("loopwarden.room")
@@ -56,6 +63,7 @@ log = logging.getLogger("loopwarden.room")
 DEFAULT_ROOM = "lobby"
 MAX_TEXT = 4000
 HISTORY_LIMIT = 500
+HISTORY_BYTES = 256 * 1024
 JOIN_HISTORY = 100
 JOIN_HISTORY_BYTES = 256 * 1024
 MAX_ROOMS = 64
@@ -129,14 +137,27 @@ class RoomMember(Protocol):
 
     def deliver(self, message: RoomMessage) -> None: ...
 
+    def after_handled(self, done: Callable[[], None]) -> None: ...
+
 
 @dataclass(slots=True)
 class _Room:
-    """One room's transcript, id counter and connected clients."""
+    """One room's transcript (bounded in messages and bytes), id counter and clients."""
 
     next_id: int
-    transcript: deque[RoomMessage] = field(default_factory=lambda: deque(maxlen=HISTORY_LIMIT))
+    transcript: deque[RoomMessage] = field(default_factory=deque)
+    size: int = 0
     clients: set[RoomClient] = field(default_factory=set)
+
+    def keep(self, message: RoomMessage) -> None:
+        """Append to the transcript; the oldest go past `HISTORY_LIMIT` or `HISTORY_BYTES`."""
+        transcript = self.transcript
+        transcript.append(message)
+        self.size += _held(message)
+        while len(transcript) > HISTORY_LIMIT or (
+            self.size > HISTORY_BYTES and len(transcript) > 1
+        ):
+            self.size -= _held(transcript.popleft())
 
 
 ROOM_HUB: web.AppKey[RoomHub] = web.AppKey("loopwarden_room_hub")
@@ -146,7 +167,11 @@ class RoomHub:
     """Rooms, their transcripts, the websocket clients and the hosted bots, for one app."""
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.time, http_host: str = "127.0.0.1"
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        http_host: str = "127.0.0.1",
+        forget: ForgetRoom | None = None,
     ) -> None:
         self._clock = clock
         self._access = RoomAccess(http_host)
@@ -155,20 +180,28 @@ class RoomHub:
         self._issued = 0
         self._members: dict[str, RoomMember] = {}
         self._listeners: list[Listener] = []
+        self._reclaimed = None if forget is None else Reclaimed(forget, self._seated)
         self._assets = {
             name: resources.files("connectors.room").joinpath("static", name).read_bytes()
             for name in _ASSETS
         }
 
     @classmethod
-    def for_app(cls, app: web.Application, *, http_host: str = "127.0.0.1") -> RoomHub:
+    def for_app(
+        cls,
+        app: web.Application,
+        *,
+        http_host: str = "127.0.0.1",
+        forget: ForgetRoom | None = None,
+    ) -> RoomHub:
         """The app's hub, created (with its routes) on first use; call before the app starts.
 
-        `http_host` is the address the server binds (`http.host`), accepted as a Host.
+        `http_host` is the address the server binds (`http.host`), accepted as a Host;
+        `forget` empties the gateway's memory of a room the hub reclaims (by its name).
         """
         hub = app.get(ROOM_HUB)
         if hub is None:
-            hub = cls(http_host=http_host)
+            hub = cls(http_host=http_host, forget=forget)
             app[ROOM_HUB] = hub
             hub.add_routes(app)
         return hub
@@ -191,6 +224,16 @@ class RoomHub:
         """The names of the rooms the hub holds now (reclaimed rooms are gone)."""
         return list(self._rooms)
 
+    def history_bytes(self, room: str) -> int:
+        """The bytes a room's history holds, as counted against `HISTORY_BYTES`."""
+        state = self._rooms.get(room)
+        return 0 if state is None else state.size
+
+    @property
+    def forgetting(self) -> bool:
+        """True while a reclaimed room's memory waits to be forgotten (or is being)."""
+        return self._reclaimed is not None and not self._reclaimed.idle
+
     # Bots and listeners
 
     def attach(self, member: RoomMember) -> None:
@@ -206,6 +249,9 @@ class RoomHub:
         """Call `listener` with every message and notice; returns the unsubscribe function."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
+
+    def _seated(self) -> list[RoomMember]:
+        return list(self._members.values())
 
     def bot_names(self) -> list[tuple[str, str]]:
         """(user id, display name) of every seated bot."""
@@ -233,7 +279,7 @@ class RoomHub:
         )
         state.next_id += 1
         self._issued = max(self._issued, message.id)
-        state.transcript.append(message)
+        state.keep(message)
         self._broadcast(state, message.to_wire())
         self._tell_listeners(message)
         for member in list(self._members.values()):
@@ -278,10 +324,15 @@ class RoomHub:
         """
         if len(self._rooms.keys() - {DEFAULT_ROOM}) < MAX_ROOMS:
             return True
-        empty = [name for name, state in self._rooms.items() if not state.clients - {mover}]
+        empty = [
+            name
+            for name, state in self._rooms.items()
+            if name != DEFAULT_ROOM and not state.clients - {mover}
+        ]
         for name in empty:
-            if name != DEFAULT_ROOM:
-                del self._rooms[name]
+            del self._rooms[name]
+        if self._reclaimed is not None:
+            self._reclaimed.add(empty)
         return len(self._rooms.keys() - {DEFAULT_ROOM}) < MAX_ROOMS
 
     def _broadcast(self, state: _Room, event: dict[str, object]) -> None:
@@ -446,10 +497,20 @@ class RoomHub:
                 self.notice(client.room, f"{client.name} left")
 
     async def _on_shutdown(self, app: web.Application) -> None:
-        """Close every websocket so the server can stop without waiting for browsers."""
+        """Close every websocket so the server can stop without waiting for browsers.
+
+        Forgets of reclaimed rooms already running are awaited, not left pending.
+        """
         for client in list(self._clients):
             if client.ws.prepared and not client.dropped:  # mid-handshake, or reset already
                 await client.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutdown")
+        if self._reclaimed is not None:
+            await self._reclaimed.aclose()
+
+
+def _held(message: RoomMessage) -> int:
+    """The memory a message's text and sender name hold."""
+    return sys.getsizeof(message.text) + sys.getsizeof(message.sender_name)
 
 
 def _error(text: str) -> dict[str, object]:
