@@ -1,5 +1,8 @@
 """Who is calling: the proxy key a request presents, found by its hash, names the agent.
 
+The key also binds its calls' agent (and the customer, user and feature it sets): the
+budgets, rules and spend of those fields follow the key, never a header.
+
 Each provider says where its SDK puts the key (`Provider.credential`); the key is looked
 up by its blake2b hash, so the raw keys are not kept once the table is built. The root
 of a client's circuits is its agent name; when several keys name the same agent, the
@@ -20,10 +23,15 @@ from gateway.proxy.provider import Provider
 
 @dataclass(frozen=True, slots=True)
 class ProxyClient:
-    """Who a proxy key belongs to: the agent, and the root of its circuits."""
+    """Who a proxy key belongs to: the agent, the root of its circuits, the fields it binds.
+
+    `bound` holds the call fields the key sets beside the agent (any of customer, user
+    and feature its config names); no header can change them, nor the agent.
+    """
 
     agent: str
     root: str
+    bound: tuple[tuple[str, str], ...] = ()
 
 
 def key_digest(key: str) -> bytes:
@@ -39,7 +47,7 @@ def client_table(keys: Sequence[ProxyKey]) -> dict[bytes, ProxyClient]:
     for key in keys:
         digest = key_digest(key.key.get_secret_value())
         root = key.agent if agents[key.agent] == 1 else f"{key.agent}~{digest.hex()[:6]}"
-        table[digest] = ProxyClient(agent=key.agent, root=root)
+        table[digest] = ProxyClient(agent=key.agent, root=root, bound=key.bound())
     return table
 
 

@@ -2,12 +2,17 @@
 
 Rule fields come from the `X-Loopwarden-Session`, `-Step`, `-Agent`, `-Customer`,
 `-User` and `-Feature` headers (those headers are not forwarded upstream), the model from
-the body; the agent field defaults to the key's agent. The circuit is the client's root
-+ session (+ step). The SDK's retry number (`x-stainless-retry-count`, sent by the OpenAI
-and Anthropic SDKs) goes to the request log: plain digits up to `MAX_RETRY`; any other
-value (a sign, a look-alike digit, a 5,000-digit number) is logged as 0. A field that is
-not valid Unicode text (a header's non-UTF-8 bytes, a lone surrogate escaped in the
-body's model name) is refused with `CallFieldError`, naming it: no store could keep it.
+the body, except what the proxy key binds: the agent always, and the customer, user and
+feature its config sets are the key's (issue 20: budgets `per` those fields are the key's
+to spend, so a header naming another agent neither escapes a refusal nor spends another
+agent's budget). A header that names a bound field's own value is accepted; one that
+names another value is refused with `CallFieldError` naming the header. The circuit is
+the client's root + session (+ step). The SDK's retry number (`x-stainless-retry-count`,
+sent by the OpenAI and Anthropic SDKs) goes to the request log: plain digits up to
+`MAX_RETRY`; any other value (a sign, a look-alike digit, a 5,000-digit number) is logged
+as 0. A field that is not valid Unicode text (a header's non-UTF-8 bytes, a lone
+surrogate escaped in the body's model name) is refused with `CallFieldError`, naming it:
+no store could keep it.
 """
 
 from __future__ import annotations
@@ -78,19 +83,26 @@ class ProxiedCall:
 
 
 def rule_fields(headers: Mapping[str, str], client: ProxyClient, model: str) -> dict[str, str]:
-    """The fields uniqueness rules read: from the headers, the key's agent, the model.
+    """The fields rules and budgets read: the key's bound ones, the headers', the model.
 
-    Raises CallFieldError for a field that is not valid Unicode text.
+    Raises CallFieldError for a field that is not valid Unicode text, or a header that
+    names another value than the key binds its field to.
     """
-    fields = {
-        name: _text(header, value)
-        for name, header in FIELD_HEADERS
-        if (value := headers.get(header))
-    }
+    fields = {"agent": client.agent, **dict(client.bound)}
+    for name, header in FIELD_HEADERS:
+        value = headers.get(header)
+        if not value:
+            continue
+        bound = fields.get(name)
+        if bound is None:
+            fields[name] = _text(header, value)
+        elif value != bound:
+            raise CallFieldError(
+                f"{header}: this proxy key sets {name} to {bound!r}; a header cannot change it"
+            )
     session = headers.get(SESSION_HEADER, "")
     if session:
         fields["session"] = _text(SESSION_HEADER, session)
-    fields.setdefault("agent", client.agent)
     fields["model"] = _text("the model name", model)
     return fields
 

@@ -7,7 +7,9 @@ keys, the alert webhook, bot token and SMTP password) are `SecretStr` and never 
 Decisions where DESIGN.md is silent:
 - `keys` is written as DESIGN.md shows (`{lw-demo-key: {agent: billing-bot}}`) or as a
   list (`[{key: ${LW_KEY}, agent: billing-bot}]`), the form to use when the key comes from
-  the environment: `${VAR}` is filled in values, not in mapping keys.
+  the environment: `${VAR}` is filled in values, not in mapping keys. A key may also set
+  `customer`, `user` and `feature`: its calls carry those values whatever the headers
+  say (`gateway.proxy.calls`).
 - `prices` maps model globs (fnmatch, first match wins, in the order written) to prices
   per 1,000 tokens in dollars; they override or add to `genai-prices` (`pricing`).
 - `budgets` (`gateway.proxy.budgets`): `per` fields among agent, session, customer, user,
@@ -78,11 +80,27 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+KeyField = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[\w.@-]+$")]
+"""A value a proxy key binds its calls to (agent, customer, user, feature)."""
+
+
 class ProxyKey(_Model):
-    """A key clients use as their SDK's api_key; it names the agent (the circuit's root)."""
+    """A key clients use as their SDK's api_key; it names the agent (the circuit's root).
+
+    `customer`, `user` and `feature`, when set, bind every call made with the key to that
+    value: the `X-Loopwarden-*` header may only fill a field the key leaves open.
+    """
 
     key: Secret
     agent: str = Field(min_length=1, pattern=r"^[\w.@-]+$")
+    customer: KeyField | None = None
+    user: KeyField | None = None
+    feature: KeyField | None = None
+
+    def bound(self) -> tuple[tuple[str, str], ...]:
+        """The fields beside the agent this key sets, as (name, value)."""
+        named = (("customer", self.customer), ("user", self.user), ("feature", self.feature))
+        return tuple((name, value) for name, value in named if value is not None)
 
     @field_validator("key")
     @classmethod

@@ -31,8 +31,12 @@ def proxy_yaml(
     state: str = "{backend: memory}",
     port: int = 0,
     upstream_key: str = UPSTREAM_KEY,
+    keys: str = "",
 ) -> str:
-    """The YAML of a proxy config for the fake upstream; `extra` is more YAML under `proxy:`."""
+    """The YAML of a proxy config for the fake upstream; `extra` is more YAML under `proxy:`.
+
+    `keys` is more entries of `proxy.keys` (one a line, `key: {agent: ...}`).
+    """
     return f"""
 state: {state}
 proxy:
@@ -42,6 +46,7 @@ proxy:
   keys:
     {PROXY_KEY}: {{agent: billing-bot}}
     {OTHER_KEY}: {{agent: support-bot}}
+{textwrap.indent(textwrap.dedent(keys), "    ")}
   upstreams:
     openai: {{base_url: '{upstream_url}/v1', api_key: '{upstream_key}'}}
     anthropic: {{base_url: '{upstream_url}', api_key: '{upstream_key}'}}
@@ -60,9 +65,10 @@ def proxy_config(
     *,
     state: str = "{backend: memory}",
     upstream_key: str = UPSTREAM_KEY,
+    keys: str = "",
 ) -> Config:
     """The proxy config of `proxy_yaml`, parsed."""
-    yaml = proxy_yaml(upstream_url, extra, state=state, upstream_key=upstream_key)
+    yaml = proxy_yaml(upstream_url, extra, state=state, upstream_key=upstream_key, keys=keys)
     return parse_config(yaml, env={})
 
 
@@ -112,13 +118,14 @@ async def running_proxy(
     configured_alerts: bool = False,
     upstream_key: str = UPSTREAM_KEY,
     clock: Callable[[], float] = time.monotonic,
+    keys: str = "",
 ) -> AsyncIterator[Rig]:
     """A started proxy before a started fake upstream; both stopped after.
 
     Alerts go to a recording channel, or with `configured_alerts` where `proxy.alerts` says.
     """
     async with upstream or FakeLLM() as fake:
-        config = proxy_config(fake.url, extra, state=state, upstream_key=upstream_key)
+        config = proxy_config(fake.url, extra, state=state, upstream_key=upstream_key, keys=keys)
         channel = RecordingChannel()
         alerter = None if configured_alerts else Alerter([channel])
         proxy = ProxyServer(config, alerter=alerter, clock=clock)

@@ -371,3 +371,54 @@ async def test_issue14_a_client_hanging_up_mid_stream_is_one_info_line_and_still
         (logging.INFO, "openai client disconnected during the response on billing-bot")
     ]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+BOUND_KEY = "lw-acme-key-0123"
+ACME_BUDGETS = """
+budgets:
+  - {name: agent-daily, per: [agent], limit_usd: 0.05, period: day}
+  - {name: per-customer, per: [customer], limit_tokens: 1000, period: day}
+"""
+
+
+async def test_issue20_budgets_are_bound_to_the_key_not_to_the_agent_header() -> None:
+    keys = f"{BOUND_KEY}: {{agent: acme-bot, customer: acme}}"
+    async with running_proxy(ACME_BUDGETS, keys=keys) as rig, aiohttp.ClientSession() as http:
+        for text in ("one", "two"):
+            assert (await chat(rig, text, max_tokens=0))[0] == 200
+        assert (await chat(rig, "three", max_tokens=0))[0] == 429
+        # Refused for its budget, the client names another agent, or a made-up one: refused
+        # before anything is counted, forwarded or charged.
+        for agent in ("not-me-1", "support-bot", "Billing-bot"):
+            status, _, raw = await chat(
+                rig, "four", max_tokens=0, headers={"X-Loopwarden-Agent": agent}
+            )
+            assert status == 400
+            error = json.loads(raw)["error"]
+            assert error["code"] == "invalid_field"
+            assert "X-Loopwarden-Agent" in error["message"]
+        # Its own name is accepted, and refused for the budget as before.
+        own = {"X-Loopwarden-Agent": "billing-bot"}
+        assert (await chat(rig, "five", max_tokens=0, headers=own))[0] == 429
+        assert len(rig.upstream.calls("/v1/chat/completions")) == 2
+        # A key that sets the customer: the header may not move its calls to another one.
+        acme = {"Authorization": f"Bearer {BOUND_KEY}", "X-Loopwarden-Customer": "globex"}
+        status, _, _ = await chat(rig, "six", max_tokens=0, headers=acme)
+        assert status == 400
+        acme["X-Loopwarden-Customer"] = "acme"
+        assert (await chat(rig, "seven", max_tokens=0, headers=acme))[0] == 200
+        # Another key's open customer field is still the header's.
+        globex = {"X-Loopwarden-Customer": "globex"}
+        assert (await chat(rig, "eight", max_tokens=0, headers=globex))[0] == 429
+        async with http.get(
+            f"{rig.url}/admin/spend", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        ) as answer:
+            table = (await answer.json())["result"]
+        assert set(await spent(rig)) == {
+            'agent-daily ["billing-bot"]',
+            'agent-daily ["acme-bot"]',
+            'per-customer ["(none)"]',
+            'per-customer ["acme"]',
+        }
+        assert "not-me" not in table
+        assert "support-bot" not in table

@@ -68,7 +68,44 @@ def test_issue10_rule_fields_come_from_the_headers_the_key_and_the_model() -> No
         "agent": "billing-bot",
         "model": MODEL,
     }
-    assert rule_fields({"X-Loopwarden-Agent": "planner"}, CLIENT, MODEL)["agent"] == "planner"
+
+
+BOUND = ProxyClient(
+    agent="billing-bot",
+    root="billing-bot",
+    bound=(("customer", "acme"),),
+)
+
+
+def test_issue20_a_key_s_fields_are_its_own_and_headers_fill_only_the_open_ones() -> None:
+    headers = {"X-Loopwarden-Customer": "acme", "X-Loopwarden-User": "u-7"}
+    # A header naming the key's own value is accepted; an open field takes the header.
+    assert rule_fields(headers, BOUND, MODEL) == {
+        "agent": "billing-bot",
+        "customer": "acme",
+        "user": "u-7",
+        "model": MODEL,
+    }
+    assert rule_fields({}, BOUND, MODEL)["customer"] == "acme"
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [
+        ("X-Loopwarden-Agent", "planner"),
+        ("X-Loopwarden-Agent", "not-me-1"),
+        ("X-Loopwarden-Agent", "billing-bot "),
+        ("X-Loopwarden-Agent", "bіlling-bot"),  # a Cyrillic і
+        ("X-Loopwarden-Customer", "globex"),
+        ("X-Loopwarden-Customer", "acme\x00"),
+        ("X-Loopwarden-Customer", "x" * 5000),
+    ],
+)
+def test_issue20_a_header_cannot_change_a_field_the_key_sets(header: str, value: str) -> None:
+    with pytest.raises(CallFieldError) as caught:
+        rule_fields({header: value}, BOUND, MODEL)
+    assert str(caught.value).startswith(f"{header}: this proxy key sets ")
+    assert value not in str(caught.value)
 
 
 def test_issue10_a_call_is_its_circuit_fields_and_fingerprint() -> None:

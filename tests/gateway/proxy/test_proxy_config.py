@@ -176,3 +176,28 @@ def test_prices_first_matching_glob_and_estimates() -> None:
     table.observe("gpt-4o", 10)
     table.observe("gpt-4o", 20)
     assert table.estimate("gpt-4o", 4) == (1, 15)
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ("''", "customer"),
+        ("'acme\\x00'", "customer"),
+        ("'a b'", "user"),
+        ("'" + "x" * 5000 + "'", "feature"),
+        ("{name: acme}", "customer"),
+    ],
+)
+def test_issue20_a_key_s_bound_fields_are_checked_by_name(value: str, field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(f"proxy: {{keys: {{lw-key-1234: {{agent: a, {field}: {value}}}}}}}", env={})
+    assert caught.value.path == f"proxy.keys.0.{field}"
+    assert "lw-key" not in str(caught.value)
+
+
+def test_issue20_a_key_binds_its_agent_and_the_fields_it_sets() -> None:
+    config = parse_config(
+        "proxy: {keys: {lw-key-1234: {agent: a, customer: acme, feature: inv-1}}}", env={}
+    )
+    assert config.proxy is not None
+    assert config.proxy.keys[0].bound() == (("customer", "acme"), ("feature", "inv-1"))
