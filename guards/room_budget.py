@@ -6,16 +6,18 @@ every pair's budget and were cut only by the consecutive-bot-turn cap. The room 
 counts every bot message of a room once, whoever sent it and whoever received it: a
 room may have `room_max_events_per_window` bot messages in any sliding window of
 `room_window_seconds`; the message that would exceed that is refused and opens a cooldown
-of the pair's `cooldown_seconds`, during which every bot message of the room is refused
-without being recorded. After the cooldown the room starts a fresh window. A budget of 0
-turns the room budget off. The window rules are the pair budget's (an event at t counts
+of the pair's `cooldown_seconds`, or of the room window when that is longer (so that no
+window ever admits more than the budget), during which every bot message of the room is
+refused without being recorded. After the cooldown the room starts a fresh window. A
+budget of 0 turns the room budget off. The window rules are the pair budget's (an event at t counts
 in [t, t + window); a policy change keeps the events held and a running cooldown's end).
 
 The defaults are 20 bot messages per 90 s. 20 is the pair budget's: a ring is cut at
 its 21st bot message, where a two-bot ping-pong fast enough for the pair budget (more
 than 20 a minute) is cut. The 90 s window cuts rings up to 4.5 s a message that way: a
 three-bot ring at 3 s a message, which each pair budget lets through and the bot-turn
-cap (30) stops only after 90 s, is cut at 63 s (and so is a ping-pong at that pace).
+cap (30) stops only after 90 s, is cut at 63 s (and so is a ping-pong at that pace),
+and quiet for 90 s.
 Slower rings meet the bot-turn cap soon after. A room's bots may post 13 messages a
 minute on average, in bursts of up to 20: three bots each answering four human messages
 a minute (12) are not cut. A room busier than that raises the budget (`/loop set
@@ -106,6 +108,15 @@ def room_budget_on(policy: BotLoopPolicy) -> bool:
     return policy.enabled and policy.room_max_events_per_window > 0
 
 
+def room_cooldown(policy: BotLoopPolicy) -> float:
+    """How long a room cooldown lasts: `cooldown_seconds`, or the room window when longer.
+
+    The window after a cooldown is fresh, so a cooldown shorter than the window would let
+    a window hold the budget before it and the budget again after it.
+    """
+    return max(policy.cooldown_seconds, policy.room_window_seconds)
+
+
 def step_room(
     record: RoomRecord | None, policy: BotLoopPolicy, now: float, *, bot: str, key: str
 ) -> tuple[RoomRecord | None, RoomDecision]:
@@ -150,11 +161,12 @@ def step_room(
         keys.append(key)
         record.idle_at = now + window
         return record, RoomDecision(True, "ok", 0.0, count + 1)
-    record.cooldown_until = record.idle_at = now + policy.cooldown_seconds
+    cooldown = room_cooldown(policy)
+    record.cooldown_until = record.idle_at = now + cooldown
     return record, RoomDecision(
         False,
         "room_budget_exceeded",
-        policy.cooldown_seconds,
+        cooldown,
         count,
         _named(bots, bot),
         record.cooldown_until,

@@ -97,7 +97,7 @@ from guards.bot_loop import (
     pair_view,
     step_pair,
 )
-from guards.room_budget import RoomDecision, room_budget_on, step_room
+from guards.room_budget import RoomDecision, room_budget_on, room_cooldown, step_room
 
 log = logging.getLogger(__name__)
 
@@ -613,7 +613,7 @@ class RedisStateStore(RedisLinked):
             self._link.now(),
             policy.room_max_events_per_window,
             repr(policy.room_window_seconds),
-            repr(policy.cooldown_seconds),
+            repr(room_cooldown(policy)),
             bot,
             message_key or "",
         )

@@ -11,6 +11,7 @@ import pytest
 
 from gateway.context import TurnContext
 from gateway.state.base import StateStore
+from gateway.state.memory import MemoryStateStore
 from gateway.types import AgentResult
 from tests.fakes.inmemory import FakeClock, InMemoryRoom, PipelineRig, rig_config
 from tests.gateway.state.test_state_conformance import build_store
@@ -94,7 +95,7 @@ async def test_issue20_three_bot_ring_is_cut_like_a_pair(
     assert pongs(room) == 21
     [notice] = notices(room)
     assert re.fullmatch(
-        r"Loop guard: pausing replies to bots in this room for 1 min \(20 bot messages in "
+        r"Loop guard: pausing replies to bots in this room for 1 min 30 s \(20 bot messages in "
         r"1 min 30 s from (parrot|echo|robin), (parrot|echo|robin) and (parrot|echo|robin)\)\. "
         r"An admin can /loop reset\.",
         notice,
@@ -135,7 +136,7 @@ async def test_issue20_the_room_cooldown_ends_and_a_new_ring_gets_a_new_notice(
     rig, room = await ring_room(backend)
     await room.post("hi bots")
     await room.run()
-    rig.clock.advance(61)
+    rig.clock.advance(91)
     await room.post("hi again")
     await room.run()
     assert pongs(room) == 42
@@ -219,3 +220,38 @@ async def test_issue20_reset_ends_the_room_cooldown(
     await room.run()
     assert pongs(room) == 42
     assert len(notices(room)) == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("bot_loop.room_max_events_per_window", "inf", "integer"),
+        ("bot_loop.room_window_seconds", "inf", "finite"),
+        ("bot_loop.room_window_seconds", ".inf", "finite"),
+        ("bot_loop.room_window_seconds", "nan", "finite"),
+        ("bot_loop.room_window_seconds", "1e308", "366 days"),
+        ("bot_loop.room_max_events_per_window", "1e308", "integer"),
+        ("bot_loop.room_max_events_per_window", "9" * 5_000, "longer than 500 characters"),
+        ("bot_loop.room_max_events_per_window", "99999999999999999999999", "1000000"),
+        ("bot_loop.room_max_events_per_window", "-1", "greater than or equal to 0"),
+        ("bot_loop.room_window_seconds", "-5", "greater than 0"),
+        ("bot_loop.room_window_seconds", "0", "greater than 0"),
+        ("bot_loop.room_max_events_per_window", "2.5", "integer"),
+        ("bot_loop.room_max_events_per_window", "２０", "look-alike"),
+        ("bot_loop.room_window_seconds", "９０", "look-alike"),
+        ("bot_loop.room_max_events_per_window", "twenty", "integer"),
+    ],
+)
+async def test_issue20_loop_set_refuses_hostile_room_budgets_naming_the_field(
+    field: str, value: str, reason: str
+) -> None:
+    clock = FakeClock()
+    store = MemoryStateStore(clock=clock)
+    rig, room = await ring_room((store, clock))
+    answer = await rig.admin.set(ROOM, field, value)
+    assert answer.startswith(f"Can't set {field}: ")
+    assert reason in answer
+    assert await store.get_overrides(ROOM) == {}
+    await room.post("hi bots")
+    await room.run()
+    assert pongs(room) == 21  # the room budget still runs on its defaults
