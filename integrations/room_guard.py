@@ -19,6 +19,11 @@ same `StateStore` (built by `gateway.state.factory.build_state`), in the pipelin
   `announce_cooldown` is on and the cooldown is longer than 0); later exchanges of the pair
   are refused `cooldown`, silently. Every bot process guarding the room on one sqlite
   file or one Redis shares that pair budget, so the pair gets one notice per cooldown.
+  A bot message its pair admitted is then charged to the room budget (guards/room_budget.py,
+  `state.room_decide` with the sender's name and the message's key, as the stage does):
+  all the room's bot messages, whatever the pair, so a ring of three or more bots is cut
+  as a pair is (`room_budget_exceeded`, with a notice naming the bots; then
+  `room_cooldown`, silently). Guards of several bots on one store count a message once.
   In shadow mode (`bot_loop.mode: shadow`) the decision is taken the same way and the
   message is admitted anyway, with `shadow` set on what would have been refused.
 - `outgoing` is the silence stage's `apply_silence` (reasoning blocks removed, NO_REPLY
@@ -71,6 +76,7 @@ from gateway.middlewares.admission import turned_away
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
 from gateway.types import InboundMessage
+from guards.room_budget import RoomDecision
 from guards.silence import apply_silence
 
 log = logging.getLogger("loopwarden.integrations")
@@ -84,7 +90,9 @@ _SQLITE = "sqlite:///"
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 # A Python caller can hand the policy any int; the Redis backend's Lua script reads numbers
 # as doubles (a 5,000-digit one cannot even be written out), so counts stay below 2**53.
-_COUNTS = ("max_events_per_window", "max_consecutive_bot_turns")
+_COUNTS = ("max_events_per_window", "max_consecutive_bot_turns", "room_max_events_per_window")
+# A sender's name as the room budget keeps it (and its notice shows it), as the gateway cuts it.
+_LABEL_CHARS = 64
 _MAX_COUNT = 2**53
 
 
@@ -97,8 +105,10 @@ class Decision:
     """The verdict on one inbound message, and the cooldown notice to post once, if any.
 
     `reason`: `ok`, `disabled` (bot loop guard off), `self`, `duplicate`, `humans_off`,
-    `bots_off`, `not_addressed`, `bot_turn_cap`, `budget_exceeded` or `cooldown`.
-    `count` is the pair's events in the window (the bot-turn count for `bot_turn_cap`);
+    `bots_off`, `not_addressed`, `bot_turn_cap`, `budget_exceeded`, `cooldown`,
+    `room_budget_exceeded` or `room_cooldown`.
+    `count` is the pair's events in the window (the bot-turn count for `bot_turn_cap`, the
+    room's bot messages in its window for the room budget's);
     `retry_after` the cooldown seconds left. `shadow` is True when shadow mode admitted a
     message enforce would have refused (`reason` says why).
     """
@@ -299,7 +309,15 @@ class RoomGuard:
             policy=self._pair_policy,
         )
         if decision.allowed:
-            return Decision(True, decision.reason, count=decision.count)
+            room_decision = await state.room_decide(
+                scope=room,
+                bot=(sender_name or sender_id)[:_LABEL_CHARS],
+                message_key=message_key,
+                policy=self._pair_policy,
+            )
+            if room_decision.allowed:
+                return Decision(True, decision.reason, count=decision.count)
+            return self._room_refused(room_decision)
         notice = None
         if (
             decision.reason == "budget_exceeded"
@@ -312,6 +330,26 @@ class RoomGuard:
                 cooldown=settings.cooldown_seconds,
                 budget=settings.max_events_per_window,
                 window=settings.window_seconds,
+            )
+        return self._refused(
+            decision.reason, count=decision.count, retry_after=decision.retry_after, notice=notice
+        )
+
+    def _room_refused(self, decision: RoomDecision) -> Decision:
+        """A refusal of the room budget, with its notice when it opened the cooldown."""
+        settings = self._settings
+        notice = None
+        if (
+            decision.reason == "room_budget_exceeded"
+            and settings.announce_cooldown
+            and settings.cooldown_seconds > 0
+        ):
+            notice = messages.room_cooldown_notice(
+                decision.bots,
+                cooldown=decision.retry_after,
+                budget=settings.room_max_events_per_window,
+                window=settings.room_window_seconds,
+                prefix=None,
             )
         return self._refused(
             decision.reason, count=decision.count, retry_after=decision.retry_after, notice=notice

@@ -251,3 +251,78 @@ async def test_issue15_redis_state_shares_the_pair(redis_url: str) -> None:
             seen.append(await echo.admit(ROOM, "parrot-r", True))
     assert sum(d.allowed for d in seen) == 3
     assert sum(1 for d in seen if d.notice) == 1
+
+
+RING = ("parrot-ring", "echo-ring", "robin-ring")
+
+
+async def _ring(state: str, clock: FakeClock, room: str) -> list[list[Decision]]:
+    """A three-bot ring at 3 s a message, each message admitted by the other two guards."""
+    guards = {bot: RoomGuard(None, state, bot_id=bot, clock=clock) for bot in RING}
+    rounds: list[list[Decision]] = []
+    try:
+        for n in range(25):
+            sender = RING[n % 3]
+            clock.advance(3)
+            rounds.append(
+                [
+                    await g.admit(room, sender, True, message_id=f"m{n}", sender_name=sender)
+                    for bot, g in guards.items()
+                    if bot != sender
+                ]
+            )
+            if not any(d.allowed for d in rounds[-1]):
+                break
+    finally:
+        for g in guards.values():
+            await g.aclose()
+    return rounds
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+async def test_issue20_room_guards_cut_a_three_bot_ring_like_a_pair(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if backend == "redis":  # a room of its own on the shared server
+        state = str(request.getfixturevalue("redis_url"))
+    else:
+        state = f"sqlite:///{tmp_path / 'ring.sqlite3'}"
+    rounds = await _ring(state, FakeClock(), f"discord:ring-{tmp_path.name}")
+    # Each pair sees two thirds of the traffic, under its budget: the room budget (20 per
+    # 90 s) refuses the 21st message, for both of its receivers, with one notice.
+    assert len(rounds) == 21
+    assert all(d.allowed for round_ in rounds[:20] for d in round_)
+    assert sorted(d.reason for d in rounds[20]) == ["room_budget_exceeded", "room_cooldown"]
+    [notice] = [d.notice for d in rounds[20] if d.notice]
+    assert notice == (
+        "Loop guard: pausing replies to bots in this room for 1 min 30 s "
+        "(20 bot messages in 1 min 30 s from parrot-ring, echo-ring and robin-ring)."
+    )
+
+
+async def test_issue20_one_guard_sees_a_ring_of_senders_and_its_shadow_mode() -> None:
+    clock = FakeClock()
+    enforce = RoomGuard(None, bot_id="parrot", clock=clock)
+    shadow = RoomGuard({"bot_loop": {"mode": "shadow"}}, bot_id="parrot", clock=clock)
+    for g in (enforce, shadow):
+        decisions = []
+        for n in range(21):
+            clock.advance(2)
+            sender = ("echo", "robin")[n % 2]
+            decisions.append(await g.admit(ROOM, sender, True, message_id=f"m{n}"))
+        assert decisions[-1].reason == "room_budget_exceeded"
+        assert decisions[-1].count == 20
+        if g is enforce:
+            assert not decisions[-1].allowed
+            assert decisions[-1].notice is not None
+            assert "from echo and robin" in decisions[-1].notice
+        else:
+            assert decisions[-1].allowed
+            assert decisions[-1].shadow
+            assert decisions[-1].notice is None
+        await g.aclose()
+
+
+def test_issue20_a_room_budget_beyond_what_redis_counts_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="policy.bot_loop.room_max_events_per_window"):
+        RoomGuard({"bot_loop": {"room_max_events_per_window": -1}}, bot_id="parrot")
