@@ -17,7 +17,7 @@ shape); the stream is authorised by the same `AdminAccess` and validated the sam
 Decisions where DESIGN.md is silent:
 - A cursor and a limit are whole numbers written with the ASCII digits 0-9, at most 18 of
   them: a sign, an exponent, `inf`, a look-alike digit or 5,000 digits is a 400 naming
-  the field. A room is a room key of at most `MAX_ROOM_CHARS` printable characters.
+  the field. A room is a room key as every admin route takes it (`gateway.http.RoomKey`).
 - A stream reads the state backend (so it shows every replica's events) after each flush
   of this gateway's feed and at least every `poll_seconds` (0.5 s), at most
   `STREAM_BATCH` events a read. One that falls further behind (a flood) jumps to the
@@ -27,6 +27,8 @@ Decisions where DESIGN.md is silent:
 - At most `max_streams` (16) streams at once; one more is 503 with Retry-After. A client
   that stops reading is cut off once a write has waited `send_timeout` (10 s), so it
   holds no more than the socket's buffers. Streams end, cleanly, when the gateway stops.
+- A stream is `Cache-Control: no-store`, as every admin answer (aiohttp-sse's own
+  `no-cache` is replaced).
 - A stream is not written to the state store's audit log (a read changes nothing, and a
   console reconnecting would flood it); like every admin call it is logged on
   `loopwarden.audit`. The two JSON routes are audited as every `admin_route` is.
@@ -38,11 +40,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse, sse_response
-from pydantic import AfterValidator, BeforeValidator, Field, SecretStr
+from pydantic import BeforeValidator, Field, SecretStr
 
 from gateway.activity import ActivityFeed
 from gateway.admin import AdminAck, AdminService
@@ -64,7 +66,6 @@ audit_log = logging.getLogger("loopwarden.audit")
 log = logging.getLogger("loopwarden.activity")
 
 MAX_LIMIT = 1_000
-MAX_ROOM_CHARS = 256
 STREAM_BATCH = 100
 _MAX_DIGITS = 18
 
@@ -80,17 +81,7 @@ def _whole_number(value: object) -> object:
     return value
 
 
-def _printable(value: str) -> str:
-    """A room key short enough and without control characters."""
-    if len(value) > MAX_ROOM_CHARS:
-        raise ValueError(f"must be at most {MAX_ROOM_CHARS} characters")
-    if not value.isprintable():
-        raise ValueError("must not hold control characters")
-    return value
-
-
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
-ActivityRoom = Annotated[RoomKey, AfterValidator(_printable)]
 
 
 class ActivityQuery(AdminBody):
@@ -98,21 +89,21 @@ class ActivityQuery(AdminBody):
 
     since: WholeNumber | None = None
     limit: WholeNumber = Field(default=50, ge=1, le=MAX_LIMIT)
-    room: ActivityRoom | None = None
+    room: RoomKey | None = None
 
 
 class SeriesQuery(AdminBody):
     """`GET /admin/activity/series`: the chart of the last hour or day."""
 
     span: Span = "hour"
-    room: ActivityRoom | None = None
+    room: RoomKey | None = None
 
 
 class StreamQuery(AdminBody):
     """`GET /admin/activity/stream`: one room's events or all, from a cursor or the newest."""
 
     since: WholeNumber | None = None
-    room: ActivityRoom | None = None
+    room: RoomKey | None = None
 
 
 def activity_line(event: ActivityEvent) -> str:
@@ -197,7 +188,10 @@ class ActivityRoutes:
         self.streams += 1
         try:
             async with sse_response(
-                request, ping_interval=self._ping, send_timeout=self._send_timeout
+                request,
+                ping_interval=self._ping,
+                send_timeout=self._send_timeout,
+                response_cls=_NoStoreEvents,
             ) as sse:
                 await self._pump(sse, query.since if resume is None else resume, query.room)
         finally:
@@ -241,6 +235,19 @@ class ActivityRoutes:
                             await feed.changed()
         except (ConnectionResetError, TimeoutError, StateError) as exc:
             log.debug("activity stream ended: %s", type(exc).__name__)
+
+
+class _NoStoreEvents(EventSourceResponse):
+    """An event stream sent `Cache-Control: no-store`, as every other admin answer.
+
+    aiohttp-sse sets `no-cache` itself after the headers it is given, and a stream's
+    headers are sent before the console's `on_response_prepare` could only add a missing
+    one, so the stream says it here.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.headers["Cache-Control"] = "no-store"
 
 
 def _last_event_id(request: web.Request) -> int | None:

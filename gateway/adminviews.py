@@ -5,6 +5,9 @@ console reads (`room_json`) are drawn from it, so the two never disagree. The JS
 functions here are the `data` beside `result` in the admin API's answers.
 
 Decisions where DESIGN.md is silent:
+- An audit entry's texts (room, who, command, outcome) are shown as
+  `gateway.visible.visible` writes them, in the text line and in the JSON alike: a line
+  break or escape sequence typed in chat is `\\n`, `\\x1b`, never a second line.
 - Times the guards act on are relative seconds (`paused_left`, `cooldown_left`, a
   refusal's `age`, a circuit's `paused_left`), as the state backends count them, so
   replicas with skewed clocks show the same; audit entries keep their wall-clock `at`
@@ -29,6 +32,7 @@ from datetime import UTC, datetime
 from gateway import messages
 from gateway.config import Policy
 from gateway.state.base import AuditEntry
+from gateway.visible import visible
 from guards.bot_loop import PairSnapshot
 from guards.call_loop import PausedCircuit
 
@@ -122,18 +126,28 @@ def room_json(view: RoomView) -> dict[str, object]:
 
 
 def audit_json(entry: AuditEntry) -> dict[str, object]:
-    """One audit entry of `GET /admin/audit`."""
+    """One audit entry of `GET /admin/audit`, its texts as `visible` writes them."""
     return {
         "at": entry.at,
         "iso": iso_time(entry.at),
-        "platform": entry.platform,
-        "room": entry.room,
-        "user_id": entry.user_id,
-        "user_name": entry.user_name,
-        "command": entry.command,
+        "kind": entry.kind,
+        "platform": visible(entry.platform),
+        "room": visible(entry.room),
+        "user_id": visible(entry.user_id),
+        "user_name": visible(entry.user_name),
+        "command": visible(entry.command),
         "allowed": entry.allowed,
-        "outcome": entry.outcome,
+        "outcome": visible(entry.outcome),
     }
+
+
+def audit_line(entry: AuditEntry) -> str:
+    """`2026-11-30T10:00:00Z discord:1100 1234 (alice) allowed done: /loop reset`, one line."""
+    at = iso_time(entry.at)
+    verdict = "allowed" if entry.allowed else "refused"
+    name = f" ({entry.user_name})" if entry.user_name else ""
+    said = f"{entry.room} {entry.user_id}{name} {verdict} {entry.outcome}: {entry.command}"
+    return f"{at} {visible(said)}"
 
 
 def circuit_json(paused: PausedCircuit) -> dict[str, object]:

@@ -30,14 +30,17 @@ Decisions where DESIGN.md is silent:
   policy refuses (validated exactly as the chat command, guard policies included) is 422
   `{"ok": false, "error": <why>}` and changes nothing. `pause` takes `seconds` up to 366
   days (`gateway.limits`); more, inf or a negative is 400 naming `seconds`. Rooms are room
-  keys, `platform:channel` (e.g. `discord:1100123`).
+  keys, `platform:channel` (e.g. `discord:1100123`), validated as `RoomKey` on every
+  route that takes one (at most 256 characters, all printable): else 400 naming `room`.
 - Every admin call, allowed or not, is logged on the `loopwarden.audit` logger with its
   method, path, room, peer address and status. Authorised calls also go into the state
   store's audit log like chat commands (platform `http`, user `admin-api`; from the
   console: platform `console`, user `console`, the peer address as the name, and only
   its state-changing calls, as its pages poll the reads); refused ones do not, so an
   unauthenticated client cannot flood it, except a console request refused for its CSRF
-  token: the session shows who sent it, and it is stored refused (outcome `csrf`).
+  token: the session shows who sent it, and it is stored refused (outcome `csrf`) in the
+  audit trail's `others` log (gateway/state/audit.py), which never pushes out an admin's
+  entry. `GET /admin/audit` reads the `admin` log; `?kind=others` the others, `all` both.
 - No per-request access log (probes would flood it); admin calls are audit-logged instead.
 - `GET /admin/circuits` lists the paused LLM-call circuits and rule groups;
   `POST /admin/circuits/reopen {"circuit": …}` lifts one pause (the proxy serves these two
@@ -55,7 +58,7 @@ import logging
 import time
 from collections.abc import AsyncIterable, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import (
@@ -69,14 +72,14 @@ from pydantic import (
 )
 
 from gateway.admin import AdminAck, AdminService
-from gateway.adminviews import audit_json, iso_time
+from gateway.adminviews import audit_json, audit_line
 from gateway.console.sessions import DEFAULT_SESSION_HOURS, ConsoleSession, ConsoleSessions
 from gateway.console.urls import origin
 from gateway.errors import LoopwardenError
 from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.limits import Duration
 from gateway.metrics import Metrics
-from gateway.state.base import GLOBAL_SCOPE, AuditEntry, StateStore
+from gateway.state.base import GLOBAL_SCOPE, AuditEntry, AuditKind, StateStore
 
 audit_log = logging.getLogger("loopwarden.audit")
 
@@ -97,14 +100,34 @@ class Readiness:
         return not self.stopping and not self.not_connected
 
 
-def _room_key(value: str) -> str:
+MAX_ROOM_CHARS = 256
+
+
+def room_key_problem(value: str) -> str | None:
+    """Why `value` is not a room key the admin API acts on, or None when it is one.
+
+    At most `MAX_ROOM_CHARS` characters, every one printable (no control character, line
+    break, bidi control, zero-width or non-ASCII space), `platform:channel`.
+    """
+    if len(value) > MAX_ROOM_CHARS:
+        return f"must be at most {MAX_ROOM_CHARS} characters, got {len(value):,}"
+    if not value.isprintable():
+        return "must not hold control, line-break or invisible characters"
     platform, _, channel = value.partition(":")
     if not platform or not channel:
-        raise ValueError("must be a room key, platform:channel (e.g. discord:1100123)")
+        return "must be a room key, platform:channel (e.g. discord:1100123)"
+    return None
+
+
+def _room_key(value: str) -> str:
+    problem = room_key_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
     return value
 
 
 RoomKey = Annotated[str, AfterValidator(_room_key)]
+"""A room of an admin route's query or body: every route validates it as this."""
 
 
 class _Body(BaseModel):
@@ -146,10 +169,11 @@ class SetBody(RoomBody):
 
 
 class AuditBody(_Body):
-    """Read the newest audit entries, of one room or of all."""
+    """Read the newest audit entries of one log (`kind`, or `all`), of one room or of all."""
 
     room: RoomKey | None = None
     limit: int = Field(default=20, ge=1, le=1000)
+    kind: AuditKind | Literal["all"] = "admin"
 
 
 class NoBody(_Body):
@@ -386,9 +410,10 @@ class _AdminApi:
 
     async def _read_audit(self, body: AuditBody) -> AdminAck:
         """The newest audit entries, one line each, newest first."""
-        entries = await self._state.recent_audit(body.limit, body.room)
+        kind = None if body.kind == "all" else body.kind
+        entries = await self._state.recent_audit(body.limit, body.room, kind)
         return AdminAck(
-            "\n".join(_audit_line(e) for e in entries) or "no audit entries",
+            "\n".join(audit_line(e) for e in entries) or "no audit entries",
             data={"entries": [audit_json(e) for e in entries]},
         )
 
@@ -428,14 +453,6 @@ class _AdminApi:
                 outcome=outcome,
             )
         )
-
-
-def _audit_line(entry: AuditEntry) -> str:
-    """`2026-11-30T10:00:00Z discord:1100 1234 (alice) allowed done: /loop reset`."""
-    at = iso_time(entry.at)
-    verdict = "allowed" if entry.allowed else "refused"
-    who = f"{entry.user_id} ({entry.user_name})" if entry.user_name else entry.user_id
-    return f"{at} {entry.room} {who} {verdict} {entry.outcome}: {entry.command}"
 
 
 async def _ack(text: Awaitable[str]) -> AdminAck:

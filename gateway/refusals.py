@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from gateway.context import TurnContext
 from gateway.metrics import Metrics
+from gateway.visible import visible
 
 if TYPE_CHECKING:
     from gateway.activity import ActivityFeed
@@ -186,7 +187,7 @@ class DecisionLog:
             self.activity.decision("notice", ctx.message, stage, code, text)
         if decision_log.isEnabledFor(logging.INFO):
             decision_log.info(
-                "%s %s %s", ctx.message.room, stage, text, extra=_extra(ctx, code, stage)
+                "%s %s %s", ctx.message.room, stage, visible(text), extra=_extra(ctx, code, stage)
             )
 
 
@@ -201,7 +202,10 @@ def _log(
     verb: str = "",
     shadow: bool = False,
 ) -> None:
-    """One decision line, `room stage [refused ]code (detail) who`, with structured fields."""
+    """One decision line, `room stage [refused ]code (detail) who`, with structured fields.
+
+    The detail and who are one line whatever a display name holds (`gateway.visible`).
+    """
     if decision_log.isEnabledFor(level):
         msg = ctx.message
         decision_log.log(
@@ -211,8 +215,8 @@ def _log(
             stage,
             verb,
             code,
-            detail,
-            who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}",
+            visible(detail),
+            visible(who or f"bot={msg.bot_id} sender={msg.sender_name or msg.sender_id}"),
             extra=_extra(ctx, code, stage, shadow=shadow),
         )
 

@@ -8,16 +8,20 @@ buttons are the admin API's `reset`, `pause` and `resume` (gateway/http.py).
 Decisions where DESIGN.md is silent:
 - The rooms "seen" are the union of the rooms the config's channel rules name (a
   platform and a channel without glob characters), the rooms holding live bot pairs, the
-  rooms of the newest `MAX_ROOMS` audit entries but the admin API's reads (where an admin
-  paused, set or reset: the backends do not list pauses and overrides) and those of each
+  rooms of the newest `MAX_ROOMS` entries of the audit trail's admin log but the admin
+  API's reads (where an admin paused, set or reset: the backends do not list pauses and
+  overrides; a non-admin's attempts show no room) and those of each
   `RoomSource` given (the activity feed's). The newest seen come first (a source's time
   is wall-clock seconds; a live pair counts as seen now, since bots spoke there within
   its window), then the configured rooms no source timed, by key; at most `limit` (1 to
   500, default 500).
 - `?room=R` answers R whether or not it was seen, as `status` does.
-- A room is a room key, `platform:channel`, of at most `MAX_ROOM_CHARS` characters, taken
+- A room is a room key as every admin route takes it (`gateway.http.RoomKey`:
+  `platform:channel`, at most 256 characters, none of them a control character), taken
   as given: a look-alike of another room's key is another room, and a `<script>` in it is
-  a string in the JSON answer, never markup.
+  a string in the JSON answer, never markup. A room seen that no admin route would take
+  (an older entry's, a platform's) is not listed, so the page shows no button that
+  cannot work.
 - `forget` takes an optional `thread` (a thread id of the room) to empty that thread's
   transcript only; without it, the room's and all its threads'. A room with no
   transcript answers ok, 0 messages forgotten.
@@ -27,20 +31,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Annotated
 
 from aiohttp import web
 from pydantic import Field, SecretStr
 
-from gateway.admin import AdminAck, AdminService, split_room
+from gateway.admin import AdminAck, AdminService
 from gateway.adminviews import room_json
 from gateway.config import Config
-from gateway.http import AdminBody, RoomKey, admin_route
+from gateway.http import MAX_ROOM_CHARS, AdminBody, RoomKey, admin_route, room_key_problem
 from gateway.state.base import StateStore
 from guards.bot_loop import PairSnapshot
 
 MAX_ROOMS = 500
-MAX_ROOM_CHARS = 256
 _GLOB_CHARS = frozenset("*?[")
 # How the admin API audits a read (`GET /admin/status {"room": ...}`, gateway/http.py):
 # looking at a room is not seeing it, or every room key typed into a URL would be listed.
@@ -49,20 +51,18 @@ _API_READ = "GET "
 RoomSource = Callable[[], Awaitable[Sequence[tuple[str, float]]]]
 """Rooms some part of the gateway has seen, each with when it last saw it (wall clock)."""
 
-RoomRef = Annotated[RoomKey, Field(max_length=MAX_ROOM_CHARS)]
-
 
 class RoomsQuery(AdminBody):
     """`GET /admin/rooms`: every room seen (newest first, at most `limit`), or one `room`."""
 
-    room: RoomRef | None = None
+    room: RoomKey | None = None
     limit: int = Field(default=MAX_ROOMS, ge=1, le=MAX_ROOMS)
 
 
 class ForgetBody(AdminBody):
     """`POST /admin/forget`: empty a room's transcript, or one `thread`'s of it."""
 
-    room: RoomRef
+    room: RoomKey
     thread: str | None = Field(default=None, min_length=1, max_length=MAX_ROOM_CHARS)
 
 
@@ -107,7 +107,7 @@ class Rooms:
         timed = [(room, now) for room in paired]
         timed.extend(
             (entry.room, entry.at)
-            for entry in await self._state.recent_audit(MAX_ROOMS)
+            for entry in await self._state.recent_audit(MAX_ROOMS, kind="admin")
             if not entry.command.startswith(_API_READ)
         )
         for source in self._sources:
@@ -150,5 +150,4 @@ def _configured_rooms(config: Config) -> Iterable[str]:
 
 def _is_room(room: str) -> bool:
     """Whether `room` is a room key the page can act on (not the global `*`, no half key)."""
-    platform, channel = split_room(room)
-    return bool(platform) and bool(channel)
+    return room_key_problem(room) is None

@@ -6,21 +6,32 @@ the other rule fields (step, customer, user, feature) and the call's fingerprint
 unknown value is an empty cell. The console's download (`GET /admin/calls.csv`) writes the
 same rows.
 
-Decisions where DESIGN.md is silent: a cell a spreadsheet would read as a formula (it
-starts with `=`, `+`, `-`, `@`, a tab or a carriage return: an agent named
-`=HYPERLINK(...)`, say) is written with a leading `'`, so opening the export runs nothing.
+Decisions where DESIGN.md is silent: no cell a spreadsheet would read as a formula, in
+any list-separator setting. A spreadsheet whose list separator is `;` (most of Europe)
+splits each line of this comma-separated file at every `;`, and ignores the quotes around
+a cell that no longer starts a field, so `abc;=7+7` in an agent name makes a cell `=7+7`
+there; a tab-separated reading splits at tabs, and any reading starts a new line at a
+line break inside a cell. So a `'` goes in front of every part of a cell that starts
+(after spaces and double quotes) with `=`, `+`, `-`, `@`, a tab or a carriage return,
+whether the part starts the cell or follows a `,`, `;`, tab or line break in it:
+`=HYPERLINK(...)` is written `'=HYPERLINK(...)`, `abc;=7+7` is `abc;'=7+7`. Everything
+else of the cell is kept, and the file is ordinary CSV (`loopwarden replay` reads it).
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TextIO
 
 from gateway.calls.store import CallLogEntry
 
-_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# Where a spreadsheet may start a cell (the cell's start, or after a separator or line
+# break of some list-separator setting) followed, after spaces and quotes, by what starts
+# a formula. The `'` goes right after the boundary.
+_LIVE_PART = re.compile(r"""(^|[,;\t\r\n])(?=[ "]*[=+\-@\t\r])""")
 CSV_COLUMNS = (
     "time",
     "provider",
@@ -94,5 +105,5 @@ def _cell(value: int | None) -> str:
 
 
 def _inert(cell: str) -> str:
-    """The cell, with a leading `'` when a spreadsheet would take it for a formula."""
-    return f"'{cell}" if cell.startswith(_FORMULA_STARTS) else cell
+    """The cell, with a `'` before each part of it a spreadsheet would take for a formula."""
+    return _LIVE_PART.sub(r"\1'", cell)

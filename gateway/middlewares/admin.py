@@ -16,6 +16,10 @@ Decisions where DESIGN.md is silent:
 - The prefix is matched case-insensitively and a Telegram `@botname` suffix is ignored
   whichever hosted bot it names: the command concerns the room, not one bot.
 - The acknowledgement quotes the prefix the person used, so Slack users see `!loop`.
+- The audit entry of an admin's command goes to the audit trail's admin log; every other
+  (a non-admin's refused command, a bot's, a person's own forget in a DM) to its
+  `others` log, bounded per sender, so no number of them pushes an admin's out
+  (gateway/state/audit.py).
 """
 
 from __future__ import annotations
@@ -97,9 +101,8 @@ class AdminMiddleware:
             self._decisions.refuse(ctx, self.name, "bot_command", "bots cannot run commands")
             return None
         forget = bool(command.args) and command.args[0].lower() == "forget"
-        if msg.sender_id not in self._admins.for_platform(msg.platform) and not (
-            forget and msg.is_direct
-        ):
+        is_admin = msg.sender_id in self._admins.for_platform(msg.platform)
+        if not is_admin and not (forget and msg.is_direct):
             await self._audit(ctx, allowed=False, outcome="refused")
             self._decisions.refuse(ctx, self.name, "not_authorised", "command refused")
             return Reply(
@@ -113,7 +116,8 @@ class AdminMiddleware:
             room, command.args, thread_id=msg.thread_id, prefix=command.prefix
         )
         outcome = "done" if ack.ok else "rejected"
-        await self._audit(ctx, allowed=True, outcome=outcome)
+        # A person's own forget in a DM is allowed, but goes to the `others` log.
+        await self._audit(ctx, allowed=True, outcome=outcome, by_admin=is_admin)
         name = command.args[0].lower() if command.args else "help"
         said = " ".join(command.args)[:_AUDITED_COMMAND_CHARS] or "help"
         self._decisions.note(
@@ -121,7 +125,10 @@ class AdminMiddleware:
         )
         return Reply(ack.text, thread_id=msg.thread_id, reply_to=msg.message_id)
 
-    async def _audit(self, ctx: TurnContext, *, allowed: bool, outcome: str) -> None:
+    async def _audit(
+        self, ctx: TurnContext, *, allowed: bool, outcome: str, by_admin: bool = False
+    ) -> None:
+        """One audit entry, in the admin log only for what an admin did (gateway/state/audit.py)."""
         msg = ctx.message
         await ctx.state.audit(
             AuditEntry(
@@ -133,5 +140,6 @@ class AdminMiddleware:
                 command=msg.text.strip()[:_AUDITED_COMMAND_CHARS],
                 allowed=allowed,
                 outcome=outcome,
+                kind="admin" if allowed and by_admin else "others",
             )
         )

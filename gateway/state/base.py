@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from guards.bot_loop import BotLoopPolicy, PairDecision, PairSnapshot
@@ -19,9 +19,13 @@ from guards.room_budget import RoomDecision
 GLOBAL_SCOPE = "*"
 
 
+AuditKind = Literal["admin", "others"]
+"""The audit trail's two logs (gateway/state/audit.py): what admins did, and the rest."""
+
+
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
-    """One admin-command attempt: who, where, what, and whether it was allowed."""
+    """One admin-command attempt: who, where, what, whether it was allowed, and its log."""
 
     at: float
     platform: str
@@ -31,6 +35,14 @@ class AuditEntry:
     command: str
     allowed: bool
     outcome: str
+    kind: AuditKind | None = None
+    """`admin` for what an admin did, `others` for anyone else's attempt (a non-admin's
+    refused command, a bot's, a person's own `/new` in a DM). Left out, it is `admin` when
+    `allowed`, else `others`; it is never None once built."""
+
+    def __post_init__(self) -> None:
+        if self.kind is None:
+            object.__setattr__(self, "kind", "admin" if self.allowed else "others")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +141,12 @@ class StateStore(Protocol):
         """Seconds a pause has left (`inf` when indefinite), None when not paused."""
 
     async def audit(self, entry: AuditEntry) -> None:
-        """Append one entry to the audit log."""
+        """Append one entry to its log (`entry.kind`), each bounded (gateway/state/audit.py)."""
 
-    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
-        """The newest audit entries first, optionally for one room."""
+    async def recent_audit(
+        self, limit: int = 20, scope: str | None = None, kind: AuditKind | None = None
+    ) -> list[AuditEntry]:
+        """The newest audit entries first, optionally for one room, of one log or both."""
 
     async def transcript_append(
         self, scope: str, entry: TranscriptEntry, *, max_messages: int, ttl: float

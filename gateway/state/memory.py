@@ -6,15 +6,16 @@ recently written evicted first: see gateway/state/memory_transcripts.py.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.limits import DEFAULT_TRANSCRIPT_BYTES
-from gateway.state import receipts
+from gateway.state import audit, receipts
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
-from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
+from gateway.state.base import AuditEntry, AuditKind, Transcript, TranscriptEntry
 from gateway.state.memory_activity import MemoryActivity
 from gateway.state.memory_transcripts import MemoryTranscripts
 from gateway.state.receipts import Receipt
@@ -58,6 +59,9 @@ class MemoryStateStore:
         self._overrides: dict[str, dict[str, object]] = {}
         self._pauses: dict[str, float] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=_AUDIT_KEEP)
+        # The `others` log (gateway/state/audit.py) and how many entries each sender has in it.
+        self._others: deque[AuditEntry] = deque()
+        self._others_by: dict[tuple[str, str], int] = {}
         self._transcripts = MemoryTranscripts(max_transcript_bytes)
         self._activity = MemoryActivity()
 
@@ -191,13 +195,36 @@ class MemoryStateStore:
         return left
 
     async def audit(self, entry: AuditEntry) -> None:
-        """Append to the bounded log."""
-        self._audit.append(entry)
+        """Append to the entry's bounded log; in `others`, a sender's oldest goes first."""
+        if entry.kind == "admin":
+            self._audit.append(entry)
+            return
+        who = audit.sender(entry)
+        held = self._others_by.get(who, 0)
+        if held >= audit.OTHERS_PER_SENDER:
+            oldest = next(i for i, e in enumerate(self._others) if audit.sender(e) == who)
+            del self._others[oldest]
+        else:
+            self._others_by[who] = held + 1
+        self._others.append(entry)
+        if len(self._others) > audit.OTHERS_KEEP:
+            gone = audit.sender(self._others.popleft())
+            self._others_by[gone] -= 1
+            if not self._others_by[gone]:
+                del self._others_by[gone]
 
-    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
-        """Newest first."""
-        entries = (e for e in reversed(self._audit) if scope is None or e.room == scope)
-        return [e for _, e in zip(range(limit), entries, strict=False)]
+    async def recent_audit(
+        self, limit: int = 20, scope: str | None = None, kind: AuditKind | None = None
+    ) -> list[AuditEntry]:
+        """Newest first, of one log or both."""
+
+        def newest(log: deque[AuditEntry]) -> list[AuditEntry]:
+            entries = (e for e in reversed(log) if scope is None or e.room == scope)
+            return list(itertools.islice(entries, max(limit, 0)))
+
+        admin = newest(self._audit) if kind != "others" else []
+        others = newest(self._others) if kind != "admin" else []
+        return audit.newest_first(admin, others, limit)
 
     @property
     def transcript_bytes(self) -> int:

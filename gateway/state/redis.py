@@ -23,8 +23,10 @@ Keys, under `key_prefix` (default `lw:`):
 - `receipt:<key>`: a dedupe receipt, a hash of owner, confirmed (0 while in flight) and
   until; `owner:<id>`: a replica's liveness key, refreshed every few seconds while its
   store runs and deleted by `aclose` (gateway/state/receipts.py says how they decide).
-- `ovr:<room>`: a hash of runtime overrides (JSON values); `pause:<room>`; `audit`: a list
-  of JSON entries, newest first, capped.
+- `ovr:<room>`: a hash of runtime overrides (JSON values); `pause:<room>`; `audit`: the
+  audit trail's admin log, a list of JSON entries, newest first, capped at AUDIT_KEEP;
+  `audit:others` and `audit:others:senders`: its `others` log (gateway/state/audit.py),
+  bounded overall and per sender by one script call.
 - `transcript:{scope}`: a transcript (DESIGN.md §3), a list of JSON entries oldest first
   (`gateway.state.transcripts`), capped at `max_messages` as it is appended to;
   `transcript:{scope}:keys`, the set of message keys it holds (a redelivered message is
@@ -82,9 +84,9 @@ from typing import Literal, cast
 from urllib.parse import unquote
 
 from gateway.errors import StateError
-from gateway.state import receipts, transcripts
+from gateway.state import audit, receipts, transcripts
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
-from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
+from gateway.state.base import AuditEntry, AuditKind, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis_activity import RedisActivity
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
@@ -408,6 +410,41 @@ return held
 """
 
 
+# The audit trail's `others` log (gateway/state/audit.py). KEYS: the log, a list newest
+# first of `<sender>\n<entry JSON>`, and a hash of each sender's entries in it. ARGV:
+# sender (JSON, so ASCII without a line break), the line, keep, per sender. A sender at
+# its bound is counted afresh and loses its oldest line (LREM from the tail: a line equal
+# to it is the same entry); past `keep` the log's oldest go, each off its sender's count.
+_AUDIT_OTHER = """
+local sender, line = ARGV[1], ARGV[2]
+local keep, per = tonumber(ARGV[3]), tonumber(ARGV[4])
+local held = tonumber(redis.call('HGET', KEYS[2], sender) or '0')
+if held >= per then
+  local head = sender .. '\\n'
+  local lines = redis.call('LRANGE', KEYS[1], 0, -1)
+  local oldest = nil
+  held = 0
+  for i = #lines, 1, -1 do
+    if string.sub(lines[i], 1, #head) == head then
+      held = held + 1
+      oldest = oldest or lines[i]
+    end
+  end
+  if held >= per then
+    redis.call('LREM', KEYS[1], -1, oldest)
+    held = held - 1
+  end
+end
+redis.call('LPUSH', KEYS[1], line)
+redis.call('HSET', KEYS[2], sender, held + 1)
+while redis.call('LLEN', KEYS[1]) > keep do
+  local who = string.match(redis.call('RPOP', KEYS[1]), '^[^\\n]*')
+  if redis.call('HINCRBY', KEYS[2], who, -1) <= 0 then redis.call('HDEL', KEYS[2], who) end
+end
+return 1
+"""
+
+
 class RedisStateStore(RedisLinked):
     """A StateStore in Redis: one atomic script per decision, server time, self-expiring keys."""
 
@@ -452,6 +489,8 @@ class RedisStateStore(RedisLinked):
         self._transcript_append = script(_TRANSCRIPT_APPEND)
         self._transcript_recent = script(_TRANSCRIPT_RECENT)
         self._transcript_forget = script(_TRANSCRIPT_FORGET)
+        self._audit_other = script(_AUDIT_OTHER)
+        self._others_keys = [f"{key_prefix}audit:others", f"{key_prefix}audit:others:senders"]
         self._activity = RedisActivity(self._link, key_prefix)
 
     def __repr__(self) -> str:
@@ -769,26 +808,38 @@ class RedisStateStore(RedisLinked):
     # Audit
 
     async def audit(self, entry: AuditEntry) -> None:
-        """LPUSH one JSON entry and LTRIM to the newest AUDIT_KEEP (dropped while down)."""
-        key = f"{self._prefix}audit"
-        encoded = json.dumps(dataclasses.asdict(entry))
+        """Append to the entry's log: `audit` trimmed to AUDIT_KEEP, `others` by its script.
 
-        async def append() -> None:
-            async with self._link.client.pipeline(transaction=True) as pipe:
-                pipe.lpush(key, encoded)
-                pipe.ltrim(key, 0, AUDIT_KEEP - 1)
-                await pipe.execute()
+        Dropped while Redis is down.
+        """
+        encoded = json.dumps(dataclasses.asdict(entry))
+        if entry.kind == "admin":
+            key = f"{self._prefix}audit"
+
+            async def append() -> None:
+                async with self._link.client.pipeline(transaction=True) as pipe:
+                    pipe.lpush(key, encoded)
+                    pipe.ltrim(key, 0, AUDIT_KEEP - 1)
+                    await pipe.execute()
+
+        else:
+            sender = json.dumps(audit.sender(entry))
+            args = (sender, f"{sender}\n{encoded}", audit.OTHERS_KEEP, audit.OTHERS_PER_SENDER)
+
+            async def append() -> None:
+                await self._audit_other(keys=self._others_keys, args=args)
 
         try:
             await self._link.guarded(append)
         except StateError:
             return
 
-    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
-        """Newest first, optionally for one room; empty while Redis is down."""
-        key = f"{self._prefix}audit"
+    async def recent_audit(
+        self, limit: int = 20, scope: str | None = None, kind: AuditKind | None = None
+    ) -> list[AuditEntry]:
+        """Newest first, optionally for one room, of one log or both; empty while Redis is down."""
 
-        async def recent() -> list[AuditEntry]:
+        async def newest(key: str, of: AuditKind) -> list[AuditEntry]:
             found: list[AuditEntry] = []
             start = 0
             chunk = max(limit, _AUDIT_CHUNK)
@@ -797,13 +848,18 @@ class RedisStateStore(RedisLinked):
                     Awaitable[list[str]], self._link.client.lrange(key, start, start + chunk - 1)
                 )
                 for raw in batch:
-                    entry = _decode_audit(raw)
+                    entry = _decode_audit(raw.rpartition("\n")[2], of)
                     if scope is None or entry.room == scope:
                         found.append(entry)
                 if len(batch) < chunk:
                     break
                 start += chunk
             return found[:limit]
+
+        async def recent() -> list[AuditEntry]:
+            admin = await newest(f"{self._prefix}audit", "admin") if kind != "others" else []
+            others = await newest(self._others_keys[0], "others") if kind != "admin" else []
+            return audit.newest_first(admin, others, limit)
 
         try:
             return await self._link.guarded(recent)
@@ -916,8 +972,8 @@ def _seconds(server_time: tuple[int, int]) -> float:
     return seconds + micros / 1_000_000
 
 
-def _decode_audit(raw: str) -> AuditEntry:
-    """An AuditEntry from its JSON form."""
+def _decode_audit(raw: str, kind: AuditKind) -> AuditEntry:
+    """An AuditEntry of the log `kind` from its JSON form."""
     data = json.loads(raw)
     return AuditEntry(
         at=float(data["at"]),
@@ -928,4 +984,5 @@ def _decode_audit(raw: str) -> AuditEntry:
         command=str(data["command"]),
         allowed=bool(data["allowed"]),
         outcome=str(data["outcome"]),
+        kind=kind,
     )

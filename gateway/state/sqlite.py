@@ -30,7 +30,8 @@ Decisions where DESIGN.md is silent:
   mid-turn, and the redelivery of its message is answered (gateway/state/receipts.py).
 - Expired rows (idle pairs, claims, message receipts) are swept a few per call, never
   by a scan; a pause that ran out is deleted when it is read.
-- The audit log keeps the newest `audit_keep` (10,000) entries.
+- The audit trail's admin log (table `audit`) keeps the newest `audit_keep` (10,000)
+  entries; its `others` log is the table `audit_others` (gateway/state/audit.py).
 - Schema 4 adds the transcripts (DESIGN.md §3): a row per message, its entry as JSON
   (`gateway.state.transcripts`), unique per transcript and message key, and a row per
   transcript with its expiry. An older file gets the new tables and keeps every other.
@@ -49,9 +50,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from gateway.errors import StateError
-from gateway.state import receipts, sqlite_activity, transcripts
+from gateway.state import audit, receipts, sqlite_activity, transcripts
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
-from gateway.state.base import AuditEntry, Transcript, TranscriptEntry
+from gateway.state.base import AuditEntry, AuditKind, Transcript, TranscriptEntry
 from gateway.state.receipts import Receipt
 from gateway.state.sqlite_db import SqliteDb, transaction
 from guards.bot_loop import (
@@ -104,6 +105,12 @@ _SCHEMA = (
         room TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT NOT NULL,
         command TEXT NOT NULL, allowed INTEGER NOT NULL, outcome TEXT NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS audit_room ON audit (room, id)",
+    # The `others` log (gateway/state/audit.py), bounded overall and per sender.
+    """CREATE TABLE IF NOT EXISTS audit_others (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, platform TEXT NOT NULL,
+        room TEXT NOT NULL, user_id TEXT NOT NULL, user_name TEXT NOT NULL,
+        command TEXT NOT NULL, allowed INTEGER NOT NULL, outcome TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS audit_others_sender ON audit_others (platform, user_id, id)",
     # A transcript's messages (entry: `transcripts.encode`), oldest first by id.
     """CREATE TABLE IF NOT EXISTS transcript (
         id INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT NULL, key TEXT NOT NULL,
@@ -113,6 +120,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS transcripts_expiry ON transcripts (expires_at)",
 )
 
+_AUDIT_COLUMNS = "at, platform, room, user_id, user_name, command, allowed, outcome"
+_AUDIT_VALUES = "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
 # Expired rows removed per call that may have added one: twice the rate they appear, so
 # n idle rows are gone within about n/2 calls.
 _SWEEP_PER_CALL = 2
@@ -367,45 +376,61 @@ class SqliteStateStore:
         return await self._sqlite.read(remaining)
 
     async def audit(self, entry: AuditEntry) -> None:
-        """Append one entry; the oldest beyond `audit_keep` go."""
+        """Append one entry to its log: `audit` keeps `audit_keep`, `audit_others` its bounds."""
         keep = self._audit_keep
+        row = (
+            entry.at,
+            entry.platform,
+            entry.room,
+            entry.user_id,
+            entry.user_name,
+            entry.command,
+            int(entry.allowed),
+            entry.outcome,
+        )
 
         def append(db: sqlite3.Connection, now: float) -> None:
             newest = db.execute(
-                "INSERT INTO audit (at, platform, room, user_id, user_name, command, allowed, "
-                "outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    entry.at,
-                    entry.platform,
-                    entry.room,
-                    entry.user_id,
-                    entry.user_name,
-                    entry.command,
-                    int(entry.allowed),
-                    entry.outcome,
-                ),
+                f"INSERT INTO audit ({_AUDIT_COLUMNS}) {_AUDIT_VALUES}", row
             ).lastrowid
             if newest is not None:
                 db.execute("DELETE FROM audit WHERE id <= ?", (newest - keep,))
 
-        await self._sqlite.write(append)
+        def append_other(db: sqlite3.Connection, now: float) -> None:
+            db.execute(f"INSERT INTO audit_others ({_AUDIT_COLUMNS}) {_AUDIT_VALUES}", row)
+            # By count, not id: a sender's own deletions leave gaps in the ids.
+            db.execute(
+                "DELETE FROM audit_others WHERE id IN (SELECT id FROM audit_others "
+                "WHERE platform = ? AND user_id = ? ORDER BY id DESC LIMIT -1 OFFSET ?)",
+                (*audit.sender(entry), audit.OTHERS_PER_SENDER),
+            )
+            db.execute(
+                "DELETE FROM audit_others WHERE id IN "
+                "(SELECT id FROM audit_others ORDER BY id DESC LIMIT -1 OFFSET ?)",
+                (audit.OTHERS_KEEP,),
+            )
 
-    async def recent_audit(self, limit: int = 20, scope: str | None = None) -> list[AuditEntry]:
-        """Newest first, optionally for one room."""
+        await self._sqlite.write(append if entry.kind == "admin" else append_other)
 
-        def recent(db: sqlite3.Connection, now: float) -> list[AuditEntry]:
-            columns = "at, platform, room, user_id, user_name, command, allowed, outcome"
-            if scope is None:
-                rows = db.execute(f"SELECT {columns} FROM audit ORDER BY id DESC LIMIT ?", (limit,))
-            else:
-                rows = db.execute(
-                    f"SELECT {columns} FROM audit WHERE room = ? ORDER BY id DESC LIMIT ?",
-                    (scope, limit),
-                )
+    async def recent_audit(
+        self, limit: int = 20, scope: str | None = None, kind: AuditKind | None = None
+    ) -> list[AuditEntry]:
+        """Newest first, optionally for one room, of one log or both."""
+        where, params = ("", (limit,)) if scope is None else (" WHERE room = ?", (scope, limit))
+
+        def newest(db: sqlite3.Connection, table: str, of: AuditKind) -> list[AuditEntry]:
+            rows = db.execute(
+                f"SELECT {_AUDIT_COLUMNS} FROM {table}{where} ORDER BY id DESC LIMIT ?", params
+            )
             return [
-                AuditEntry(at, platform, room, user_id, name, command, bool(allowed), outcome)
+                AuditEntry(at, platform, room, user_id, name, command, bool(allowed), outcome, of)
                 for at, platform, room, user_id, name, command, allowed, outcome in rows
             ]
+
+        def recent(db: sqlite3.Connection, now: float) -> list[AuditEntry]:
+            admin = newest(db, "audit", "admin") if kind != "others" else []
+            others = newest(db, "audit_others", "others") if kind != "admin" else []
+            return audit.newest_first(admin, others, limit)
 
         return await self._sqlite.read(recent)
 

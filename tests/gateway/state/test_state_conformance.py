@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
 
-from gateway.state import transcripts
+from gateway.state import audit, transcripts
 from gateway.state.base import AuditEntry, StateStore, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import OWNER_SECONDS, RedisStateStore
@@ -571,6 +571,84 @@ async def test_the_audit_log_is_newest_first_with_a_limit_and_a_room_filter(
     ]
     assert [e.at for e in await store.recent_audit()] == [7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
     assert await store.recent_audit(5, scope="room:none") == []
+
+
+def attempt(n: int, who: str, *, room: str = ROOM) -> AuditEntry:
+    """The n-th refused attempt of a test, by the non-admin `who`."""
+    return AuditEntry(float(n), "discord", room, who, who.title(), "/loop reset", False, "refused")
+
+
+async def test_issue20_a_thousand_refused_attempts_leave_every_admin_action(
+    store: StateStore,
+) -> None:
+    done = AuditEntry(1.0, "discord", ROOM, "admin-1", "Ann", "/loop pause", True, "done")
+    await store.audit(done)
+    for n in range(2, 1_052):
+        await store.audit(attempt(n, "mallory"))
+    assert await store.recent_audit(20, kind="admin") == [done]
+    kept = await store.recent_audit(1_000, kind="others")
+    # Bounded per sender: mallory's newest OTHERS_PER_SENDER, newest first.
+    assert [e.at for e in kept] == [float(n) for n in range(1_051, 1_051 - 50, -1)]
+    assert {e.kind for e in kept} == {"others"}
+    assert (await store.recent_audit(100))[-1] == done
+
+
+async def test_issue20_the_others_log_is_bounded_per_sender_and_overall(
+    store: StateStore, restart: Restart, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(audit, "OTHERS_KEEP", 5)
+    monkeypatch.setattr(audit, "OTHERS_PER_SENDER", 2)
+    for n, who in enumerate(["ann", "bob", "ann", "ann"], start=1):
+        await store.audit(attempt(n, who))
+    # ann's third attempt dropped her first, not bob's.
+    assert await store.recent_audit(10, kind="others") == [
+        attempt(4, "ann"),
+        attempt(3, "ann"),
+        attempt(2, "bob"),
+    ]
+    for n, who in enumerate(["cy", "cy", "dee"], start=5):
+        await store.audit(attempt(n, who))
+    # Six held, five kept: the oldest of all (bob's) went.
+    assert [(e.at, e.user_id) for e in await store.recent_audit(10, kind="others")] == [
+        (7.0, "dee"),
+        (6.0, "cy"),
+        (5.0, "cy"),
+        (4.0, "ann"),
+        (3.0, "ann"),
+    ]
+    held = await restart() if not isinstance(store, MemoryStateStore) else store
+    await held.audit(attempt(8, "ann"))
+    assert [(e.at, e.user_id) for e in await held.recent_audit(10, kind="others")] == [
+        (8.0, "ann"),
+        (7.0, "dee"),
+        (6.0, "cy"),
+        (5.0, "cy"),
+        (4.0, "ann"),
+    ]
+    assert await held.recent_audit(10, kind="admin") == []
+
+
+async def test_issue20_each_log_reads_back_its_own_kind_and_both_merge_by_time(
+    store: StateStore,
+) -> None:
+    # A person's own `/new` in a DM is allowed, but not an admin's act.
+    own_forget = AuditEntry(
+        2.0, "discord", "discord:dm", "u9", "Uma", "/new", True, "done", kind="others"
+    )
+    await store.audit(entry(1))
+    await store.audit(own_forget)
+    for n in range(3, 7):
+        await store.audit(entry(n))
+    assert [e.at for e in await store.recent_audit(kind="admin")] == [6.0, 4.0]
+    assert await store.recent_audit(kind="others") == [entry(5), entry(3), own_forget, entry(1)]
+    assert [e.at for e in await store.recent_audit(4)] == [6.0, 5.0, 4.0, 3.0]
+    assert [e.kind for e in await store.recent_audit(20, scope=ROOM)] == [
+        "admin",
+        "others",
+        "admin",
+        "others",
+        "others",
+    ]
 
 
 # Policy changes mid-window (`/loop set`): the pair keeps its events (issue 10)
