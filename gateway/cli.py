@@ -1,5 +1,5 @@
 """The `loopwarden` command line: `run`, `check-config`, `demo`, `proxy`, `circuits`, `calls`,
-`replay`.
+`replay`, `spend`, `console-link`.
 
 Each subcommand is one `_add_<name>(subcommands)` function listed in `SUBCOMMANDS`, which
 adds its parser and sets `handler` to a function of the parsed arguments returning the
@@ -26,6 +26,8 @@ Decisions where DESIGN.md is silent:
 - `circuits` and `calls` open the state backend's call store directly (gateway/calls/
   commands.py); with memory state they exit 2 and point at the admin API. So does
   `spend` (gateway/proxy/spend.py).
+- `console-link` prints a one-time sign-in link for the console running on this host
+  (gateway/console/command.py), the way in for an operator locked out of sign-in.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from gateway import __version__, eventloop
 from gateway.calls import commands
 from gateway.calls.budgets import PER_FIELDS, PERIODS
 from gateway.config import Config, load_config
+from gateway.console.command import console_link
 from gateway.errors import ConfigError
 from gateway.limits import parse_duration
 from gateway.logs import configure_logging, secret_values
@@ -402,6 +405,23 @@ def _spend(args: argparse.Namespace, config: Config) -> int:
     return commands.run_command(spend_command(config, args.by, args.period, sys.stdout))
 
 
+def _add_console_link(subcommands: Subcommands) -> None:
+    parser = subcommands.add_parser(
+        "console-link",
+        help="print a one-time sign-in link for the console running on this host",
+        description="Print a sign-in link for the console of the gateway (or, with --proxy, "
+        "the proxy) running on this host with this config: valid once, for 10 minutes, even "
+        "while sign-in is locked out for your address. Run it as the server's user.",
+    )
+    parser.add_argument("--proxy", action="store_true", help="the LLM-call proxy's console")
+    _config_option(parser)
+    parser.set_defaults(handler=_with_config(_console_link))
+
+
+def _console_link(args: argparse.Namespace, config: Config) -> int:
+    return console_link(config, proxy=args.proxy, out=sys.stdout, err=sys.stderr)
+
+
 SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     _add_run,
     _add_check_config,
@@ -411,6 +431,7 @@ SUBCOMMANDS: tuple[Callable[[Subcommands], None], ...] = (
     _add_calls,
     _add_spend,
     _add_replay,
+    _add_console_link,
 )
 
 

@@ -27,6 +27,9 @@ Decisions where DESIGN.md is silent:
   it is the proxy's console's too. `http.public_url` (and `proxy.public_url`) is where
   browsers reach the server (`gateway.console.urls`); https there makes the console's
   cookie Secure.
+- `http.trusted_proxies` (the gateway's and the proxy's) lists the reverse proxies whose
+  `X-Forwarded-For` names the client the console's sign-in limiter counts
+  (`gateway.console.clients`).
 - `pipeline.transcript` (`max_messages` 0 switches room memory off, `ttl` in seconds or
   `7d`) and every agent's `history` (`max_messages` 0: no history) are bounded by
   `gateway.limits` (DESIGN.md §3; `gateway.middlewares.transcript`).
@@ -65,6 +68,7 @@ from pydantic import (
 )
 
 from gateway.calls.budgets import Budget, Period
+from gateway.console.clients import TrustedProxies
 from gateway.console.sessions import DEFAULT_SESSION_HOURS
 from gateway.console.urls import PublicUrl, http_url
 from gateway.errors import ConfigError
@@ -143,6 +147,7 @@ class HttpConfig(_Frozen):
     admin_token: ChosenSecret = None
     console_session_hours: float = Field(default=DEFAULT_SESSION_HOURS, gt=0, le=MAX_SESSION_HOURS)
     public_url: PublicUrl = None
+    trusted_proxies: TrustedProxies = ()
 
 
 class HistoryConfig(_Frozen):

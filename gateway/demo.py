@@ -51,6 +51,7 @@ from pydantic import SecretStr
 from connectors.room.hub import DEFAULT_ROOM, RoomHub, RoomMessage, RoomNotice
 from gateway import eventloop
 from gateway.config import Config, parse_config
+from gateway.console.urls import browser_host
 from gateway.demo_model import DemoModel
 from gateway.logs import configure_logging
 from gateway.runtime import Gateway
@@ -294,10 +295,11 @@ async def run_demo(
                 )
                 await gateway.stop(config.pipeline.drain_seconds)
                 return 1
-            url = f"http://{_url_host(options.host)}:{gateway.port}/room"
+            served = f"http://{browser_host(options.host)}:{gateway.port}"
+            url = f"{served}/room"
             _banner(report, url, config)
             code = gateway.console.issue_code()
-            console = f"http://{_url_host(options.host)}:{gateway.port}/console/login?code={code}"
+            console = f"{served}/console/login?code={code}"
             report.line(f"console: {console}  (sign-in link: valid once, for five minutes)")
             if options.open_browser and _can_show_browser():
                 await asyncio.to_thread(webbrowser.open, url)
@@ -333,15 +335,6 @@ def _with_admin_token(config: Config) -> Config:
         return config
     token = SecretStr(secrets.token_urlsafe(24))
     return config.model_copy(update={"http": config.http.model_copy(update={"admin_token": token})})
-
-
-def _url_host(host: str) -> str:
-    """A host for a URL a browser can open (a wildcard bind is reached on loopback)."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host else host
 
 
 def _banner(report: TerminalReport, url: str, config: Config) -> None:

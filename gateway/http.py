@@ -293,6 +293,13 @@ class AdminAccess:
         """
         if not hmac.compare_digest(_utf8(presented), session.csrf.encode()):
             return False
+        return self.origin_ok(request, form=form)
+
+    def origin_ok(self, request: web.Request, *, form: bool = False) -> bool:
+        """True unless the browser says (`Origin`) the request comes from another origin.
+
+        `form`: `Origin: null` is accepted too (see `csrf_ok`).
+        """
         sent = request.headers.get("Origin")
         if sent is None or (form and sent == "null"):
             return True

@@ -58,6 +58,7 @@ from gateway.calls.store import CallStore
 from gateway.config import BotConfig, Config
 from gateway.connector import Connector, ConnectorServices, PeerBus
 from gateway.console.app import add_console
+from gateway.console.links import ConsoleLinks
 from gateway.console.sessions import ConsoleSessions
 from gateway.context import TurnContext
 from gateway.delivery import Delivery
@@ -142,7 +143,9 @@ class Gateway:
         )
         # The console's sessions: the admin API accepts them beside the bearer token.
         self.console = ConsoleSessions(
-            hours=config.http.console_session_hours, clock=clock or time.monotonic
+            hours=config.http.console_session_hours,
+            clock=clock or time.monotonic,
+            links=ConsoleLinks.of("gateway", config.http.port, clock=wall_clock),
         )
         access = AdminAccess(
             config.http.admin_token, self.console, public_url=config.http.public_url
@@ -154,7 +157,13 @@ class Gateway:
             state=self.state,
             admin_token=access,
         )
-        add_console(self.app, access=access, product="gateway")
+        add_console(
+            self.app,
+            access=access,
+            product="gateway",
+            state=self.state,
+            trusted_proxies=config.http.trusted_proxies,
+        )
         # The Rooms page lists the rooms the activity feed has seen, too.
         rooms_seen = (self.state.activity_rooms,)
         self.app.add_routes(

@@ -13,11 +13,16 @@ Decisions where DESIGN.md is silent:
   `MAX_LOGIN_BODY_BYTES`, else 413; not UTF-8 or not one `token` field, 400), compared in
   constant time. Success is a 303 to `/console/` with the cookie `lw_console` (HttpOnly,
   SameSite=Strict, Path=/, Max-Age = the session's hours; Secure when `public_url` is
-  https). A wrong token is a 401 with the form again, its field empty.
-- `GET /console/login?code=…` redeems a one-time code (`ConsoleSessions.issue_code`,
-  the demo's link) the same way and 303s to `/console/`, so the code leaves the address
-  bar; `Referrer-Policy: no-referrer` keeps it out of any Referer. Wrong codes count
-  with wrong tokens in the per-address limiter (429 with Retry-After).
+  https). A wrong token is a 401 with the form again, its field empty. Before its body is
+  read, a form another site sent is refused (403, uncounted) and the attempt is counted
+  by the per-address limiter (`ConsoleSessions.limiter`), whose refusal is a 429 with
+  Retry-After; so at most its limit of attempts sent at once are read and compared
+  (`gateway.console.signin`).
+- `GET /console/login?code=…` redeems a one-time code (the demo's, or `loopwarden
+  console-link`'s) the same way and 303s to `/console/`, so the code leaves the address
+  bar; `Referrer-Policy: no-referrer` keeps it out of any Referer. A right code signs in
+  even while its address is locked out: that is the way back in. Wrong codes count with
+  wrong tokens in the limiter.
 - A page asked for without a live session 303s to `/console/`, which shows the form.
 - `POST /console/logout` is a plain form (no script needed) carrying the CSRF token as
   the field `csrf`; it ends the session server-side, clears the cookie and 303s to
@@ -36,7 +41,9 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -47,9 +54,15 @@ import jinja2
 from aiohttp import web
 
 from gateway.console import messages
+from gateway.console.clients import ClientAddresses
+from gateway.console.links import LinkFolderError
 from gateway.console.pages import PAGES, ConsolePage, Product, shipped, static_files
-from gateway.console.sessions import ConsoleSession
+from gateway.console.sessions import Admission, ConsoleSession
+from gateway.console.signin import FORM, LINK, SignInGate
 from gateway.http import SESSION_COOKIE, AdminAccess, read_body
+from gateway.state.base import StateStore
+
+log = logging.getLogger("loopwarden.console")
 
 MAX_LOGIN_BODY_BYTES = 16 * 1024
 
@@ -90,11 +103,14 @@ def add_console(
     *,
     access: AdminAccess,
     product: Product,
+    state: StateStore,
+    trusted_proxies: Sequence[str] = (),
 ) -> None:
     """Add the console's routes to `app` (call before it starts).
 
     `access` is the app's AdminAccess with the console's sessions; the product's `PAGES`
-    whose script ships are listed.
+    whose script ships are listed. Sign-in attempts go into `state`'s audit log, counted
+    per client address, which `trusted_proxies` (`http.trusted_proxies`) may name.
     """
     env = aiohttp_jinja2.setup(
         app,
@@ -109,7 +125,11 @@ def add_console(
     if not access.enabled:
         app.router.add_route("*", "/console{tail:.*}", _disabled(_TOKEN_SETTINGS[product]))
         return
-    console = _Console(access, shipped(PAGES[product]))
+    gate = SignInGate(access, state, ClientAddresses.trusting(trusted_proxies))
+    console = _Console(access, shipped(PAGES[product]), gate)
+    links = access.sessions.links
+    if links is not None:
+        app.on_startup.append(lambda _: _prepare(links.prepare))
     app.router.add_get("/console", console.index)
     app.router.add_get("/console/", console.index)
     app.router.add_get("/console/login", console.login_page)
@@ -123,9 +143,12 @@ def add_console(
 class _Console:
     """The sign-in, sign-out and page handlers of one app's console."""
 
-    def __init__(self, access: AdminAccess, pages: tuple[ConsolePage, ...]) -> None:
+    def __init__(
+        self, access: AdminAccess, pages: tuple[ConsolePage, ...], gate: SignInGate
+    ) -> None:
         self._access = access
         self._sessions = access.sessions
+        self._gate = gate
         self.pages = pages
         self._secure = (access.public_url or "").startswith("https://")
 
@@ -154,33 +177,62 @@ class _Console:
             if self._access.session(request) is not None:
                 return _see_other()
             return _login_form(request)
-        address = str(request.remote)
-        wait = self._sessions.limiter.retry_after(address)
-        if wait is not None:
-            return _too_many(request, wait)
+        gate = self._gate
+        address = gate.client(request)
+        # Redeemed before the limiter is asked: a right code is the way past a lockout.
         session = self._sessions.redeem(code)
-        if session is None:
-            self._sessions.limiter.failed(address)
+        if session is not None:
+            await gate.signed_in(address, LINK)
+            return self._signed_in(session)
+        if gate.another_site(request, navigation=True):
+            await gate.cross_site(address, LINK)
             return _login_form(request, messages.BAD_CODE, status=401)
-        return self._signed_in(session)
+        admission = self._sessions.limiter.admit(address)
+        if admission.wait is not None:
+            return await self._too_many(request, address, LINK, admission)
+        await gate.failed(address, LINK, "bad_code", admission.attempts)
+        return _login_form(request, messages.BAD_CODE, status=401)
 
     async def login(self, request: web.Request) -> web.StreamResponse:
-        """Check the typed admin token; a session on success, the empty form again if not."""
-        address = str(request.remote)
-        wait = self._sessions.limiter.retry_after(address)
-        if wait is not None:
-            return _too_many(request, wait)
+        """Check the typed admin token; a session on success, the empty form again if not.
+
+        Another site's form is refused and every other attempt counted before the body
+        is read, so attempts sent at once cannot all be compared.
+        """
+        gate = self._gate
+        address = gate.client(request)
+        if gate.another_site(request):
+            await gate.cross_site(address, FORM)
+            return _login_form(request, messages.CROSS_SITE, status=403)
+        admission = self._sessions.limiter.admit(address)
+        if admission.wait is not None:
+            return await self._too_many(request, address, FORM, admission)
         body = await read_body(request, MAX_LOGIN_BODY_BYTES)
+        token = None if body is None else _form_field(body, "token")
         if body is None:
+            outcome, status = "too_large", 413
             error = messages.TOO_LARGE.format(limit=MAX_LOGIN_BODY_BYTES)
-            return _login_form(request, error, status=413)
-        token = _form_field(body, "token")
-        if token is None:
-            return _login_form(request, messages.UNREADABLE, status=400)
-        if not self._access.token_matches(token):
-            self._sessions.limiter.failed(address)
-            return _login_form(request, messages.WRONG_TOKEN, status=401)
-        return self._signed_in(self._sessions.start())
+        elif token is None:
+            outcome, status, error = "unreadable", 400, messages.UNREADABLE
+        elif not self._access.token_matches(token):
+            outcome, status, error = "wrong_token", 401, messages.WRONG_TOKEN
+        else:
+            self._sessions.limiter.forgive(address, admission)
+            await gate.signed_in(address, FORM)
+            return self._signed_in(self._sessions.start())
+        await gate.failed(address, FORM, outcome, admission.attempts)
+        return _login_form(request, error, status=status)
+
+    async def _too_many(
+        self, request: web.Request, address: str, command: str, admission: Admission
+    ) -> web.Response:
+        """The 429 of a locked-out address (the lockout reported at its first refusal)."""
+        seconds = admission.wait or 1
+        if admission.lockout:
+            await self._gate.locked_out(address, command, seconds)
+        response = _login_form(request, messages.TOO_MANY.format(seconds=seconds), status=429)
+        response.headers["Retry-After"] = str(seconds)
+        return response
 
     async def logout(self, request: web.Request) -> web.StreamResponse:
         """End the session server-side (CSRF token required) and clear the cookie."""
@@ -235,10 +287,15 @@ def _login_form(
     )
 
 
-def _too_many(request: web.Request, seconds: int) -> web.Response:
-    response = _login_form(request, messages.TOO_MANY.format(seconds=seconds), status=429)
-    response.headers["Retry-After"] = str(seconds)
-    return response
+async def _prepare(make_folder: Callable[[], None]) -> None:
+    """Make the folder of `loopwarden console-link`'s links at start, off the event loop.
+
+    A folder that cannot be made or trusted costs only those links, not the server.
+    """
+    try:
+        await asyncio.to_thread(make_folder)
+    except (LinkFolderError, OSError) as exc:
+        log.warning("console: loopwarden console-link will not work here: %s", exc)
 
 
 def _form_field(body: bytes, name: str) -> str | None:

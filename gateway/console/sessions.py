@@ -10,15 +10,19 @@ Decisions where DESIGN.md is silent:
   behind a load balancer, route a browser to one replica (sticky sessions) or sign in to
   each; a restart signs everyone out. What the pages show still comes from the shared
   state backend, so every replica shows the same.
+- A one-time code is the demo's (`issue_code`, in this process) or the command line's
+  (`loopwarden console-link`, through the folder of `gateway.console.links`); `redeem`
+  takes either.
 - At most `MAX_SESSIONS` sessions and `MAX_CODES` unredeemed codes are kept; a new one
   evicts the oldest, so no client can grow them without bound.
 - A session lasts `hours` from sign-in (not from its last use): the cookie's Max-Age says
   the same, so browser and server agree on when it ends.
-- The limiter counts wrong tokens and wrong codes per peer address (`request.remote`; a
-  forwarded-for header is not trusted, a client could write any address there). Ten in a
-  minute block every attempt from that address until the minute that began with the
-  first of the ten is over. At most `MAX_ADDRESSES` addresses are tracked, the oldest
-  forgotten first.
+- The limiter counts sign-in attempts per client address (`gateway.console.clients`)
+  as they arrive, before their token is read, so attempts sent at once are held to the
+  limit like attempts sent one by one; an attempt that signs in is taken back. Ten in a
+  minute block every further attempt from that address until the minute that began
+  with the first of the ten is over; a blocked attempt is not counted. At most
+  `MAX_ADDRESSES` addresses are tracked, the oldest forgotten first.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from gateway.console.links import ConsoleLinks
 
 DEFAULT_SESSION_HOURS = 12.0
 MAX_SESSIONS = 1_000
@@ -48,8 +54,31 @@ class ConsoleSession:
     expires: float
 
 
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The limiter's answer to one attempt: counted (`wait` None), or refused for `wait` s.
+
+    `at` is when a counted attempt was counted (to take it back with `forgive`);
+    `attempts` how many count against the address now, this one included; `lockout` is
+    True for the first refusal of a lockout only, so it is reported once.
+    """
+
+    at: float
+    attempts: int
+    wait: int | None = None
+    lockout: bool = False
+
+
+@dataclass(slots=True)
+class _Window:
+    """One address's counted attempts (oldest first) and the lockout already reported."""
+
+    stamps: deque[float]
+    reported: float | None = None
+
+
 class SignInLimiter:
-    """Refuses sign-in attempts from an address after too many wrong ones within a minute."""
+    """Counts sign-in attempts per address as they arrive; too many within a minute block it."""
 
     def __init__(
         self,
@@ -59,44 +88,53 @@ class SignInLimiter:
         clock: Callable[[], float] = time.monotonic,
         max_addresses: int = MAX_ADDRESSES,
     ) -> None:
-        self._attempts = attempts
+        self.attempts = attempts
         self._window = window
         self._clock = clock
         self._max = max_addresses
-        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._windows: OrderedDict[str, _Window] = OrderedDict()
 
-    def retry_after(self, address: str) -> int | None:
-        """Whole seconds until `address` may try again, or None when it may try now."""
-        failures = self._failures.get(address)
-        if failures is None or len(failures) < self._attempts:
-            return None
-        left = failures[0] + self._window - self._clock()
-        if left <= 0:
-            del self._failures[address]
-            return None
-        return max(1, math.ceil(left))
-
-    def failed(self, address: str) -> None:
-        """Count one wrong token or code from `address`."""
+    def admit(self, address: str) -> Admission:
+        """Count one attempt from `address` now, or refuse it (uncounted) while it is blocked."""
         now = self._clock()
-        failures = self._failures.pop(address, None) or deque(maxlen=self._attempts)
-        while failures and failures[0] + self._window <= now:
-            failures.popleft()
-        failures.append(now)
-        self._failures[address] = failures
-        while len(self._failures) > self._max:
-            self._failures.popitem(last=False)
+        held = self._windows.pop(address, None) or _Window(deque())
+        stamps = held.stamps
+        while stamps and stamps[0] + self._window <= now:
+            stamps.popleft()
+        self._windows[address] = held
+        if len(stamps) >= self.attempts:
+            lockout = held.reported != stamps[0]
+            held.reported = stamps[0]
+            wait = max(1, math.ceil(stamps[0] + self._window - now))
+            return Admission(now, len(stamps), wait=wait, lockout=lockout)
+        stamps.append(now)
+        while len(self._windows) > self._max:
+            self._windows.popitem(last=False)
+        return Admission(now, len(stamps))
+
+    def forgive(self, address: str, admission: Admission) -> None:
+        """Take back a counted attempt that signed in."""
+        held = self._windows.get(address)
+        if held is not None and admission.at in held.stamps:
+            held.stamps.remove(admission.at)
 
 
 class ConsoleSessions:
     """The console's sessions and sign-in codes, ending after `hours`, with the limiter."""
 
-    def __init__(self, *, hours: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        hours: float,
+        clock: Callable[[], float] = time.monotonic,
+        links: ConsoleLinks | None = None,
+    ) -> None:
         self._seconds = hours * 3_600
         self._clock = clock
         self._sessions: OrderedDict[str, ConsoleSession] = OrderedDict()
         self._codes: OrderedDict[str, float] = OrderedDict()
         self.limiter = SignInLimiter(clock=clock)
+        self.links = links
 
     @property
     def max_age(self) -> int:
@@ -140,8 +178,13 @@ class ConsoleSessions:
         return code
 
     def redeem(self, code: str) -> ConsoleSession | None:
-        """A new session for a valid, unused, unexpired code (used up); else None."""
+        """A new session for a valid, unused, unexpired code (used up); else None.
+
+        The code is this process's (`issue_code`) or the command line's (`links`).
+        """
         expires = self._codes.pop(code, None)
-        if expires is None or self._clock() >= expires:
-            return None
-        return self.start()
+        if expires is not None:
+            return self.start() if self._clock() < expires else None
+        if self.links is not None and self.links.redeem(code):
+            return self.start()
+        return None

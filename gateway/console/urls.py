@@ -61,3 +61,12 @@ def origin(url: str) -> str:
     default = {"http": 80, "https": 443}.get(parts.scheme)
     port = "" if parts.port in (None, default) else f":{parts.port}"
     return f"{parts.scheme}://{host}{port}"
+
+
+def browser_host(host: str) -> str:
+    """A host for a URL a browser can open (a wildcard bind is reached on loopback)."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host

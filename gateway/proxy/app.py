@@ -44,6 +44,7 @@ from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import Config
 from gateway.console.app import add_console
+from gateway.console.links import ConsoleLinks
 from gateway.console.sessions import ConsoleSessions
 from gateway.errors import ConfigError
 from gateway.eventloop import running
@@ -123,7 +124,11 @@ class ProxyServer:
         self._upstreams = Upstreams(proxy, self.store, self._log, self._budgets)
         admin = AdminService(config, self.state, calls=self.store)
         # The console's sessions: the admin API accepts them beside the bearer token.
-        self.console = ConsoleSessions(hours=config.http.console_session_hours, clock=clock)
+        self.console = ConsoleSessions(
+            hours=config.http.console_session_hours,
+            clock=clock,
+            links=ConsoleLinks.of("proxy", proxy.port, clock=wall_clock),
+        )
         access = AdminAccess(proxy.admin_token, self.console, public_url=proxy.public_url)
         self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
         self.app[ADMIN_ACCESS] = access
@@ -154,7 +159,13 @@ class ProxyServer:
                 self._route("/gemini/{tail:.*}", GeminiProvider()),
             ]
         )
-        add_console(self.app, access=access, product="proxy")
+        add_console(
+            self.app,
+            access=access,
+            product="proxy",
+            state=self.state,
+            trusted_proxies=config.http.trusted_proxies,
+        )
         self._http = HttpServer(
             self.app, proxy.host, proxy.port, shutdown_timeout=proxy.drain_seconds
         )

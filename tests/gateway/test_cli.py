@@ -196,3 +196,43 @@ async def _until_ready(client: aiohttp.ClientSession, port: int) -> None:
             if response.status == 200:
                 return
         await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("http: {port: 8787}\n", [], 2, "config error: http.admin_token: not set"),
+        (f"http: {{port: 0, admin_token: {ADMIN_SECRET}}}\n", [], 2, "config error: http.port: 0"),
+        (f"http: {{admin_token: {ADMIN_SECRET}}}\n", ["--proxy"], 2, "config error: proxy: req"),
+        (f"http: {{port: 8787, admin_token: {ADMIN_SECRET}}}\n", [], 1, "error: no console has"),
+    ],
+)
+def test_issue20_console_link_says_why_it_cannot_make_a_link(
+    case: tuple[str, list[str], int, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config, extra, code, reason = case
+    monkeypatch.setenv("LOOPWARDEN_RUNTIME_DIR", str(tmp_path / "run"))
+    path = write(tmp_path, config)
+    assert main(["console-link", "--config", str(path), *extra]) == code
+    printed = capsys.readouterr()
+    assert printed.out == ""
+    assert printed.err.startswith(reason)
+    assert ADMIN_SECRET not in printed.err
+
+
+def test_issue20_console_link_for_the_proxy_starts_at_its_public_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("LOOPWARDEN_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run" / "console-proxy-8788").mkdir(mode=0o700, parents=True)
+    path = write(
+        tmp_path,
+        f"proxy: {{admin_token: {ADMIN_SECRET}, public_url: 'https://lw.example.com/x', "
+        "keys: {}, upstreams: {}}\n",
+    )
+    assert main(["console-link", "--proxy", "--config", str(path)]) == 0
+    link = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"https://lw\.example\.com/console/login\?code=[\w-]{43}", link)

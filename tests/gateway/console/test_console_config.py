@@ -63,3 +63,40 @@ def test_issue12_public_urls_are_kept_as_written() -> None:
     assert config.http.public_url == "https://lw.example.com"
     assert config.proxy is not None
     assert config.proxy.public_url == "http://10.0.0.5:8788"
+
+
+def test_issue20_trusted_proxies_take_addresses_and_networks_in_normal_form() -> None:
+    assert parse_config("http: {}\n", env={}).http.trusted_proxies == ()
+    text = "http: {trusted_proxies: ['10.0.0.0/8', '192.0.2.7', '::1', '2001:DB8::/32']}\n"
+    assert parse_config(text, env={}).http.trusted_proxies == (
+        "10.0.0.0/8",
+        "192.0.2.7/32",
+        "::1/128",
+        "2001:db8::/32",
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "[junk]",
+        "['10.0.0.1/8']",
+        "['10.0.0.0/33']",
+        "['300.1.2.3']",
+        "['']",
+        "['" + "9" * 5_000 + "']",
+        "['10.0.0.1\\n']",
+        '["10.0.0.1\\u0000"]',
+        "['10.0.0.1 ']",
+        "['１０.0.0.1']",
+        "[[10.0.0.1]]",
+        "[12]",
+        "10.0.0.1",
+        "[" + ", ".join(["10.0.0.1"] * 1_001) + "]",
+    ],
+)
+def test_issue20_hostile_trusted_proxies_are_refused_naming_the_field(value: str) -> None:
+    reason = refusal(f"http: {{trusted_proxies: {value}}}\n")
+    assert reason.startswith("http.trusted_proxies")
+    assert "9" * 100 not in reason
+    assert len(reason) < 300

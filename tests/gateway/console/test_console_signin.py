@@ -199,8 +199,8 @@ def test_issue12_the_limiter_forgets_the_oldest_addresses_beyond_its_bound() -> 
     clock = Clock()
     limiter = SignInLimiter(clock=clock, max_addresses=3)
     for _ in range(10):
-        limiter.failed("10.0.0.1")
-    assert limiter.retry_after("10.0.0.1") == 60
+        limiter.admit("10.0.0.1")
+    assert limiter.admit("10.0.0.1").wait == 60
     for address in ("10.0.0.2", "10.0.0.3", "10.0.0.4"):
-        limiter.failed(address)
-    assert limiter.retry_after("10.0.0.1") is None
+        limiter.admit(address)
+    assert limiter.admit("10.0.0.1").wait is None
