@@ -1,4 +1,4 @@
-"""Bot loop guard: a pair budget per room, a cap on consecutive bot turns, one notice per cooldown.
+"""Bot loop guard: pair and room budgets, a cap on consecutive bot turns, a notice per cooldown.
 
 Two stages, both this module's. `bot_turns` (before admission) keeps the room's
 consecutive-bot-turn count, and is its only writer in the pipeline: every message that
@@ -19,6 +19,18 @@ direction-independent, scoped to the room) and decides it atomically. The one ex
 that exceeds the budget opens the cooldown and is the only one answered
 `budget_exceeded`; every later exchange of the pair until the cooldown ends is answered
 `cooldown`, by whichever replica or hosted bot asks, and a reset starts the pair afresh.
+
+A bot message its pair admitted is then charged to the room budget (guards/room_budget.py,
+issue 20): `state.room_decide` records it under the room, keyed by the message (so it
+counts once however many hosted bots or replicas receive it) with the sender's name (at
+most 64 characters), whatever the pair. The message over `room_max_events_per_window` in
+`room_window_seconds` is refused `room_budget_exceeded` and opens the room cooldown
+(`room_cooldown` after it, with the seconds left as `retry_after` and the window's count
+as `count`); its guard verdicts are `guard_decisions_total{guard="bot_loop"}` with those
+codes (an admitted message counts once, as the pair's `ok`). Its notice is claimed like
+the pair's, by the room and the cooldown's end (`RoomDecision.until`), and names the bots
+of the window (`messages.room_cooldown_notice`). In shadow mode it is decided alike,
+logged and counted with `shadow="true"`, and no notice is posted.
 
 The cooldown notice (when `announce_cooldown` is on and the cooldown is longer than 0)
 is posted once per cooldown: the refusal that wins the cooldown's notice claim
