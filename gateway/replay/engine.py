@@ -5,7 +5,7 @@ them (`PolicyCache.resolve`: defaults, the first matching channel rule; no runti
 overrides exist offline). What the gateway's `bot_turns`, admission and `bot_loop`
 stages would do is done with their own steps: `step_bot_turns` for the room's
 consecutive-bot-turn count, `step_pair` for each pair budget (scoped per room, under
-the room's `BotLoopPolicy`), at the record's time.
+the room's `BotLoopPolicy`), `step_room` for the room budget, at the record's time.
 
 Calls: every call goes through one `CallLoopGuard` with the config's `proxy.call_loop`
 policy and `proxy.rules`, at the record's time; a provider failure the log shows is
@@ -27,6 +27,10 @@ Decisions where DESIGN.md is silent (the issue's decided details first):
   record earlier than its room's (or, for calls, the log's) latest is taken at that
   latest time: the guards' clocks never go back.
 - A pair keeps the first `MAX_REFUSED_IDS` refused message ids (the count is exact).
+- The room budget (guards/room_budget.py, issue 20) is stepped once per bot message that
+  some receiver's pair budget admitted, as the gateway counts a message once whoever
+  receives it; `room_budget_cuts` counts the messages it refused (none of them charged to
+  a pair's `refused`) and `room_cooldowns_opened` its cooldowns.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from gateway.replay.records import ChatMessage, RecordedCall
 from gateway.replay.telegram import sender_id as telegram_sender_id
 from guards.bot_loop import PairRecord, pair_key, step_bot_turns, step_pair
 from guards.call_loop import CallLoopGuard
+from guards.room_budget import RoomRecord, step_room
 
 MAX_REFUSED_IDS = 1_000
 TIMELINE_BUCKETS = 600
@@ -128,6 +133,9 @@ class RoomTally:
     bots: dict[str, str] = field(default_factory=dict)
     messages: int = 0
     consecutive_turn_cuts: int = 0
+    room_budget_cuts: int = 0
+    room_cooldowns_opened: int = 0
+    budget: RoomRecord | None = None
     bot_turns: int = 0
     last: float = float("-inf")
     pairs: dict[tuple[str, str], PairTally] = field(default_factory=dict)
@@ -190,6 +198,7 @@ class ChatReplay:
             room.consecutive_turn_cuts += 1
             return 1
         refused = 0
+        charged = False
         for bot in receivers:
             key = pair_key(bot, sender)
             pair = room.pairs.get(key)
@@ -206,6 +215,21 @@ class ChatReplay:
                     pair.cooldowns_opened += 1
                     if pair.first_cooldown_at is None:
                         pair.first_cooldown_at = at
+            else:
+                charged = True
+        if charged:
+            room.budget, verdict = step_room(
+                room.budget,
+                resolved.bot_loop,
+                at,
+                bot=message.sender_name or sender,
+                key=message.message_id,
+            )
+            if not verdict.allowed:
+                refused = 1
+                room.room_budget_cuts += 1
+                if verdict.reason == "room_budget_exceeded":
+                    room.room_cooldowns_opened += 1
         return refused
 
 

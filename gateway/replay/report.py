@@ -53,6 +53,8 @@ def _room(room: RoomTally) -> dict[str, object]:
         "platform": room.platform,
         "messages": room.messages,
         "consecutive_turn_cuts": room.consecutive_turn_cuts,
+        "room_budget_cuts": room.room_budget_cuts,
+        "room_cooldowns_opened": room.room_cooldowns_opened,
         "pairs": [
             {
                 "bots": [names.get(a, a), names.get(b, b)],
@@ -76,6 +78,7 @@ def text(chat: ChatReplay, calls: CallReplay, skipped: Mapping[str, int]) -> str
         lines.append(
             f"{room.platform} {room.name} ({room.channel}): {room.messages:,} messages, "
             f"{room.consecutive_turn_cuts:,} consecutive-turn cuts"
+            + (f", {room.room_budget_cuts:,} room-budget cuts" if room.room_budget_cuts else "")
         )
         for (a, b), pair in sorted(room.pairs.items()):
             first = pair.first_cooldown_at

@@ -28,6 +28,8 @@ def test_issue13_discord_ping_pong_golden_figures(tmp_path: Path) -> None:
                 "platform": "discord",
                 "messages": 9,
                 "consecutive_turn_cuts": 0,
+                "room_budget_cuts": 0,
+                "room_cooldowns_opened": 0,
                 "pairs": [
                     {
                         "bots": ["PingBot", "PongBot"],

@@ -22,6 +22,8 @@ GOLDEN = {
             "platform": "slack",
             "messages": 7,
             "consecutive_turn_cuts": 0,
+            "room_budget_cuts": 0,
+            "room_cooldowns_opened": 0,
             "pairs": [
                 {
                     # A legacy integration (`bot_message`, bot_id only) and a bot user.

@@ -42,6 +42,8 @@ def test_issue13_telegram_single_chat_golden_figures(tmp_path: Path, bot: str) -
                 "platform": "telegram",
                 "messages": 7,
                 "consecutive_turn_cuts": 0,
+                "room_budget_cuts": 0,
+                "room_cooldowns_opened": 0,
                 "pairs": [PAIR],
             }
         ],
