@@ -28,6 +28,13 @@ Decisions the design left open:
   not reached 100 percent sends the 100 percent alert: its calls stop there.
 - A group's record counts as none once its period has ended (`ends_at <= now`), so a
   backend may drop it then (by TTL, or swept a few per call) and still answer alike.
+- Holds have owners (issue 20): the sqlite and Redis stores keep, beside each group's
+  `held`, what each store instance (one process run, `OWNER_SECONDS` lease renewed while
+  it runs) holds there. A SIGKILLed proxy never charges its calls in flight, so once its
+  lease lapses another instance gives its holds back (`dead_hold`, `step_release`),
+  instead of the period's end. A charge gives back no more than its owner still holds
+  in the group (`owned`): an owner whose lease lapsed while it was only slow must not
+  give its holds back twice.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ PER_FIELDS = ("agent", "session", "customer", "user", "feature", "model")
 NONE_VALUE = "(none)"
 """The group value of a call that lacks a `per` field: leaving a header out never escapes."""
 THRESHOLDS = (50, 80, 100)
+OWNER_SECONDS = 10.0
+"""How long a store instance's holds are its own after its last lease renewal (every third)."""
 NANO_PER_USD = 1_000_000_000
 _SEP = "\x1f"
 
@@ -329,12 +338,17 @@ def step_spend(
 
 
 def step_charge(
-    record: SpendRecord, hold: SpendHold, used: Amount | None, now: float
+    record: SpendRecord,
+    hold: SpendHold,
+    used: Amount | None,
+    now: float,
+    released: Sequence[Amount] | None = None,
 ) -> tuple[SpendRecord, list[SpendAlert]]:
     """Replace a hold with what the call used (None: nothing, a release); the alerts due.
 
-    A group reset since the hold was taken (or whose period ended) gets the charge
-    afresh; a hold is never given back twice (held never goes below zero).
+    `released` is what to take off each group's `held` (`owned`; None: the hold's
+    amount). A group reset since the hold was taken (or whose period ended) gets the
+    charge afresh; a hold is never given back twice (held never goes below zero).
     """
     alerts: list[SpendAlert] = []
     for index, group in enumerate(hold.groups):
@@ -343,7 +357,7 @@ def step_charge(
             if used is None:
                 continue
             current = record.groups[index] = GroupSpend(ends_at=group.ends_at)
-        current.held = _sub(current.held, hold.amount)
+        current.held = _sub(current.held, hold.amount if released is None else released[index])
         if used is None:
             continue
         current.spent = _add(current.spent, used)
@@ -363,6 +377,19 @@ def step_release(record: SpendRecord, hold: SpendHold, now: float) -> SpendRecor
     """Give a hold back: the call cost nothing (refused, or failed by the provider)."""
     record, _ = step_charge(record, hold, None, now)
     return record
+
+
+def owned(amount: Amount, still_held: Amount) -> Amount:
+    """What a charge takes off a group's `held`: its hold, at most what its owner holds there."""
+    return Amount(min(amount.nano_usd, still_held.nano_usd), min(amount.tokens, still_held.tokens))
+
+
+def dead_hold(key: str, amount: Amount) -> SpendHold:
+    """What an owner known dead held on the group stored under `key`, to `step_release`."""
+    parts = parse_group_key(key)
+    budget, label = (parts.budget, parts.label) if parts is not None else ("", "")
+    group = SpendGroup(budget, "", key, limit_key(budget, label), Limits(), 0.0)
+    return SpendHold((group,), amount)
 
 
 def _add(a: Amount, b: Amount) -> Amount:

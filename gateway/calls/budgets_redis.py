@@ -11,7 +11,10 @@ tests/gateway/calls/test_call_store_conformance.py.
 Keys, under the call store's `{calls}:` base: `spend:<group key>`, a hash (su, st: spent
 nano-dollars and tokens; hu, ht: held; al: the highest alert sent; ea: when the period
 ends) and `spendlimit:<budget and period>`, an admin's limits (u, t; '' for none; ea).
-Both expire a minute after their period ends.
+Both expire a minute after their period ends. Holds have owners (`gateway.calls.owners`):
+`owners`, a hash of each store instance's lease end, and `owned:<owner>`, a hash of what
+it holds per group record (`u<key>`, `t<key>`); `BEAT` renews a lease and gives back
+the holds of owners whose lease lapsed.
 """
 
 from __future__ import annotations
@@ -97,36 +100,51 @@ for j = 1, ngroups do
 end
 """
 
+# Needs `owned`, the name of this owner's hash of holds (its fields `u<group record key>`
+# and `t<group record key>`: the nano-dollars and tokens it holds there).
 SPEND_HOLD = """
 for j = 1, ngroups do
+  local key = KEYS[skeys + 2 * j - 1]
   local g = spend[j] or spend_new(tonumber(ARGV[sargs + 2 + 3 * (j - 1) + 3]))
   g.hu, g.ht = g.hu + eu, g.ht + et
-  spend_save(KEYS[skeys + 2 * j - 1], g, now)
+  spend_save(key, g, now)
+  redis.call('HINCRBY', owned, 'u' .. key, eu)
+  redis.call('HINCRBY', owned, 't' .. key, et)
 end
 """
 
 # KEYS: per group its record and its admin's limits, then (with the anomaly detector)
 # anomaly_redis.STEP's. ARGV: now, held nano-dollars and tokens, used (1) or released (0),
-# used nano-dollars and tokens, the group count, then per group the config's limits and
-# the period's end, then anomaly_redis.STEP's. Returns {per group {threshold, spent
-# nano-dollars, spent tokens, limit nano-dollars, limit tokens} when it crossed one, else
-# false; the detector's `anomaly`}.
+# used nano-dollars and tokens, the group count, the owner's hash of holds, then per
+# group the config's limits and the period's end, then anomaly_redis.STEP's. Each group
+# gets back at most what the owner still holds there (`budgets.owned`). Returns {per
+# group {threshold, spent nano-dollars, spent tokens, limit nano-dollars, limit tokens}
+# when it crossed one, else false; the detector's `anomaly`}.
 CHARGE = (
     """
 local now = clock(ARGV[1])
 local hu, ht, used = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local uu, ut = tonumber(ARGV[5]), tonumber(ARGV[6])
-local ngroups = tonumber(ARGV[7])
+local ngroups, owned = tonumber(ARGV[7]), ARGV[8]
 local aargs = nil
-if #ARGV > 7 + 3 * ngroups then aargs = 7 + 3 * ngroups end
+if #ARGV > 8 + 3 * ngroups then aargs = 8 + 3 * ngroups end
 local out = {}
 for j = 1, ngroups do
-  local key, a = KEYS[2 * j - 1], 7 + 3 * (j - 1)
+  local key, a = KEYS[2 * j - 1], 8 + 3 * (j - 1)
+  local o = redis.call('HMGET', owned, 'u' .. key, 't' .. key)
+  local left_u, left_t = tonumber(o[1]) or 0, tonumber(o[2]) or 0
+  local back_u, back_t = math.min(hu, left_u), math.min(ht, left_t)
+  if left_u == back_u and left_t == back_t then
+    redis.call('HDEL', owned, 'u' .. key, 't' .. key)
+  else
+    redis.call('HINCRBY', owned, 'u' .. key, -back_u)
+    redis.call('HINCRBY', owned, 't' .. key, -back_t)
+  end
   local g = spend_load(key, now)
   out[j] = false
   if g or used then
     g = g or spend_new(tonumber(ARGV[a + 3]))
-    g.hu, g.ht = math.max(0, g.hu - hu), math.max(0, g.ht - ht)
+    g.hu, g.ht = math.max(0, g.hu - back_u), math.max(0, g.ht - back_t)
     if used then
       g.su, g.st = g.su + uu, g.st + ut
       local lu, lt = spend_limits(KEYS[2 * j], now, ARGV[a + 1], ARGV[a + 2])
@@ -145,6 +163,38 @@ end
 return {out, anomaly}
 """
 )
+
+# KEYS: the owners' leases (a hash: owner -> lease end). ARGV: now, this owner, the
+# seconds its lease is renewed for (0: it ends now), the prefix of an owner's hash of
+# holds. Gives back every hold of each owner whose lease has lapsed (`step_release` of
+# `budgets.dead_hold`), forgets it, and returns how many holds were given back.
+BEAT = """
+local now = clock(ARGV[1])
+redis.call('HSET', KEYS[1], ARGV[2], num(now + tonumber(ARGV[3])))
+local leases = redis.call('HGETALL', KEYS[1])
+local given = 0
+for i = 1, #leases, 2 do
+  if tonumber(leases[i + 1]) <= now then
+    local owned = ARGV[4] .. leases[i]
+    local holds = redis.call('HGETALL', owned)
+    for k = 1, #holds, 2 do
+      if string.sub(holds[k], 1, 1) == 'u' then
+        local key = string.sub(holds[k], 2)
+        local tokens = tonumber(redis.call('HGET', owned, 't' .. key)) or 0
+        local g = spend_load(key, now)
+        if g then
+          g.hu, g.ht = math.max(0, g.hu - tonumber(holds[k + 1])), math.max(0, g.ht - tokens)
+          spend_save(key, g, now)
+        end
+        given = given + 1
+      end
+    end
+    redis.call('DEL', owned)
+    redis.call('HDEL', KEYS[1], leases[i])
+  end
+end
+return given
+"""
 
 # KEYS: group records. Returns per key {su, st, hu, ht, al, ea} or false (ended, absent).
 LIVE = """
@@ -191,7 +241,7 @@ def check_args(event: SpendEvent) -> list[str]:
     return [str(estimate.nano_usd), str(estimate.tokens), *group_args(event.groups)]
 
 
-def charge_args(now: str, hold: SpendHold, used: Amount | None) -> list[str]:
+def charge_args(now: str, hold: SpendHold, used: Amount | None, owned: str) -> list[str]:
     """The charge script's ARGV (the detector's, `anomaly_redis.args`, may follow)."""
     spent = used or Amount()
     held = hold.amount
@@ -203,6 +253,7 @@ def charge_args(now: str, hold: SpendHold, used: Amount | None) -> list[str]:
         str(spent.nano_usd),
         str(spent.tokens),
         str(len(hold.groups)),
+        owned,
         *group_args(hold.groups),
     ]
 

@@ -5,6 +5,13 @@ highest alert sent, when the period ends); `call_spend_limits` an admin's limits
 budget and period. Rows whose period has ended count as none and are swept a few per
 decision with the call store's other expired rows.
 
+`call_spend_owners` holds each store instance's lease (renewed by `beat` while it runs)
+and `call_spend_owned` what it holds per group (`gateway.calls.budgets`: holds have
+owners): a hold adds to its owner's row, a charge takes off it what it gives back, and a
+`beat` gives back every hold of an owner whose lease has lapsed (a SIGKILLed proxy) and
+forgets that owner. Several processes may share the file (`--workers`), so a lease, not
+"another owner is a previous run", says who is dead.
+
 Both tables are WITHOUT ROWID since the call store's schema 3 (which upgrades older
 files): every budgeted call reads them by key and upserts its groups' rows, and their
 rows are small, so one b-tree serves where a rowid table reads its key's index and then
@@ -22,6 +29,9 @@ from gateway.calls.budgets import (
     SpendEvent,
     SpendHold,
     SpendRecord,
+    dead_hold,
+    owned,
+    step_release,
 )
 
 SCHEMA = (
@@ -33,6 +43,12 @@ SCHEMA = (
     """CREATE TABLE IF NOT EXISTS call_spend_limits (
         key TEXT PRIMARY KEY, usd INTEGER, tokens INTEGER, ends_at REAL NOT NULL) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS call_spend_limits_end ON call_spend_limits (ends_at)",
+    # Who holds what (issue 20): each store instance's lease, and its holds per group.
+    """CREATE TABLE IF NOT EXISTS call_spend_owners (
+        owner TEXT PRIMARY KEY, alive_until REAL NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS call_spend_owned (
+        owner TEXT NOT NULL, key TEXT NOT NULL, usd INTEGER NOT NULL, tokens INTEGER NOT NULL,
+        PRIMARY KEY (owner, key)) WITHOUT ROWID""",
 )
 SWEPT = (("call_spend", "key", "ends_at"), ("call_spend_limits", "key", "ends_at"))
 """The tables the call store sweeps: (table, primary key, indexed expiry column)."""
@@ -97,6 +113,66 @@ def save(db: sqlite3.Connection, groups: SpendEvent | SpendHold, record: SpendRe
         "held_tokens = excluded.held_tokens, alerted = excluded.alerted",
         kept,
     )
+
+
+def own(db: sqlite3.Connection, owner: str, hold: SpendHold) -> None:
+    """Count a hold as `owner`'s in each of its groups."""
+    amount = hold.amount
+    db.executemany(
+        "INSERT INTO call_spend_owned (owner, key, usd, tokens) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (owner, key) DO UPDATE SET usd = usd + excluded.usd, "
+        "tokens = tokens + excluded.tokens",
+        [(owner, group.key, amount.nano_usd, amount.tokens) for group in hold.groups],
+    )
+
+
+def disown(db: sqlite3.Connection, owner: str, hold: SpendHold) -> list[Amount]:
+    """What a charge of `owner`'s hold gives back per group (`owned`), taken off its rows."""
+    keys = [group.key for group in hold.groups]
+    marks = ", ".join("?" * len(keys))
+    rows = db.execute(
+        f"SELECT key, usd, tokens FROM call_spend_owned WHERE owner = ? AND key IN ({marks})",
+        (owner, *keys),
+    )
+    held = {str(key): Amount(int(usd), int(tokens)) for key, usd, tokens in rows}
+    released = [owned(hold.amount, held.get(key, Amount())) for key in keys]
+    for key, back in zip(keys, released, strict=True):
+        left = held.get(key, Amount())
+        if (left.nano_usd, left.tokens) == (back.nano_usd, back.tokens):
+            db.execute("DELETE FROM call_spend_owned WHERE owner = ? AND key = ?", (owner, key))
+        else:
+            db.execute(
+                "UPDATE call_spend_owned SET usd = usd - ?, tokens = tokens - ? "
+                "WHERE owner = ? AND key = ?",
+                (back.nano_usd, back.tokens, owner, key),
+            )
+    return released
+
+
+def beat(db: sqlite3.Connection, owner: str, now: float, seconds: float) -> int:
+    """Renew `owner`'s lease for `seconds` (0: it ends now), then give back the holds of
+    every owner whose lease has lapsed and forget them; the number of holds given back.
+    """
+    db.execute(
+        "INSERT OR REPLACE INTO call_spend_owners (owner, alive_until) VALUES (?, ?)",
+        (owner, now + seconds),
+    )
+    dead = [
+        str(row[0])
+        for row in db.execute("SELECT owner FROM call_spend_owners WHERE alive_until <= ?", (now,))
+    ]
+    given = 0
+    for gone in dead:
+        rows = db.execute(
+            "SELECT key, usd, tokens FROM call_spend_owned WHERE owner = ?", (gone,)
+        ).fetchall()
+        for key, usd, tokens in rows:
+            hold = dead_hold(str(key), Amount(int(usd), int(tokens)))
+            save(db, hold, step_release(load(db, hold, now), hold, now))
+            given += 1
+        db.execute("DELETE FROM call_spend_owned WHERE owner = ?", (gone,))
+        db.execute("DELETE FROM call_spend_owners WHERE owner = ?", (gone,))
+    return given
 
 
 def set_limit(db: sqlite3.Connection, key: str, limits: Limits, ends_at: float) -> None:

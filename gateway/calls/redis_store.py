@@ -23,6 +23,10 @@ touches one cluster slot:
 Keys carry a TTL (PEXPIRE) of what they serve plus a minute: the scripts check times
 themselves, the TTL only frees memory.
 
+- `{calls}:owners` and `{calls}:owned:<owner>`: who holds which budget estimates
+  (gateway.calls.budgets_redis, gateway.calls.owners): a replica's lease, renewed while
+  it runs, and its holds, given back by any replica once the lease lapses.
+
 The scripts are the one sanctioned second version of `guards.call_loop.step_call`,
 `step_reopen` and `uncount`: the same steps over the same record, held to them by
 tests/gateway/calls/test_call_store_conformance.py.
@@ -76,6 +80,7 @@ from gateway.calls.budgets import (
     SpendVerdict,
 )
 from gateway.calls.budgets_redis import SPEND_CHECK, SPEND_HOLD, SPEND_PRELUDE
+from gateway.calls.owners import OwnerLease
 from gateway.calls.query import (
     CallFilter,
     CallPage,
@@ -99,6 +104,7 @@ from gateway.calls.store import (
 )
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
+from gateway.state.receipts import new_owner
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
 from guards.call_loop import (
     CallDecision,
@@ -192,8 +198,9 @@ end
 # then per budget group: its record and its admin's limits (budgets_redis), then the
 # agent's anomaly hold when the agent may be paused (anomaly_redis).
 # ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name,
-# then the spend estimate and per group its limits and end, and last the shadow flags
-# (`ShadowGuards.flags`), whether the agent's hold is given (1 or 0) and the group count.
+# then the spend estimate and per group its limits and end, and last this owner's hash of
+# holds (budgets_redis.SPEND_HOLD), the shadow flags (`ShadowGuards.flags`), whether the
+# agent's hold is given (1 or 0) and the group count.
 # A call a guard in shadow mode refuses holds its estimate as an allowed call does.
 # Returns {0, at, count, 0} allowed; {1, pause, count, 0} loop detected;
 # {2, remaining, refusals, rule index or 0} paused; {3, retry_after, count, rule index};
@@ -206,7 +213,7 @@ _DECIDE = (
 local now = clock(ARGV[1])
 local max_repeats, window, seconds = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ngroups, nagent = tonumber(ARGV[#ARGV]), tonumber(ARGV[#ARGV - 1])
-local shadow = ARGV[#ARGV - 2]
+local shadow, owned = ARGV[#ARGV - 2], ARGV[#ARGV - 3]
 local nrules = (#KEYS - 3 - 2 * ngroups - nagent) / 2
 local skeys, sargs = 3 + 2 * nrules, 4 + 4 * nrules
 """
@@ -272,6 +279,7 @@ return reply
 )
 _CHARGE = _PRELUDE + SPEND_PRELUDE + budgets_redis.CHARGE
 _LIVE = _PRELUDE + SPEND_PRELUDE + budgets_redis.LIVE
+_BEAT = _PRELUDE + SPEND_PRELUDE + budgets_redis.BEAT
 _LIVE_LIMITS = LUA_CLOCK + budgets_redis.LIVE_LIMITS
 
 # KEYS: counted-call sets (the circuit's first). ARGV: the call's time (never the score of
@@ -369,6 +377,26 @@ class RedisCallStore(RedisLinked):
         self._live = script(_LIVE)
         self._live_limits = script(_LIVE_LIMITS)
         self._log = script(query_redis.LOG_SCRIPT)
+        self._beat_script = script(_BEAT)
+        self.owner = new_owner()
+        self._owned = f"{self._base}owned:{self.owner}"
+        self._lease = OwnerLease(self._beat, name="lw-redis-calls-lease")
+
+    async def start(self) -> None:
+        """Load the scripts, then take the holds' lease (`gateway.calls.owners`)."""
+        await super().start()
+        await self._lease.start()
+
+    async def aclose(self) -> None:
+        """End the lease (giving back this owner's holds), then disconnect."""
+        await self._lease.stop()
+        await super().aclose()
+
+    async def _beat(self, seconds: float) -> int:
+        """Renew this owner's lease; give back the holds of owners whose lease lapsed."""
+        keys = [f"{self._base}owners"]
+        args = (self._link.now(), self.owner, repr(seconds), f"{self._base}owned:")
+        return int(await self._link.guarded(lambda: self._beat_script(keys=keys, args=args)))
 
     def __repr__(self) -> str:
         # The URL may hold a password: never part of a repr that could end up in a log.
@@ -451,7 +479,7 @@ class RedisCallStore(RedisLinked):
         if agent is not None:
             keys.append(self._hold_key(agent))
         flags = shadow.flags([rule for rule, _ in applied])
-        args += [flags, 0 if agent is None else 1, len(groups)]
+        args += [self._owned, flags, 0 if agent is None else 1, len(groups)]
         try:
             reply = await self._link.guarded(lambda: self._decide(keys=keys, args=args))
         except StateError:
@@ -500,7 +528,7 @@ class RedisCallStore(RedisLinked):
     ) -> Settled:
         """`step_charge` and `step_anomaly` in one script call (while down: the local records)."""
         keys = self._spend_keys(hold.groups)
-        args = budgets_redis.charge_args(self._link.now(), hold, used)
+        args = budgets_redis.charge_args(self._link.now(), hold, used, self._owned)
         if anomaly is not None:
             keys += anomaly_redis.keys(self._base, anomaly, self._hold_key(anomaly.event.hold_key))
             args += anomaly_redis.args(anomaly)

@@ -41,6 +41,10 @@ Decisions where DESIGN.md is silent:
   Listing it (`calls_since`) and the pauses (`paused`) are reads: they never wait for
   another process's write lock; so are the Calls page's queries, asked in SQL over the
   indexes of `gateway.calls.query_sqlite`.
+- Budget holds have owners (`gateway.calls.owners`): each store instance renews its
+  lease in the file while it runs and gives back the holds of owners whose lease lapsed
+  (a SIGKILLed proxy's calls in flight), in `call_spend_owners` and `call_spend_owned`
+  (issue 20; created IF NOT EXISTS like the budgets' tables, no schema bump).
 - Budgets (`gateway.calls.budgets_sqlite`) and the anomaly detector
   (`gateway.calls.anomaly_sqlite`) added their tables to schema 2 with
   `CREATE TABLE IF NOT EXISTS`: an older loopwarden reading the file ignores them. An
@@ -73,6 +77,7 @@ from gateway.calls.budgets import (
     step_release,
     step_spend,
 )
+from gateway.calls.owners import OwnerLease
 from gateway.calls.query import CallFilter, CallPage, CallTotals, CostBucket, Cursor, page_of
 from gateway.calls.store import (
     ENFORCED,
@@ -86,6 +91,7 @@ from gateway.calls.store import (
 )
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.errors import StateError
+from gateway.state.receipts import new_owner
 from gateway.state.sqlite_db import SqliteDb
 from guards.call_loop import (
     NEVER,
@@ -190,14 +196,25 @@ class SqliteCallStore:
             clock=clock or time.time,
             busy_timeout=busy_timeout,
         )
+        self.owner = new_owner()
+        self._lease = OwnerLease(self._beat, name="lw-calls-lease")
 
     async def start(self) -> None:
-        """Open the file (creating its directory and tables) on the store's own thread."""
+        """Open the file (creating its directory and tables), then take the holds' lease."""
         await self._sqlite.start()
+        await self._lease.start()
 
     async def aclose(self) -> None:
-        """Close the connection and stop the thread."""
+        """End the lease (giving back this owner's holds), close the connection and thread."""
+        await self._lease.stop()
         await self._sqlite.aclose()
+
+    async def _beat(self, seconds: float) -> int:
+        """Renew this owner's lease; give back the holds of owners whose lease lapsed."""
+        owner = self.owner
+        return await self._sqlite.write(
+            lambda db, now: budgets_sqlite.beat(db, owner, now, seconds)
+        )
 
     async def decide(
         self,
@@ -228,6 +245,7 @@ class SqliteCallStore:
         event = call_event(circuit, fingerprint, fields, self._rules)
         sweep = self._sweeps()
         agent_hold = spend.agent_hold
+        owner = self.owner
 
         def admit(db: sqlite3.Connection, now: float) -> Admission:
             if agent_hold is not None:
@@ -241,8 +259,11 @@ class SqliteCallStore:
             if verdict.allowed:
                 decision = _decide(db, now, event, chosen, sweep)
                 refused = not decision.allowed and not shadow.covers(decision)
-                if refused and verdict.hold is not None:
-                    record = step_release(record, verdict.hold, now)
+                if verdict.hold is not None:
+                    if refused:
+                        record = step_release(record, verdict.hold, now)
+                    else:
+                        budgets_sqlite.own(db, owner, verdict.hold)
             budgets_sqlite.save(db, spend, record)
             return Admission(decision, verdict)
 
@@ -261,11 +282,14 @@ class SqliteCallStore:
         self, hold: SpendHold, used: Amount | None, anomaly: AnomalyCharge | None = None
     ) -> Settled:
         """`step_charge` and `step_anomaly` on the stored records, in one transaction."""
+        owner = self.owner
 
         def settle(db: sqlite3.Connection, now: float) -> Settled:
             alerts: list[SpendAlert] = []
             if hold.groups:
-                record, alerts = step_charge(budgets_sqlite.load(db, hold, now), hold, used, now)
+                released = budgets_sqlite.disown(db, owner, hold)
+                held = budgets_sqlite.load(db, hold, now)
+                record, alerts = step_charge(held, hold, used, now, released)
                 budgets_sqlite.save(db, hold, record)
             if anomaly is None:
                 return Settled(alerts)

@@ -2,10 +2,13 @@
 
 `spend_rows` reads the call store's groups of the current periods; `loopwarden spend
 --config FILE [--by FIELD] [--period PERIOD]` prints them as a table (budget, group,
-spent, limit, percent, period end; plain numbers), and so does `GET /admin/spend`
-(`?by=&period=`; beside the table as `result`, the data the console's Spend page draws:
-`groups: [{budget, group, spent, limit, percent, ends}]` and `budgets: [{name, per,
-period}]`). `POST /admin/spend/limit {"budget", "limit_usd", "limit_tokens"}` sets
+spent, held, limit, percent spent, period end; plain numbers), and so does `GET
+/admin/spend` (`?by=&period=`; beside the table as `result`, the data the console's
+Spend page draws: `groups: [{budget, group, spent, held, limit, percent, ends}]` and
+`budgets: [{name, per, period}]`). Held is the estimates of the calls in flight, which a
+call must fit beside (`gateway.calls.budgets`), and of a killed proxy's calls until its
+lease lapses (`gateway.calls.owners`; issue 20: before, a group refusing every call
+showed only its spend). `POST /admin/spend/limit {"budget", "limit_usd", "limit_tokens"}` sets
 a budget's limit for the current period (the next call is held to it; the config's limit
 is back when the period ends; a kind not given keeps the config's), and
 `POST /admin/spend/reset {"budget", "group"}` forgets one group's spend this period
@@ -50,16 +53,17 @@ from gateway.proxy.config import PerField
 from gateway.state.base import StateStore
 
 PeriodName = Literal["day", "week", "month"]
-HEADINGS = ("BUDGET", "GROUP", "SPENT", "LIMIT", "%", "PERIOD END")
+HEADINGS = ("BUDGET", "GROUP", "SPENT", "HELD", "LIMIT", "%", "PERIOD END")
 
 
 @dataclass(frozen=True, slots=True)
 class SpendRow:
-    """One group's line: its budget and group, spend and limit (as text), share, end."""
+    """One group's line: its budget and group, spend, held and limit (as text), share, end."""
 
     budget: str
     group: str
     spent: str
+    held: str
     limit: str
     percent: float
     ends: str
@@ -71,6 +75,7 @@ class SpendRow:
             "budget": self.budget,
             "group": self.group,
             "spent": self.spent,
+            "held": self.held,
             "limit": self.limit,
             "percent": self.percent if math.isfinite(self.percent) else None,
             "ends": self.ends,
@@ -111,6 +116,7 @@ async def spend_rows(
                 budget.name,
                 group or "all",
                 _shown(limits, spend.spent.nano_usd, spend.spent.tokens),
+                _shown(limits, spend.held.nano_usd, spend.held.tokens),
                 messages.money(limits.nano_usd, limits.tokens),
                 percent(limits, spend.spent),
                 periods.show(span.ends_at),
@@ -133,7 +139,7 @@ def spend_table(rows: Sequence[SpendRow]) -> str:
     if not rows:
         return "no budget has spent anything this period"
     lines = [
-        (row.budget, row.group, row.spent, row.limit, f"{row.percent:.1f}", row.ends)
+        (row.budget, row.group, row.spent, row.held, row.limit, f"{row.percent:.1f}", row.ends)
         for row in rows
     ]
     widths = [max(len(cells[i]) for cells in [HEADINGS, *lines]) for i in range(len(HEADINGS))]

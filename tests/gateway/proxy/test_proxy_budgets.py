@@ -301,11 +301,12 @@ async def test_issue14_spend_command_prints_the_table_from_sqlite(
         assert await asyncio.to_thread(main, ["spend", "--config", str(path)]) == 0
         assert await asyncio.to_thread(main, ["spend", "--config", str(path), "--by", "model"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["BUDGET", "GROUP", "SPENT", "LIMIT", "%", "PERIOD", "END"]
-    assert lines[1].split()[:5] == [
+    assert lines[0].split() == ["BUDGET", "GROUP", "SPENT", "HELD", "LIMIT", "%", "PERIOD", "END"]
+    assert lines[1].split()[:6] == [
         "agent-daily",
         "agent=billing-bot",
         "$0.0250",
+        "$0.0000",
         "$0.0500",
         "50.0",
     ]

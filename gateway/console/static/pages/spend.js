@@ -109,6 +109,7 @@
     { key: "budget", title: "Budget", format: (r) => lw.el("code", {}, r.budget) },
     { key: "group", title: "Group", format: (r) => lw.el("code", {}, r.group) },
     { key: "spent", title: "Spent" },
+    { key: "held", title: "Held (in flight)" },
     { key: "limit", title: "Limit" },
     { key: "percent", title: "Share", format: share },
     { key: "ends", title: "Period ends" },
