@@ -39,9 +39,11 @@ Decisions the design left open:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from guards.lookalike import fold, is_blank
+from guards.envelope import final_text, is_unfinished_object
+from guards.lookalike import displayed, fold, is_blank
 from guards.reasoning import ReasoningFilter, strip_reasoning
 
 NO_REPLY = "NO_REPLY"
@@ -65,6 +67,39 @@ _LETTER_OR_DIGIT = re.compile(r"[^\W_]")
 _ENVELOPE_MAX = 256
 _ENVELOPE_START = re.compile(r"\s*\{")
 _ENVELOPE = re.compile(r'\{\s*"action"\s*:\s*"(?P<value>[^"\\]*)"\s*\}')
+# Where a token at the end of a line may follow other text: after a sentence's end (the
+# sentence is kept), or after an arrow, colon or dash leading to it (narration).
+_SENTENCE_ENDS = ".!?…。！？｡"
+_TAIL_SEPARATOR = re.compile(
+    r"(?P<end>(?<![.!?…。！？｡])[.!?…。！？｡]+)"
+    r"|-+>|=+>|[→⇒⟶⟹➔➜➙➛➝➞➟➠➡⇨⇾⭢⮕:：–—―]|(?<=\s)[-−‐‑‒](?=\s)"
+)
+# The last separator before a position: the greedy `.*` backs off from the end, so the
+# search costs the distance from the end, not the line's length.
+_LAST_SEPARATOR = re.compile(r"(?s:.*)(?P<separator>" + _TAIL_SEPARATOR.pattern + ")")
+# How many separators from a line's end a token form after text may start at.
+_MAX_SEPARATORS = 16
+# A lead-in this long or shorter, on one line, with no sentence end in it, is narration
+# of the choice ("No urgent items → NO_REPLY"); a longer one, or a sentence, is an answer.
+_NARRATION_HEAD_MAX = 80
+# Reasoning written without tags: a first line "Thinking:", "Thought…", "Reasoning:" or
+# "think" alone.
+_PREAMBLE_WORDS = ("thinking", "thoughts", "thought", "think", "reasoning")
+_PREAMBLE = re.compile(
+    r"\s*(?:" + "|".join(_PREAMBLE_WORDS) + r")(?:[ \t]*(?::|：|\.\.\.|…)|[ \t]*\r?\n)",
+    re.IGNORECASE,
+)
+# The start of a reply that may still become such a first line ("T", "Thin", "think ").
+_PREAMBLE_START = re.compile(
+    r"\s*(?:"
+    + "|".join(sorted({word[:n] for word in _PREAMBLE_WORDS for n in range(1, len(word) + 1)}))
+    + r")[ \t]*\.{0,2}\r?",
+    re.IGNORECASE,
+)
+_OVERRIDE = "\u202e"
+# An override run still open at the end of a reply being written may show as a token
+# once closed, as long as it is no longer than this.
+_OPEN_OVERRIDE_MAX = 64
 
 
 def _visible(text: str) -> str:
@@ -153,6 +188,7 @@ class SilencePolicy:
     _silent_cores: frozenset[str] = field(init=False, repr=False, compare=False)
     # Longest first, so a token inside a longer one is not taken out of it.
     _ordered_cores: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _longest: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # A config list (or a lone string) becomes a tuple, so the policy stays hashable.
@@ -167,23 +203,117 @@ class SilencePolicy:
         object.__setattr__(self, "_token_cores", cores)
         extra = _NARRATION | _MUTE_EMOJI if self.drop_narration else frozenset()
         object.__setattr__(self, "_silent_cores", cores | extra)
-        object.__setattr__(self, "_ordered_cores", tuple(sorted(cores, key=len, reverse=True)))
+        ordered = tuple(sorted(cores, key=len, reverse=True))
+        object.__setattr__(self, "_ordered_cores", ordered)
+        object.__setattr__(self, "_longest", len(ordered[0]))
 
     def may_become_token(self, line: str) -> bool:
         """True when a line being written (no reasoning in it) may still be a token line."""
-        return self._may_become_token_form(_core(line, written_so_far=True)) or (
-            _may_become_envelope(line)
+        return (
+            self._may_become_token_form(_core(line, written_so_far=True))
+            or _may_become_envelope(line)
+            or self._may_become_narration(line)
+            or (_OVERRIDE in line and self._may_show_token(line))
         )
 
     def may_become_silent(self, text: str) -> bool:
         """True when a reply being written (no reasoning in it) may still be all silence."""
-        if _is_blank(text):
+        if _is_blank(text) or _PREAMBLE.match(text) or _PREAMBLE_START.fullmatch(text):
             return True
         so_far = _core(text, written_so_far=True)
         return (
             any(core.startswith(so_far) for core in self._silent_cores)
             or self._may_become_token_form(so_far)
             or _may_become_envelope(text)
+            or ("{" in text and (is_unfinished_object(text) or _is_run_envelope(text, self)))
+            or self._may_become_narration(text)
+            or (_OVERRIDE in text and self._may_show_token(text))
+        )
+
+    def tail_hold(self, line: str, settled: int = 0) -> tuple[int, int]:
+        """Where the part of a line being written that may still be a stripped token starts.
+
+        That is after a sentence's end, or before an arrow, colon or dash, followed by
+        what may still become a token form; the line's length when there is none. Also
+        returns how much of the line is settled (no token form can start before it,
+        however the line goes on), for the next call on the longer line to start from.
+        """
+        cut = len(line)
+        tails, settled = self._tails(line, settled, written_so_far=True)
+        for separator, tail in tails:
+            if self._may_become_token_form(tail):
+                start, end = separator.span("separator")
+                cut = end if separator["end"] else start
+        return cut, settled
+
+    def _tails(
+        self, line: str, settled: int = 0, *, written_so_far: bool = False
+    ) -> tuple[list[tuple[re.Match[str], str]], int]:
+        """The last separators of a line after `settled`, last first, with the core after each.
+
+        At most _MAX_SEPARATORS, and none once what follows holds more letters and digits
+        outside tokens than a token has: no token form can start further left. (A
+        separator may be inside a token, as the dash in `NO—REPLY`, so a tail that is not
+        a token form does not end the search.) Also returns where the line is settled.
+        """
+        tails: list[tuple[re.Match[str], str]] = []
+        for separator in _separators_from_end(line, settled):
+            if len(tails) == _MAX_SEPARATORS:
+                return tails, tails[-1][0].start("separator")
+            tail = _core(line[separator.end("separator") :], written_so_far=written_so_far)
+            if len(_LETTER_OR_DIGIT.findall(self._without_tokens(tail))) > self._longest:
+                return tails, separator.end("separator")
+            tails.append((separator, tail))
+        return tails, settled
+
+    def _token_split(self, line: str, core: str) -> tuple[int, bool] | None:
+        """How a line whose core is `core` ends in a token form after other text, if it does.
+
+        Returns where the kept text ends (after a sentence's end, or before the arrow,
+        colon or dash) and whether the line is narration (silence as a whole): a lead-in
+        on one line of at most _NARRATION_HEAD_MAX characters with no sentence end in it,
+        then an arrow, colon or dash, then the token. The token form starts at
+        the earliest separator it can: `Done. NO_REPLY. NO_REPLY` keeps `Done.`.
+        """
+        if self._without_tokens(core) is core or line.lstrip(_SPACES).startswith(("{", "[")):
+            return None  # no token in it (the usual reply), or JSON: only an envelope is
+        found: tuple[int, int, bool] | None = None
+        for separator, tail in self._tails(line)[0]:
+            if self._is_token_form(tail):
+                start, end = separator.span("separator")
+                found = start, end, separator["end"] is not None
+        if found is None or not _LETTER_OR_DIGIT.search(_core(line[: found[0]])):
+            return None
+        start, end, sentence_end = found
+        if sentence_end:
+            return end, False
+        return start, _is_narration_head(line[:start])
+
+    def _may_become_narration(self, text: str) -> bool:
+        """True when a reply or line being written may still become a narration line."""
+        if _is_narration_head(text):
+            return True  # an arrow, colon or dash and the token may still follow
+        return any(
+            _is_narration_head(text[: mark.start()])
+            and self._may_become_token_form(_core(text[mark.end() :], written_so_far=True))
+            for mark in _TAIL_SEPARATOR.finditer(text, 0, _NARRATION_HEAD_MAX + 8)
+            if not mark["end"]
+        )
+
+    def _may_show_token(self, text: str) -> bool:
+        """True when text with a right-to-left override may still show as a token form."""
+        opened = text.rfind(_OVERRIDE)
+        run = text[opened:]
+        if "\u202c" not in run and "\n" not in run and len(run) <= _OPEN_OVERRIDE_MAX:
+            return True  # the run may still close as a reversed token
+        return self._may_become_token_form(_core(displayed(text), written_so_far=True))
+
+    def _ends_with_token(self, core: str) -> bool:
+        """True when the core ends with a token that is not the end of a longer word."""
+        return any(
+            core.endswith(token)
+            and _LETTER_OR_DIGIT.match(core, len(core) - len(token) - 1) is None
+            for token in self._ordered_cores
         )
 
     def _is_token_form(self, core: str) -> bool:
@@ -201,10 +331,9 @@ class SilencePolicy:
         if first is None:
             return True
         # The letters may be the start of one more token, after emoji and punctuation only.
-        longest = len(self._ordered_cores[0])
         return any(
             token.startswith(rest[cut:])
-            for cut in range(max(0, len(rest) - longest), first.start() + 1)
+            for cut in range(max(0, len(rest) - self._longest), first.start() + 1)
             for token in self._ordered_cores
         )
 
@@ -238,11 +367,48 @@ def _may_become_envelope(text: str) -> bool:
     return len(head) <= _ENVELOPE_MAX and ("}" not in head or bool(_ENVELOPE.fullmatch(head)))
 
 
+def _separators_from_end(line: str, start: int = 0) -> Iterator[re.Match[str]]:
+    """The separators (_TAIL_SEPARATOR) of a line from `start` on, last first."""
+    end = len(line)
+    while (found := _LAST_SEPARATOR.match(line, start, end)) is not None:
+        yield found
+        end = found.start("separator")
+
+
+def _is_run_envelope(text: str, policy: SilencePolicy) -> bool:
+    """True for an agent run envelope (guards.envelope) whose final text is a token form."""
+    final = final_text(text)
+    return final is not None and policy._is_token_form(_core(final))
+
+
+def _is_narration_head(text: str) -> bool:
+    """True for a lead-in that may narrate the choice of silence (see _token_split)."""
+    head = text.lstrip(_SPACES)
+    if "\n" in head:
+        return False  # narration is one line
+    head = head.rstrip(_SPACES)
+    return 0 < len(head) <= _NARRATION_HEAD_MAX and not any(end in head for end in _SENTENCE_ENDS)
+
+
 def _is_silence(text: str, policy: SilencePolicy, core: str | None = None) -> bool:
-    """True when reasoning-free text (whose core may be given) is a token form or envelope."""
+    """True when reasoning-free text (whose core may be given) says nothing but silence.
+
+    A token form, an envelope (Hermes' or an agent run's), a token shown by a
+    right-to-left override, untagged reasoning ending in the token, or narration leading
+    to the token.
+    """
     if core is None:
         core = _core(text)
-    return policy._is_token_form(core) or ("{" in text and _is_envelope(text, policy))
+    if policy._is_token_form(core):
+        return True
+    if "{" in text and (_is_envelope(text, policy) or _is_run_envelope(text, policy)):
+        return True
+    if _OVERRIDE in text and policy._is_token_form(_core(displayed(text))):
+        return True
+    if _PREAMBLE.match(text) and policy._ends_with_token(core):
+        return True
+    split = policy._token_split(text, core)
+    return split is not None and split[1]
 
 
 def is_silent(text: str, policy: SilencePolicy | None = None) -> bool:
@@ -269,9 +435,10 @@ def _is_narration(text: str, core: str) -> bool:
     return bool(marked) and marked[0] in _NARRATION_OPENERS and marked[-1] in _NARRATION_CLOSERS
 
 
-def _says_nothing(text: str, policy: SilencePolicy) -> bool:
-    """True when the reasoning-free reply as a whole must not be sent."""
-    core = _core(text)
+def _says_nothing(text: str, policy: SilencePolicy, core: str | None = None) -> bool:
+    """True when the reasoning-free reply (whose core may be given) must not be sent."""
+    if core is None:
+        core = _core(text)
     if not core:
         # Nothing but whitespace (never sent), or only punctuation and markup (narration).
         return policy.drop_narration or _is_blank(text)
@@ -288,10 +455,13 @@ def apply_silence(text: str, policy: SilencePolicy | None = None) -> str | None:
 
 def _without_silence(text: str, policy: SilencePolicy) -> str | None:
     """`apply_silence` of a reply that holds no reasoning."""
-    if _says_nothing(text, policy):
+    core = _core(text)
+    if _says_nothing(text, policy, core):
         return None
-    if not policy.strip_trailing:
-        return text
+    if not policy.strip_trailing or (
+        policy._without_tokens(core) is core and _OVERRIDE not in text
+    ):
+        return text  # nothing to strip: no token shows anywhere in it
     lines = text.split("\n")
     start, stop = 0, len(lines)
     while True:
@@ -310,7 +480,13 @@ def _without_silence(text: str, policy: SilencePolicy) -> str | None:
         stop = tail
         while _is_blank(lines[stop - 1]):
             stop -= 1
-    if (start, stop) == (0, len(lines)):
+    last = _last_content(lines, stop)
+    split = policy._token_split(lines[last], core if len(lines) == 1 else _core(lines[last]))
+    if split is not None:
+        # A token after the last sentence (or a long lead-in): the text before it is sent.
+        lines[last] = lines[last][: split[0]].rstrip(_BLANKS)
+        stop = last + 1
+    elif (start, stop) == (0, len(lines)):
         return text
     rest = "\n".join(lines[start:stop])
     return None if _says_nothing(rest, policy) else rest
@@ -350,7 +526,12 @@ class SilenceStreamFilter:
         self._pending = ""
         self._sent = 0
         self._head_done = False
-        self._mid_line = False
+        # The part of the current line already sent ("" at the start of a line).
+        self._line_sent = ""
+        # Where the current line starts in the reply (without reasoning), and how much of
+        # it is settled (see SilencePolicy.tail_hold).
+        self._line_start = 0
+        self._line_settled = 0
 
     def feed(self, chunk: str) -> str:
         """Take the next piece of the reply; return what may be sent now (often "")."""
@@ -363,12 +544,15 @@ class SilenceStreamFilter:
             return ""
         pending = self._pending
         hold = self._hold_from(pending)
-        if hold == 0 or (self._sent == 0 and self._policy.may_become_silent(pending[:hold])):
+        # What would be sent, with the end of its last line when that line is complete.
+        ready = pending[: pending.find("\n", hold) + 1 or hold]
+        if hold == 0 or (self._sent == 0 and self._policy.may_become_silent(ready)):
             return ""
         out = pending[:hold]
         self._pending = pending[hold:]
         self._sent += len(out)
-        self._mid_line = not out.endswith("\n")
+        _, newline, after = out.rpartition("\n")
+        self._line_sent = after if newline else self._line_sent + after
         return out
 
     def finish(self) -> str | None:
@@ -399,6 +583,14 @@ class SilenceStreamFilter:
         self._head_done = True
         return True
 
+    def _tail_hold(self, sent: str, line: str, newline: int) -> int:
+        """Where the held tail of a content line (its start `sent` already sent) starts."""
+        start = self._sent - len(sent) + newline + 1
+        settled = self._line_settled if start == self._line_start else 0
+        cut, settled = self._policy.tail_hold(sent + line, settled)
+        self._line_start, self._line_settled = start, settled
+        return max(cut - len(sent), 0)
+
     def _hold_from(self, pending: str) -> int:
         """Where the held-back tail of `pending` starts: trailing blank and token lines."""
         if not self._policy.strip_trailing:
@@ -407,7 +599,8 @@ class SilenceStreamFilter:
         while True:
             newline = pending.rfind("\n", 0, end)
             line = pending[newline + 1 : end]
-            if newline < 0 and self._mid_line:
+            sent = self._line_sent if newline < 0 else ""
+            if sent:
                 # The rest of a line whose start was sent: content, not a token line.
                 is_content = True
             elif _is_blank(line):
@@ -417,7 +610,10 @@ class SilenceStreamFilter:
             else:
                 is_content = not _is_silence(line, self._policy)
             if is_content:
-                return newline + 1 + len(line.rstrip(_BLANKS))
+                # It may be the last line sent: a token may still end it after a sentence.
+                return (
+                    newline + 1 + len(line[: self._tail_hold(sent, line, newline)].rstrip(_BLANKS))
+                )
             if newline < 0:
                 return 0
             end = newline

@@ -183,7 +183,8 @@ async def rate_limited_edit_is_waited_for(room: StreamRoom) -> None:
 async def failed_edit_sends_the_rest(room: StreamRoom) -> None:
     """An edit the platform refuses: no more edits, and the rest goes in a new message."""
     stream, clock, _, _ = streaming(room)
-    await stream.write("The first part of the answer")
+    # A sentence first: a short line without one may still become narration of silence.
+    await stream.write("First. The first part of the answer")
     clock.now += EDIT_SECONDS
     room.refuse_next_edit()
     await stream.write(" and then the second part.")
@@ -192,10 +193,10 @@ async def failed_edit_sends_the_rest(room: StreamRoom) -> None:
     clock.now += EDIT_SECONDS
     await stream.write(" And a third.")
     assert room.edit_attempts() == attempts, "no edits after one failed"
-    text = "The first part of the answer and then the second part. And a third."
+    text = "First. The first part of the answer and then the second part. And a third."
     assert await stream.finish(Reply(text))
     assert room.shown(room.channel) == [
-        "The first part of the answer",
+        "First. The first part of the answer",
         "and then the second part. And a third.",
     ]
 

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guards.lookalike import fold, is_blank
+from guards.lookalike import displayed, fold, is_blank
 
 FORMAT_CHARACTERS = [
     chr(code) for code in range(sys.maxunicode + 1) if unicodedata.category(chr(code)) == "Cf"
 ]
-# Not Cf, but invisible on their own: CGJ and the variation selectors.
-INVISIBLE_MARKS = ["\u034f", "\ufe00", "\ufe0f", "\U000e0100", "\U000e01ef"]
-_MARKS_RX = re.compile("[\u034f\ufe00-\ufe0f\U000e0100-\U000e01ef]")
+# Not Cf, but invisible on their own: CGJ, the variation selectors, the blank letters.
+INVISIBLE_MARKS = ["\u034f", "\ufe00", "\ufe0f", "\U000e0100", "\U000e01ef", "\u3164", "\u2800"]
+_MARKS_RX = re.compile("[\u034f\ufe00-\ufe0f\U000e0100-\U000e01ef\u115f\u1160\u3164\uffa0\u2800]")
 
 
 def reference_fold(text: str) -> str:
@@ -80,3 +80,40 @@ def test_text_that_shows_is_not_blank(text: str) -> None:
 @given(st.text(max_size=30))
 def test_is_blank_agrees_with_fold(text: str) -> None:
     assert is_blank(text) == (not fold(text).strip())
+
+
+@pytest.mark.parametrize("filler", ["\u3164", "\u115f", "\u1160", "\uffa0", "\u2800"])
+def test_issue20_blank_letters_read_as_nothing(filler: str) -> None:
+    assert fold(f"{filler}NO_{filler}REPLY{filler}") == "no_reply"
+    assert is_blank(filler * 3)
+
+
+@pytest.mark.parametrize(
+    ("text", "folded"),
+    [
+        ("N\u0301O_REPLY", "no_reply"),  # combining acute
+        ("ŃÓ_RÉPLY", "no_reply"),  # precomposed
+        ("N\u20ddO", "no"),  # enclosing circle
+        ("NO\u0332REPLY", "no_reply"),  # combining low line
+        ("NO\u2017REPLY", "no_reply"),  # double low line
+        ("NO\u2500REPLY", "no-reply"),  # box drawing
+        ("NO\u2e3aREPLY", "no-reply"),  # two-em dash
+        ("नमस्ते", "नमस्ते"),  # marks of another script stay
+    ],
+)
+def test_issue20_marks_and_line_characters_fold(text: str, folded: str) -> None:
+    assert fold(text) == folded
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("\u202eYLPER_ON\u202c", "NO_REPLY"),
+        ("\u202eYLPER_ON", "NO_REPLY"),
+        ("a \u202ecb\u202c d\n\u202efe", "a bc d\nef"),
+        ("\u2067YLPER_ON\u2069", "\u2067YLPER_ON\u2069"),  # an isolate keeps Latin order
+        ("plain", "plain"),
+    ],
+)
+def test_issue20_displayed_reverses_right_to_left_overrides(text: str, shown: str) -> None:
+    assert displayed(text) == shown

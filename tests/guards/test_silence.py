@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import unicodedata
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -203,9 +206,10 @@ def test_stream_holds_back_case_insensitive_prefixes(prefix: str) -> None:
 def test_stream_releases_prose_as_soon_as_it_is_decided() -> None:
     stream = SilenceStreamFilter()
     assert stream.feed("N") == ""
-    assert stream.feed("ow ") == "Now"
-    assert stream.feed("then.") == " then."
-    assert stream.finish() == ""
+    assert stream.feed("ow ") == ""  # "Now → NO_REPLY" would be narration
+    assert stream.feed("then.") == "Now then."
+    assert stream.feed(" Here.\n") == " Here."
+    assert stream.finish() == "\n"
 
 
 def test_stream_holds_a_possible_last_line_token() -> None:
@@ -218,7 +222,8 @@ def test_stream_holds_a_possible_last_line_token() -> None:
 def test_stream_releases_a_middle_token_line() -> None:
     stream = SilenceStreamFilter()
     assert stream.feed("a\nNO_REPLY\n") == "a"
-    assert stream.feed("b") == "\nNO_REPLY\nb"
+    assert stream.feed("b") == ""  # "b → NO_REPLY" would be narration
+    assert stream.feed(". c") == "\nNO_REPLY\nb. c"
     assert stream.finish() == ""
 
 
@@ -648,3 +653,257 @@ def test_issue9_reasoning_never_survives(text: str, cuts: list[int], policy: Sil
     assert SECRET not in (sent or "")
     streamed = _stream(text, cuts, policy)
     assert streamed == sent
+
+
+# --- issue 20: the token beside other words, invisible look-alikes ----------------------
+
+OPENCLAW_RUN = (
+    '{"runId": "9f1c", "status": "ok", "summary": "completed", "result": {"payloads": '
+    '[{"text": "NO_REPLY", "mediaUrl": null}], "meta": {"durationMs": 2210, "agentMeta": '
+    '{"sessionId": "s-1", "provider": "anthropic", "usage": {"input": 6, "output": 11}}, '
+    '"systemPromptReport": {"workspaceFiles": ["AGENTS.md", "SOUL.md"]}}}}'
+)
+TRAILING_TOKEN = [
+    ("Sure, here it is. NO_REPLY", "Sure, here it is."),
+    ("Done! 😄 NO_REPLY", "Done!"),
+    ("File's there. Not urgent.\n\nNO_REPLY", "File's there. Not urgent."),
+    ("First line.\nSure, here it is. **NO_REPLY**", "First line.\nSure, here it is."),
+    ("无紧急事项。NO_REPLY", "无紧急事项。"),
+    ("Done. NO_REPLY. NO_REPLY", "Done."),
+    ("Checked v1.2 → NO_REPLY", "Checked v1.2"),
+    ("Nothing to add. => **NO_REPLY**", "Nothing to add."),
+    ("Sure, here it is. NO_REPLY\n\nNO_REPLY", "Sure, here it is."),
+    (
+        "Here it is: " + "a long answer " * 8 + "→ NO_REPLY",
+        "Here it is: " + "a long answer " * 7 + "a long answer",
+    ),
+]
+SILENT_FORMS = [
+    "No urgent items → NO_REPLY",
+    "无紧急事项 → NO_REPLY",
+    "Nothing new: NO_REPLY",
+    "Nothing to add — NO_REPLY",
+    "All quiet -> NO_REPLY.",
+    "Thinking: …\n\nNO_REPLY",
+    "Thinking: the bots are talking to each other.\n\nNO_REPLY",
+    "think\nThe user greeted the other bot; nothing for me…NO_REPLY",
+    "Thought: not addressed to me. NO_REPLY",
+    "Reasoning:\n- not for me\n\n**NO_REPLY**",
+    OPENCLAW_RUN,
+    json.dumps(json.loads(OPENCLAW_RUN), indent=2),
+    '{"content": [{"type": "text", "text": "NO_REPLY"}]}',
+    '{"choices": [{"message": {"role": "assistant", "content": "no_reply"}}]}',
+    '{"output": [{"type": "message", "content": [{"type": "output_text", "text": "NO_REPLY"}]}]}',
+    '{"text": "NO_REPLY"}',
+    "NO_REPLY\r\nNO_REPLY",
+    "NO_REPLY\tNO_REPLY",
+    "NO_REPLY\u00a0NO_REPLY",
+    "NO_REPLY \r\n\t NO_REPLY\u00a0NO_REPLY\r\n",
+]
+FALSE_POSITIVES = [
+    "Reply NO_REPLY if you have nothing to add",
+    "Reply NO_REPLY if you have nothing to add.",
+    "OK",
+    "No.",
+    "NO REPLY NEEDED? Actually here's the answer: 42",
+    "The token NO_REPLY tells the gateway to stay quiet.",
+    "Thinking: the answer is 42.",
+    "Thinking about it, the answer is NO_REPLY's meaning.",
+    "Think\nof a number.",
+    "Answer: 42",
+    "The time is 14:02",
+    "Sure NO_REPLY",
+    '{"result": {"payloads": [{"text": "Here is the answer."}]}}',
+    '{"action": "NO_REPLY", "reason": "nothing to add"}',
+    '{"result": "NO_REPLY"} trailing',
+]
+
+
+@pytest.mark.parametrize(("text", "sent"), TRAILING_TOKEN)
+def test_issue20_a_token_after_the_last_sentence_is_stripped(text: str, sent: str) -> None:
+    assert not is_silent(text)
+    assert apply_silence(text) == sent
+    assert apply_silence(text, SilencePolicy(strip_trailing=False)) == text
+
+
+@pytest.mark.parametrize("text", SILENT_FORMS)
+def test_issue20_narration_reasoning_envelopes_and_repeats_are_silence(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert apply_silence(text, SilencePolicy(strip_trailing=False, drop_narration=False)) is None
+
+
+def test_issue20_a_narration_line_after_an_answer_is_stripped() -> None:
+    assert apply_silence("Report attached.\n\nNo urgent items → NO_REPLY") == "Report attached."
+    assert apply_silence("No urgent items → NO_REPLY\nBut one thing.") == "But one thing."
+
+
+@pytest.mark.parametrize("text", FALSE_POSITIVES)
+def test_issue20_prose_that_mentions_the_token_is_sent_unchanged(text: str) -> None:
+    assert not is_silent(text)
+    assert apply_silence(text) == text
+
+
+def test_issue20_run_envelopes_are_bounded_and_strict() -> None:
+    huge = '{"result": {"payloads": [{"text": "NO_REPLY"}]}, "pad": "' + "x" * 70_000 + '"}'
+    assert apply_silence(huge) == huge  # longer than guards.envelope.ENVELOPE_MAX
+    nan = '{"result": NaN, "text": "NO_REPLY"}'
+    assert apply_silence(nan) == nan
+    deep = '{"result": ' * 5000 + '"NO_REPLY"' + "}" * 5000
+    assert apply_silence(deep) == deep
+    assert apply_silence('{"payloads": []}') == '{"payloads": []}'
+
+
+FILLERS = ["\u3164", "\u115f", "\u1160", "\uffa0", "\u2800"]
+
+
+@pytest.mark.parametrize("filler", FILLERS)
+def test_issue20_invisible_fillers_inside_or_around_the_token_are_silent(filler: str) -> None:
+    for text in (
+        f"{filler}NO_REPLY{filler}",
+        f"NO_{filler}REPLY",
+        f"N{filler}O{filler}_{filler}REPLY",
+        f"{filler * 3}\n**NO_REPLY**{filler}",
+    ):
+        assert is_silent(text), repr(text)
+        assert apply_silence(f"Answer.\n{text}") == "Answer."
+    assert apply_silence(filler * 5) is None  # reads as nothing: never sent
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "\u202eYLPER_ON\u202c",
+        "\u202eYLPER_ON",
+        " \u202eylper-on\u202c ",
+        "\u202e**YLPER_ON**\u202c",
+    ],
+)
+def test_issue20_a_right_to_left_override_that_shows_the_token_is_silent(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert apply_silence(f"Answer.\n{text}") == "Answer."
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "N\u0301O_REPLY",
+        unicodedata.normalize("NFD", "ŃÓ_RÉPLY"),
+        "ŃÓ_RÉPLY",
+        "N\u0308O\u0303_R\u0323EPLY",
+        "".join(ch + "\u0336" for ch in "NO_REPLY"),
+        "N\u20ddO_REPLY",
+    ],
+)
+def test_issue20_combining_marks_on_the_letters_are_silent(text: str) -> None:
+    assert is_silent(text)
+    assert apply_silence(text) is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["\u2017", "\u2014", "\u2500", "\u2501", "\uff3f", "\u0332", "\u2e3a", "\u02cd", "\ufe4d"],
+)
+def test_issue20_line_characters_in_place_of_the_underscore_are_silent(line: str) -> None:
+    text = f"NO{line}REPLY"
+    assert is_silent(text)
+    assert apply_silence(text) is None
+    assert apply_silence(f"Sure, here it is. {text}") == "Sure, here it is."
+
+
+LOOKALIKES_20 = [
+    "\u3164NO_REPLY\u3164",
+    "NO_\u2800REPLY",
+    "\u202eYLPER_ON\u202c",
+    "N\u0301O_REPLY",
+    "NO\u2017REPLY",
+    "NO\u0332REPLY",
+]
+ISSUE20_TEXTS = [
+    *(text for text, _ in TRAILING_TOKEN),
+    *SILENT_FORMS,
+    *FALSE_POSITIVES[:-4],
+    *LOOKALIKES_20,
+    "Answer.\n\u202eYLPER_ON\u202c",
+    "Report attached.\n\nNo urgent items → NO_REPLY",
+]
+
+
+@pytest.mark.parametrize("text", ISSUE20_TEXTS)
+def test_issue20_stream_agrees_at_every_split_point(text: str) -> None:
+    whole = apply_silence(text)
+    for cut in range(len(text) + 1):
+        assert _stream(text, [cut]) == whole, cut
+    assert _stream(text, list(range(len(text)))) == whole
+
+
+@pytest.mark.parametrize(("text", "sent"), TRAILING_TOKEN[:3])
+def test_issue20_stream_never_posts_a_trailing_token(text: str, sent: str) -> None:
+    stream = SilenceStreamFilter()
+    posted = "".join(stream.feed(char) for char in text)
+    assert "NO_REPLY" not in posted
+    assert sent.startswith(posted)
+    assert posted + (stream.finish() or "") == sent
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(ISSUE20_TEXTS), cut_lists)
+def test_issue20_stream_equals_apply_silence_for_any_cuts(text: str, cuts: list[int]) -> None:
+    assert _stream(text, cuts) == apply_silence(text)
+
+
+PIECES_20 = st.sampled_from(
+    [
+        "NO_REPLY",
+        "Sure, here it is.",
+        " ",
+        "\n",
+        "\r\n",
+        "\t",
+        "\u00a0",
+        "→",
+        ": ",
+        " — ",
+        "Thinking:",
+        "think\n",
+        "No urgent items",
+        "无紧急事项",
+        "。",
+        "\u202e",
+        "\u202c",
+        "YLPER_ON",
+        "\u3164",
+        "\u0301",
+        "\u2017",
+        "{",
+        '"text": ',
+        '"NO_REPLY"',
+        "}",
+        "42",
+        "😄",
+    ]
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(PIECES_20, max_size=10).map("".join), cut_lists, silence_policies)
+def test_issue20_stream_equals_apply_silence_for_mixes(
+    text: str, cuts: list[int], policy: SilencePolicy
+) -> None:
+    assert _stream(text, cuts, policy) == apply_silence(text, policy)
+
+
+def test_issue20_hostile_lines_are_decided_quickly_and_sanely() -> None:
+    assert apply_silence("Hi " + "." * 100_000 + " NO_REPLY") == "Hi " + "." * 100_000
+    spaced = apply_silence("Hi" + " ." * 50_000 + " NO_REPLY")
+    assert spaced is not None
+    assert spaced.startswith("Hi . .")
+    assert "NO_REPLY" not in spaced
+    assert apply_silence("Hi. " + "😄" * 50_000 + " NO_REPLY") == "Hi."
+    assert apply_silence("\u202e" * 50_000 + "YLPER_ON") is None
+    assert apply_silence("Thinking:" + " x" * 50_000 + "\nNO_REPLY") is None
+    stream = SilenceStreamFilter()
+    for _ in range(5_000):
+        assert stream.feed("Thinking: x ") == ""
+    assert stream.finish() == "Thinking: x " * 5_000
