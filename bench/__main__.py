@@ -19,6 +19,7 @@ BENCHES = (
     "bench.state_bench",
     "bench.proxy_bench",
     "bench.replay_bench",
+    "bench.silence_bench",
     "bench.history_bench",
     "bench.calls_query_bench",
 )

@@ -4,19 +4,45 @@ Reasoning blocks (`<think>`, `<thinking>`, `<reasoning>`; see guards.reasoning) 
 removed from every reply first; a reply that was only reasoning is silence.
 
 A reply is normalised before it is compared with the silence tokens: folded as it reads
-(guards.lookalike.fold: every format character such as zero-width and bidi marks
-dropped, NFKC so full-width letters are plain ones, Cyrillic/Greek look-alikes and
-Unicode dashes mapped to ASCII, case folded), surrounding whitespace, Markdown wrapping
-(`**`, `_`, `~~`, backticks, code fences with a language), brackets, quotes,
-heading/list/quote markers and punctuation stripped from both ends, and runs of spaces,
-`-` and `_` between words made one space. Tokens are normalised the same way, so
-`NO_REPLY`, `no-reply`, `NO REPLY`, `ＮＯ＿ＲＥＰＬＹ` and `[no_reply]` are one token, and
-`[SILENT]` matches a configured `[silent]` or `SILENT`. Only the comparison uses the
-folded form: what is sent is the reply as written.
+(guards.lookalike.fold: every format character such as zero-width and bidi marks, the
+blank Hangul fillers and Braille pattern and the combining marks on letters dropped,
+NFKC so full-width letters are plain ones, Cyrillic/Greek look-alikes, Unicode dashes
+and the line characters that stand in for `_` mapped to ASCII, case folded),
+surrounding whitespace, Markdown wrapping (`**`, `_`, `~~`, backticks, code fences with a
+language), brackets, quotes, heading/list/quote markers and punctuation stripped from
+both ends, and runs of spaces, `-` and `_` between words made one space. Tokens are
+normalised the same way, so `NO_REPLY`, `no-reply`, `NO REPLY`, `ＮＯ＿ＲＥＰＬＹ` and
+`[no_reply]` are one token, and `[SILENT]` matches a configured `[silent]` or `SILENT`.
+Only the comparison uses the folded form: what is sent is the reply as written.
 
-Also silence: the token repeated (`NO_REPLY NO_REPLY`), a token whose only company is
-emoji, symbols or punctuation (`😄 NO_REPLY`), and Hermes' envelope `{"action":
-"NO_REPLY"}` (that one key, any whitespace, its value a token).
+Also silence: the token repeated (`NO_REPLY NO_REPLY`, split by any whitespace: CRLF,
+tab, NBSP), a token whose only company is emoji, symbols or punctuation (`😄 NO_REPLY`),
+Hermes' envelope `{"action": "NO_REPLY"}` (that one key, any whitespace, its value a
+token), an agent run envelope whose final text is a token (guards.envelope: the openclaw
+`{"runId": …, "result": {"payloads": [{"text": "NO_REPLY"}], …}}`, `{"text": …}`,
+`{"content": [{"text": …}]}`, `{"choices": [{"message": {"content": …}}]}`), text that
+shows as a token only through a right-to-left override (RLO `YLPER_ON` PDF, see
+guards.lookalike.displayed), and:
+- Narration of the choice: a one-line lead-in of at most 80 characters with no sentence
+  end in it (`.`, `!`, `?`, `…`, `。`, `！`, `？`), then an arrow (`→`, `->`, `=>`, `⇒`…), a
+  colon or a dash, then a token form, in any language: `No urgent items → NO_REPLY`,
+  `无紧急事项 → NO_REPLY`, `Nothing new: NO_REPLY`. As a line at either end of a longer
+  reply it is stripped like a token line.
+- Untagged reasoning: a reply whose first line is `think`, `thinking`, `thought(s)` or
+  `reasoning` (any case) alone or followed by a colon or an ellipsis, and that ends with
+  a token, on its own line or not (`Thinking: …`, a blank line, `NO_REPLY`; `think`, then
+  `…NO_REPLY`). Such a reply that does not end with the token is sent as written (where
+  its reasoning ends cannot be told).
+
+Stripped, the text before it sent (with `strip_trailing`): a token form that ends the
+last line after a sentence end (`Sure, here it is. NO_REPLY` sends `Sure, here it is.`;
+the sentence end is kept) or after an arrow, colon or dash whose lead-in is longer than
+80 characters or holds a sentence end (`Checked v1.2 → NO_REPLY` sends `Checked v1.2`).
+The token form starts at the earliest of the line's last 16 separators it can (`Done.
+NO_REPLY. NO_REPLY` sends `Done.`). Sent unchanged: a token inside prose or after a word
+with no separator (`Reply NO_REPLY if you have nothing to add`, `Sure NO_REPLY`), `OK`,
+`No.`, `NO REPLY NEEDED? Actually here's the answer: 42`, and JSON (a reply starting with
+`{` or `[`) that is no envelope.
 
 Decisions the design left open:
 - An empty or whitespace-only reply is never sent (`apply_silence` returns None): every
@@ -28,8 +54,13 @@ Decisions the design left open:
   next to a word or a number (`NO_REPLY 2`, `NO_REPLY です`) is prose and is sent.
 - The envelope's value is matched like a token (`{"action": "no_reply"}` is silence),
   the rest of it exactly (no code fence, no other key); one longer than 256 characters
-  is not one, and a streamed reply that starts with `{` is held until its first `}` or
-  until it is longer than that.
+  is not one. An agent run envelope is strict JSON of at most 64 KiB. A streamed reply
+  that starts with `{` is held while it may still become either.
+- A streamed reply is held while it may still become any of the above: a first line
+  that starts like `Thinking` (`T`, `Th`…) or is a reasoning preamble is held until the
+  reply ends; a line without a sentence end shorter than 80 characters may still become
+  narration and is held until it gets one, grows past that or ends; the part of the last
+  line after a sentence end, arrow, colon or dash that may still become a token is held.
 - Only the blank lines next to a stripped token line are removed; a reply with nothing
   stripped is sent byte for byte (reasoning aside).
 - A non-string is never silent: `is_silent` returns False and `apply_silence` hands it
