@@ -81,7 +81,14 @@ class RoomDecision:
 
 
 _DISABLED = RoomDecision(True, "disabled", 0.0, 0)
-_FIRST = RoomDecision(True, "ok", 0.0, 1)
+# Admissions differ only by their count: one shared, immutable decision per count.
+_ADMITTED = tuple(RoomDecision(True, "ok", 0.0, count) for count in range(65))
+_FIRST = _ADMITTED[1]
+
+
+def _admitted(count: int) -> RoomDecision:
+    """The admission with `count` events in the window."""
+    return _ADMITTED[count] if count < len(_ADMITTED) else RoomDecision(True, "ok", 0.0, count)
 
 
 @dataclass(slots=True)
@@ -126,7 +133,7 @@ def step_room(
     record that has gone idle (`idle_at <= now`) is as good as none: the message starts a
     fresh window, so forgetting an idle record changes no decision.
     """
-    if not room_budget_on(policy):
+    if not (policy.enabled and policy.room_max_events_per_window):
         return record, _DISABLED
     window = policy.room_window_seconds
     if record is None:
@@ -148,7 +155,7 @@ def step_room(
     count = len(times)
     if key and key in keys:
         # Another receiver of a message already counted: the same answer, no second count.
-        return record, RoomDecision(True, "ok", 0.0, count)
+        return record, _admitted(count)
     until = record.cooldown_until
     if until is not None:
         # A running cooldown: refused, not recorded, not extended.
@@ -160,7 +167,7 @@ def step_room(
         bots.append(bot)
         keys.append(key)
         record.idle_at = now + window
-        return record, RoomDecision(True, "ok", 0.0, count + 1)
+        return record, _admitted(count + 1)
     cooldown = room_cooldown(policy)
     record.cooldown_until = record.idle_at = now + cooldown
     return record, RoomDecision(
@@ -217,11 +224,13 @@ class RoomBudgets:
         now: float | None = None,
     ) -> RoomDecision:
         """Step the room's record with one bot message and keep it."""
-        if not room_budget_on(policy):
+        if not (policy.enabled and policy.room_max_events_per_window):
             return _DISABLED
         if now is not None and not (_EARLIEST < now < _LATEST):
             raise ValueError(_BAD_NOW)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # half the cost of `with` on CPython 3.11 (see guards/bot_loop.py)
+        try:
             at = self._clock() if now is None else now
             rooms = self._rooms
             if at >= rooms.sweep_at:
@@ -231,6 +240,8 @@ class RoomBudgets:
             if held is None and record is not None:
                 rooms.add(scope, record)
             return decision
+        finally:
+            lock.release()
 
     def reset(self, scope: str | None = None) -> int:
         """Forget one room's budget, or every room's; how many records were dropped."""
