@@ -73,6 +73,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from guards.call_loop import normalise_text
+from guards.near_calls import blank_volatile_fields, near_args
 
 Bucket = Literal["idempotent", "mutating"]
 
@@ -158,6 +159,8 @@ _INT_FIELDS: Final = (
     "cycle_halt_laps",
     "failure_warn",
     "failure_halt",
+    "no_progress_similar_warn",
+    "no_progress_similar_halt",
 )
 _ORDERED_FIELDS: Final = (
     ("idempotent_warn_threshold", "idempotent_block_threshold"),
@@ -167,6 +170,7 @@ _ORDERED_FIELDS: Final = (
     ("no_progress_warn", "no_progress_halt"),
     ("cycle_warn_laps", "cycle_halt_laps"),
     ("failure_warn", "failure_halt"),
+    ("no_progress_similar_warn", "no_progress_similar_halt"),
 )
 
 
@@ -188,6 +192,8 @@ class LoopGuardConfig:
     cycle_halt_laps: int = 5
     failure_warn: int = 3
     failure_halt: int = 8
+    no_progress_similar_warn: int = 4
+    no_progress_similar_halt: int = 10
 
     def __post_init__(self) -> None:
         if type(self.enabled) is not bool:
@@ -340,6 +346,7 @@ class LoopGuardStats(Mapping[str, object]):
     turn_elapsed: float
     tool_counts: Mapping[str, int]
     streak: int
+    similar: int
     laps: int
     progress_marks: int
     last_progress: str | None
@@ -536,19 +543,21 @@ def _result_of(result: object, success: bool) -> _Result:
 
 
 def _normal_hash(recorded: _Result) -> int:
-    """The hash of a recorded result after the volatile-token normalisation."""
+    """The hash of a recorded result after blanking volatile fields and tokens."""
     success, kind, text = recorded
     if isinstance(text, bytes):
         text = text.decode("utf-8", "surrogateescape")
-    return hash((success, kind, normalise_text(text)))
+    return hash((success, kind, normalise_text(blank_volatile_fields(text))))
 
 
 def result_hash(result: object, *, success: bool = True) -> int:
     """A hash of the whole result (falsy ones too), after normalisation, and of the outcome.
 
-    Text and bytes are hashed as they are, anything else as canonical JSON, once dates,
-    times, UUIDs, hex and provider ids and numbers of 5+ digits are replaced (as
-    `fingerprint_call` does), by Python's str/bytes hash: SipHash with a per-process
+    Text and bytes are hashed as they are, anything else as canonical JSON, once the
+    volatile fields of a JSON object or array (ids, timestamps, etags: see
+    `guards.near_calls`) are blanked and dates, times, UUIDs, hex and provider ids and
+    numbers of 5+ digits are replaced (as `fingerprint_call` does), by Python's str/bytes
+    hash: SipHash with a per-process
     random key, over the whole input, several times cheaper than blake2b for typical
     results. A collision (2**-64 per pair) could only make two different results look
     alike, never hide a repeated one.
@@ -640,6 +649,12 @@ class LoopGuard:
         self._turn_start: float | None = None
         self._last: _Fingerprint | None = None
         self._streak = 0
+        # The trailing run of calls each nearly the same as the one before with the same
+        # result, once it holds a call not identical to the one before; 0 until then.
+        self._similar = 0
+        # The last `near_args` answer, by the identity of the two call keys: the pre-check
+        # and the record of one call ask the same question.
+        self._near_memo: tuple[object, object, bool] = (_NOTHING, _NOTHING, False)
         self._ring: deque[_Fingerprint] = deque(maxlen=_LONGEST_PERIOD)
         # Beside the ring: each fingerprint's call and recorded result (None if blocked).
         self._ring_keys: deque[_CallKey] = deque(maxlen=_LONGEST_PERIOD)
@@ -765,6 +780,7 @@ class LoopGuard:
                 turn_elapsed=elapsed,
                 tool_counts=MappingProxyType(dict(self._counts)),
                 streak=self._streak,
+                similar=self._similar or self._streak,
                 laps=self._cycle[0],
                 progress_marks=self._marks,
                 last_progress=self._last_mark,
@@ -775,6 +791,7 @@ class LoopGuard:
     def _forget_tail(self) -> None:
         self._last = None
         self._streak = 0
+        self._similar = 0
         self._ring.clear()
         self._ring_keys.clear()
         self._ring_results.clear()
@@ -801,9 +818,15 @@ class LoopGuard:
             failures.pop(_OTHER_TOOLS, None)  # its failures were in the shared count
 
     def _repeat_last(self, key: _CallKey) -> None:
-        """Push a blocked call: a repeat of its call's last fingerprint, so retrying escalates."""
+        """Push a blocked call: a repeat of its call's last fingerprint, so retrying escalates.
+
+        A blocked call nearly the same as the last one repeats that one's result under its
+        own arguments, so retrying it reworded escalates the similar run as well.
+        """
         last = self._last
-        if last is not None and last[0] == key:
+        if last is not None and (
+            last[0] == key or (last[0][0] == key[0] and self._near(last[0], key))
+        ):
             self._push(key, last[1], self._ring_results[-1])
         else:
             self._push(key, _BLOCKED_RESULT, None)
@@ -821,6 +844,18 @@ class LoopGuard:
             fresh = fp not in ring
         else:
             streak, fresh = 1, True  # usually: a call unlike the last four
+        if streak > 1:
+            if self._similar:
+                self._similar += 1
+        elif (
+            last is not None
+            and last[0][0] == key[0]
+            and last[0] != key
+            and self._resembles_last(key, recorded)
+        ):
+            self._similar = (self._similar or self._streak) + 1
+        elif self._similar:
+            self._similar = 0
         # A fresh fingerprint ends every cycle run. Inside a streak as long as the ring, no
         # cycle can show and the runs restart from zero once the streak breaks. Two laps of
         # period p with the last p calls identical would be a streak of 2p >= 4, so a tail
@@ -835,6 +870,30 @@ class LoopGuard:
         self._ring_results.append(recorded)
         self._last = fp
         self._streak = streak
+
+    def _resembles_last(self, key: _CallKey, recorded: _Result | None) -> bool:
+        """True when a call of the last call's tool with other arguments nearly repeats it.
+
+        Its arguments must be nearly the same (`near_args`) and its result the same after
+        normalisation. Arguments are compared first: they are bounded and usually differ
+        in a target, which settles it before any result is normalised.
+        """
+        earlier = self._ring_results[-1] if self._ring_results else None
+        if recorded is None or earlier is None or self._last is None:
+            return False
+        # Another outcome or kind of result never normalises to the same (`_normal_hash`).
+        if earlier[:2] != recorded[:2] or not self._near(self._last[0], key):
+            return False
+        return earlier == recorded or self._normal_of(earlier) == self._normal_of(recorded)
+
+    def _near(self, earlier: _CallKey, key: _CallKey) -> bool:
+        """`near_args` of two calls of one tool, remembered for the same two keys."""
+        memo = self._near_memo
+        if memo[0] is earlier and memo[1] is key:
+            return memo[2]
+        near = near_args(earlier[1], key[1])
+        self._near_memo = (earlier, key, near)
+        return near
 
     def _label(self, key: _CallKey, raw: int | str, recorded: _Result | None) -> int | str:
         """The label of a result of a call in the ring: an equal earlier result's label.
@@ -880,8 +939,18 @@ class LoopGuard:
             count += 1
         failures = _tallied(self._failures, tool) if self._failures else 0
         last = self._last
-        extends = last is not None and last[0] == key
-        streak = self._streak if extends else 0
+        if last is not None and last[0] == key:
+            extends = True
+            streak = self._streak
+            similar = self._similar
+        else:
+            extends = False
+            streak = similar = 0
+            if pre and last is not None and last[0][0] == tool:
+                # The similar run this call, if it runs, would extend.
+                run = self._similar or self._streak
+                if run >= cfg.no_progress_similar_warn and self._near(last[0], key):
+                    similar = run
         laps, period = self._cycle
         # The cycle counts only if this call is the one that continues it.
         if laps and not (self._ring[-period][0] == key if pre else extends):
@@ -889,6 +958,7 @@ class LoopGuard:
         if (
             count < thresholds[0]
             and streak < cfg.no_progress_warn
+            and (not similar or similar < cfg.no_progress_similar_warn)
             and laps < cfg.cycle_warn_laps
             and (not failures or failures < cfg.failure_warn)
             and elapsed <= cfg.max_time_per_turn
@@ -903,6 +973,15 @@ class LoopGuard:
             return _time_exceeded(tool, count, streak, elapsed, cfg.max_time_per_turn)
         if streak >= cfg.no_progress_halt:
             return _no_progress(GuardAction.HALT, tool, count, streak, cfg.no_progress_halt)
+        if similar and similar >= cfg.no_progress_similar_halt:
+            return _no_progress_similar(
+                GuardAction.HALT,
+                tool,
+                count,
+                streak=streak,
+                similar=similar,
+                threshold=cfg.no_progress_similar_halt,
+            )
         if failures >= cfg.failure_halt:
             return self._failure_decision(GuardAction.HALT, tool, count, failures)
         if laps >= cfg.cycle_halt_laps:
@@ -914,6 +993,24 @@ class LoopGuard:
             if count >= block_at:
                 return _count_decision(GuardAction.BLOCK, tool, count, streak, block_at, pre=pre)
             return _no_progress(GuardAction.WARN, tool, count, streak, cfg.no_progress_warn)
+        if similar and similar >= cfg.no_progress_similar_warn:
+            # Nearly the same calls are a stuck run too: count BLOCK and HALT happen.
+            if count >= halt_at:
+                return _count_decision(
+                    GuardAction.HALT, tool, count, streak, halt_at, pre=pre, similar=similar
+                )
+            if count >= block_at:
+                return _count_decision(
+                    GuardAction.BLOCK, tool, count, streak, block_at, pre=pre, similar=similar
+                )
+            return _no_progress_similar(
+                GuardAction.WARN,
+                tool,
+                count,
+                streak=streak,
+                similar=similar,
+                threshold=cfg.no_progress_similar_warn,
+            )
         if failures >= cfg.failure_warn:
             return self._failure_decision(GuardAction.WARN, tool, count, failures)
         if laps >= cfg.cycle_warn_laps:
@@ -1025,9 +1122,44 @@ def _no_progress(
     )
 
 
-def _count_decision(
-    action: GuardAction, tool: str, count: int, streak: int, threshold: int, *, pre: bool
+def _no_progress_similar(
+    action: GuardAction, tool: str, count: int, *, streak: int, similar: int, threshold: int
 ) -> LoopGuardDecision:
+    if action is GuardAction.HALT:
+        code = "no_progress_similar_halt"
+        advice = "the turn is stopped because the tool is stuck."
+    else:
+        code = "no_progress_similar_warn"
+        advice = (
+            "Rewording the call or changing a counter or flag will not change the result: "
+            "try another approach or tool, or answer with what you have."
+        )
+    return _decision(
+        action,
+        code,
+        f"{tool} returned the same result {similar} times in a row for nearly the same "
+        f"arguments (threshold {threshold}); {advice}",
+        {
+            "tool": tool,
+            "tool_count": count,
+            "streak": streak,
+            "similar": similar,
+            "threshold": threshold,
+        },
+    )
+
+
+def _count_decision(
+    action: GuardAction,
+    tool: str,
+    count: int,
+    streak: int,
+    threshold: int,
+    *,
+    pre: bool,
+    similar: int | None = None,
+) -> LoopGuardDecision:
+    """A count BLOCK or HALT; `similar` is the run behind it when it is not `streak`."""
     if action is GuardAction.HALT:
         code = "count_halt"
         verdict = "the turn is stopped."
@@ -1038,12 +1170,22 @@ def _count_decision(
             "arguments, use another tool, or answer with what you have; retrying will stop "
             "the turn."
         )
+    metadata: dict[str, object] = {
+        "tool": tool,
+        "tool_count": count,
+        "streak": streak,
+        "threshold": threshold,
+    }
+    run = f"{streak} times in a row"
+    if similar is not None:
+        metadata["similar"] = similar
+        run = f"{similar} times in a row for nearly the same arguments"
     return _decision(
         action,
         code,
         f"{tool} was called {count} times this turn (threshold {threshold}) and returned "
-        f"the same result {streak} times in a row; {verdict}",
-        {"tool": tool, "tool_count": count, "streak": streak, "threshold": threshold},
+        f"the same result {run}; {verdict}",
+        metadata,
     )
 
 

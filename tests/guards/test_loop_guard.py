@@ -6,7 +6,7 @@ import json
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import given, settings
@@ -39,6 +39,8 @@ QUIET = LoopGuardConfig(
     cycle_halt_laps=10_000,
     failure_warn=10_000,
     failure_halt=10_000,
+    no_progress_similar_warn=10_000,
+    no_progress_similar_halt=10_000,
 )
 
 
@@ -1165,3 +1167,298 @@ def test_issue9_get_stats_reads_as_a_read_only_mapping() -> None:
         stats["streak"] = 0  # type: ignore[index]
     with pytest.raises(TypeError):
         config["enabled"] = False  # type: ignore[index]
+
+
+# --- issue 20: fresh ids in results, reworded arguments --------------------------------
+
+
+@dataclass
+class Turn:
+    """What an agent's turn came to: the call that halted it (None: none), the calls that
+    ran, and every decision in order."""
+
+    halted_at: int | None = None
+    runs: int = 0
+    decisions: list[LoopGuardDecision] = field(default_factory=list)
+
+
+def calls_until_halt(
+    guard: LoopGuard,
+    tool: str,
+    args_of: Callable[[int], object],
+    result_of: Callable[[int], object],
+    calls: int = 60,
+) -> Turn:
+    """Act like an agent (check, skip a blocked call, record what ran) until a HALT."""
+    turn = Turn()
+    for n in range(1, calls + 1):
+        args = args_of(n)
+        pre = guard.check(tool, args)
+        turn.decisions.append(pre)
+        if pre.action is HALT:
+            turn.halted_at = n
+            break
+        if pre.action is BLOCK:
+            continue
+        turn.runs += 1
+        post = guard.record(tool, args, success=True, result=result_of(n))
+        turn.decisions.append(post)
+        if post.action is HALT:
+            turn.halted_at = n
+            break
+    return turn
+
+
+def never_stopped(decisions: list[LoopGuardDecision]) -> bool:
+    return all(decision.action in (ALLOW, WARN) for decision in decisions)
+
+
+FRESH_ID_RESULTS: dict[str, Callable[[int], object]] = {
+    "messageId": lambda n: {"ok": True, "messageId": 4520 + n},
+    "ts": lambda n: {"ok": True, "channel": "C1", "ts": f"1712.{n:04d}"},
+    "created_at": lambda n: {"status": "queued", "created_at": 4500 + n},
+    "etag": lambda n: {"ok": True, "etag": f'W/"{n:x}"'},
+    "json-text": lambda n: json.dumps({"ok": True, "messageId": 4520 + n}),
+    "json-bytes": lambda n: json.dumps({"ok": True, "message_id": 4520 + n}).encode(),
+    "telegram": lambda n: {
+        "ok": True,
+        "result": {"message_id": 4520 + n, "date": 1700 + n, "chat": {"id": 7}, "text": "hi"},
+    },
+    "list": lambda n: [{"id": n, "state": "sent"}, {"id": n + 1, "state": "sent"}],
+}
+
+
+# A send halts at its 7th call; a read is blocked at its 8th call and halted at the 9th
+# (issue 2's escalation of an identical loop): either way no call after the 7th runs.
+@pytest.mark.parametrize("result_of", FRESH_ID_RESULTS.values(), ids=FRESH_ID_RESULTS.keys())
+@pytest.mark.parametrize(("tool", "halt_by"), [("message.send", 8), ("read_inbox", 9)])
+def test_issue20_a_loop_whose_results_differ_only_by_small_ids_stops_by_call_8(
+    tool: str, halt_by: int, result_of: Callable[[int], object]
+) -> None:
+    turn = calls_until_halt(
+        LoopGuard(), tool, lambda _n: {"to": "chat-7", "text": "Deploy finished"}, result_of
+    )
+
+    assert turn.halted_at is not None
+    assert turn.halted_at <= halt_by
+    assert turn.runs <= 7
+    assert turn.decisions[-1].code in {"no_progress_halt", "count_halt"}
+
+
+def test_issue20_a_changed_status_beside_a_fresh_id_is_still_progress() -> None:
+    guard = LoopGuard(STREAK_ONLY)
+    for n, status in enumerate(["queued", "running", "running", "done", "archived"]):
+        guard.record("get_job", {"job": 1}, success=True, result={"id": n, "status": status})
+
+    assert guard.get_stats().streak == 1
+
+
+def test_issue20_result_hash_blanks_identity_fields_whatever_their_length() -> None:
+    for result_of in FRESH_ID_RESULTS.values():
+        assert result_hash(result_of(1)) == result_hash(result_of(2))
+    # Data beside the ids still counts, and so does a field that only looks like one.
+    assert result_hash({"id": 1, "text": "a"}) != result_hash({"id": 2, "text": "b"})
+    assert result_hash({"valid": 1}) != result_hash({"valid": 2})
+    assert result_hash({"identity": "a"}) != result_hash({"identity": "b"})
+    assert result_hash('{"id": 1') != result_hash('{"id": 2')  # not JSON: text as it is
+
+
+REWORDED_SENDS = [
+    "Hi, can you please send me the status of the deploy?",
+    "Hello, could you send me the current status of the deploy please?",
+    "Can you please send me the deploy status now?",
+    "Hi again, please send me the status of the deploy.",
+    "Could you please send me the status of the deploy?",
+    "Please send me the status of the deploy when you can.",
+    "Hi, I am still waiting: can you send me the status of the deploy?",
+    "Just checking: can you send me the status of the deploy please?",
+    "Hello again, please send me the deploy status.",
+    "Can you send me the status of the deploy, please?",
+    "Please, send me the status of the deploy now.",
+    "Hi, could you please send me the status of the deploy now?",
+]
+REWORDED_LOOPS: dict[str, tuple[str, Callable[[int], object]]] = {
+    "counter-in-args": (
+        "exec",
+        lambda n: {"command": "curl -sf https://ci.example.com/api/status", "attempt": n},
+    ),
+    "counter-in-command": (
+        "exec",
+        lambda n: {"command": f"python3 -c \"print(open('/srv/report.txt').read()[:{n * 100}])\""},
+    ),
+    "toggled-flag": (
+        "exec",
+        lambda n: {
+            "command": f"./deploy.sh --timeout {30 + n}{' --force' if n % 2 else ''}",
+            "background": n % 3 == 0,
+        },
+    ),
+    "reworded-sentence": (
+        "sessions_send",
+        lambda n: {"sessionKey": "agent:peer:main", "message": REWORDED_SENDS[(n - 1) % 12]},
+    ),
+    "reworded-search": (
+        "search_docs",
+        lambda n: {"query": f"how do I {REWORDED_SENDS[(n - 1) % 12].lower()}", "page": 1},
+    ),
+}
+
+
+@pytest.mark.parametrize(("tool", "args_of"), REWORDED_LOOPS.values(), ids=REWORDED_LOOPS.keys())
+@pytest.mark.parametrize(
+    "result_of",
+    [lambda _n: "exit 1: connection refused", lambda n: {"ok": True, "messageId": 900 + n}],
+    ids=["same-text", "fresh-id"],
+)
+def test_issue20_a_reworded_loop_with_unchanging_results_halts_by_call_12(
+    tool: str, args_of: Callable[[int], object], result_of: Callable[[int], object]
+) -> None:
+    turn = calls_until_halt(LoopGuard(), tool, args_of, result_of)
+
+    assert turn.halted_at is not None
+    assert turn.halted_at <= 12
+    codes = [decision.code for decision in turn.decisions]
+    assert "no_progress_similar_warn" in codes
+    assert codes[-1] in {"no_progress_similar_halt", "count_halt"}
+    assert "nearly the same arguments" in turn.decisions[-1].message
+    assert tool in turn.decisions[-1].message
+
+
+def test_issue20_the_similar_run_warns_at_4_and_halts_at_10_on_its_own() -> None:
+    guard = LoopGuard(replace(QUIET, no_progress_similar_warn=4, no_progress_similar_halt=10))
+    posts = [
+        guard.record("exec", {"command": f"sleep {n} && check"}, success=True, result="pending")
+        for n in range(1, 11)
+    ]
+
+    assert [post.code for post in posts] == ["ok"] * 3 + ["no_progress_similar_warn"] * 6 + [
+        "no_progress_similar_halt"
+    ]
+    assert posts[-1].metadata == {
+        "tool": "exec",
+        "tool_count": 10,
+        "streak": 1,
+        "similar": 10,
+        "threshold": 10,
+    }
+    assert guard.get_stats().similar == 10
+    # The next reworded call is stopped before it runs.
+    assert guard.check("exec", {"command": "sleep 11 && check"}).action is HALT
+
+
+def test_issue20_a_count_block_of_a_reworded_call_escalates_when_retried_reworded() -> None:
+    guard = LoopGuard()
+    actions = []
+    for n in range(1, 8):
+        decision = guard.check("exec", {"command": f"make deploy RETRY={n}"})
+        actions.append(decision.action)
+        if decision.action in (ALLOW, WARN):
+            guard.record("exec", {"command": f"make deploy RETRY={n}"}, success=True, result="")
+
+    assert actions == [ALLOW, ALLOW, WARN, WARN, BLOCK, BLOCK, HALT]
+
+
+TEN_FILES = [f"src/pkg/module_{name}.py" for name in "abcdefghij"]
+PROGRESSING_AGENTS: dict[str, tuple[str, Callable[[int], object], Callable[[int], object]]] = {
+    "ten-writes-answering-ok": (
+        "write_file",
+        lambda n: {"path": TEN_FILES[n - 1], "content": "from __future__ import annotations\n"},
+        lambda _n: "ok",
+    ),
+    "ten-edits-answering-ok": (
+        "edit_file",
+        lambda n: {"file_path": f"docs/{'abcdefghij'[n - 1]}.md", "old": "teh", "new": "the"},
+        lambda _n: {"ok": True},
+    ),
+    "ten-shell-writes-answering-nothing": (
+        "exec",
+        lambda n: {"command": f"cp template.txt out/{'abcdefghij'[n - 1]}.txt"},
+        lambda _n: "",
+    ),
+    "ten-sends-to-ten-sessions": (
+        "sessions_send",
+        lambda n: {"sessionKey": f"agent:peer-{'abcdefghij'[n - 1]}:main", "message": "Ping"},
+        lambda _n: {"ok": True, "messageId": 100},
+    ),
+    "ten-reads": (
+        "read_file",
+        lambda n: {"path": TEN_FILES[n - 1]},
+        lambda n: f"def f{n}() -> int:\n    return {n}\n",
+    ),
+    "ten-short-commands-naming-targets": (
+        "exec",
+        lambda n: {"command": f"docker restart {['web', 'db', 'cache', 'queue', 'mail'][n % 5]}"},
+        lambda _n: "",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("tool", "args_of", "result_of"),
+    PROGRESSING_AGENTS.values(),
+    ids=PROGRESSING_AGENTS.keys(),
+)
+def test_issue20_ten_calls_on_ten_different_targets_are_never_stopped(
+    tool: str, args_of: Callable[[int], object], result_of: Callable[[int], object]
+) -> None:
+    turn = calls_until_halt(LoopGuard(), tool, args_of, result_of, calls=10)
+
+    assert turn.halted_at is None
+    assert turn.runs == 10
+    assert never_stopped(turn.decisions)
+    assert not any(d.code.startswith("no_progress") for d in turn.decisions)
+
+
+@pytest.mark.parametrize("end", ["another tool", "mark_progress", "changed result"])
+def test_issue20_another_tool_progress_or_a_new_result_ends_the_similar_run(end: str) -> None:
+    guard = LoopGuard(QUIET)
+    for n in range(5):
+        guard.record("exec", {"command": f"make test SEED={n}"}, success=True, result="1 failed")
+    if end == "another tool":
+        guard.record("read_file", {"path": "Makefile"}, success=True, result="test:")
+    elif end == "mark_progress":
+        guard.mark_progress("fixed the test")
+    guard.record(
+        "exec",
+        {"command": "make test SEED=9"},
+        success=True,
+        result="0 failed" if end == "changed result" else "1 failed",
+    )
+
+    assert guard.get_stats().similar == 1
+
+
+def test_issue20_similar_thresholds_are_config_fields() -> None:
+    config = LoopGuardConfig()
+    assert (config.no_progress_similar_warn, config.no_progress_similar_halt) == (4, 10)
+    assert (
+        LoopGuardConfig.from_dict({"no_progress_similar_halt": "12"}).no_progress_similar_halt == 12
+    )
+    with pytest.raises(ValueError, match="no_progress_similar_halt must be at least"):
+        LoopGuardConfig(no_progress_similar_warn=5, no_progress_similar_halt=4)
+    for bad in (0, -1, True, 1e308, "many", "\u0661\u0662"):
+        with pytest.raises(ValueError, match="no_progress_similar_warn"):
+            LoopGuardConfig.from_dict({"no_progress_similar_warn": bad})
+    assert LoopGuard().get_stats()["config"]["no_progress_similar_warn"] == 4  # type: ignore[index]
+
+
+def test_issue20_hostile_arguments_and_results_stay_bounded_and_never_crash() -> None:
+    guard = LoopGuard(QUIET)
+    huge = "x " * 500_000
+    deep: object = "leaf"
+    for _ in range(5_000):
+        deep = [deep]
+    samples: list[tuple[object, object]] = [
+        ({"command": huge + "1"}, "[" * 100_000),
+        ({"command": huge + "2"}, "[" * 100_000),
+        ({str(k): k for k in range(10_000)}, {"id": 1}),
+        ({str(k): k + 1 for k in range(10_000)}, {"id": 2}),
+        ({"command": "ls\x00\x1b[31m", "n": 1e308}, json.dumps({"id": 1, "text": "\u202e"})),
+        ({"command": "ls\x00\x1b[31m", "n": -1e308}, json.dumps({"id": 2, "text": "\u202e"})),
+        ({"command": "ls", "nested": deep}, '{"id": ' + "[" * 50_000),
+        ({"command": "ls", "nested": deep}, {"messageΙd": 1}),  # a Greek Iota: not an id
+    ]
+    for args, result in samples:
+        guard.check("exec", args)
+        guard.record("exec", args, success=True, result=result)
+    assert guard.get_stats().tool_counts == {"exec": len(samples)}
