@@ -1462,3 +1462,47 @@ def test_issue20_hostile_arguments_and_results_stay_bounded_and_never_crash() ->
         guard.check("exec", args)
         guard.record("exec", args, success=True, result=result)
     assert guard.get_stats().tool_counts == {"exec": len(samples)}
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    tool=st.sampled_from(["exec", "write_file", "sessions_send", "search_docs", "send_message"]),
+    counters=st.lists(st.integers(-(10**6), 10**6), min_size=60, max_size=60),
+    flags=st.lists(st.sampled_from([True, False, None]), min_size=60, max_size=60),
+    result=st.sampled_from(["ok", "", "exit 1", '{"ok": true}', "no results"]),
+)
+def test_issue20_a_loop_changing_only_counters_and_flags_always_halts_by_call_12(
+    tool: str, counters: list[int], flags: list[bool | None], result: str
+) -> None:
+    def args_of(n: int) -> dict[str, object]:
+        return {"target": "ci", "text": f"retry {counters[n - 1]}", "force": flags[n - 1]}
+
+    turn = calls_until_halt(LoopGuard(), tool, args_of, lambda _n: result)
+
+    assert turn.halted_at is not None
+    assert turn.halted_at <= 12
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    tool=st.sampled_from(["exec", "write_file", "sessions_send", "read_file", "send_message"]),
+    targets=st.lists(
+        st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1),
+        min_size=10,
+        max_size=10,
+        unique=True,
+    ),
+    key=st.sampled_from(["path", "file_path", "sessionKey", "to", "url", "chat_id"]),
+    counters=st.lists(st.integers(), min_size=10, max_size=10),
+    result=st.sampled_from(["ok", "", {"ok": True}, {"ok": True, "messageId": 5}]),
+)
+def test_issue20_ten_calls_on_ten_targets_are_never_blocked_or_halted(
+    *, tool: str, targets: list[str], key: str, counters: list[int], result: object
+) -> None:
+    def args_of(n: int) -> dict[str, object]:
+        return {key: targets[n - 1], "content": f"version {counters[n - 1]}"}
+
+    turn = calls_until_halt(LoopGuard(), tool, args_of, lambda _n: result, calls=10)
+
+    assert turn.runs == 10
+    assert never_stopped(turn.decisions)

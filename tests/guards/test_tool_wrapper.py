@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -289,3 +290,60 @@ def test_issue9_a_tool_failing_with_new_errors_and_arguments_halts_at_failure_ha
         guarded_call_sync(guard, "fetch_url", Tool(error=ConnectionError("refused 8")), {"n": 8})
     assert notes[:2] == [[], []]
     assert all("failed" in note[0] for note in notes[2:])
+
+
+async def halting_call(
+    guard: LoopGuard,
+    tool_name: str,
+    fn: Callable[..., object],
+    args_of: Callable[[int], Mapping[str, object]],
+) -> tuple[int, ToolExecutionError]:
+    """Call the tool through the wrapper until it halts: the call number and the error."""
+    for n in range(1, 61):
+        try:
+            await guarded_call(guard, tool_name, fn, args_of(n))
+        except ToolExecutionError as error:
+            return n, error
+    pytest.fail(f"{tool_name} ran 60 times without a HALT")
+
+
+async def test_issue20_the_wrapper_stops_a_reworded_exec_loop_by_call_12() -> None:
+    tool = Tool("exit 1: connection refused")
+    calls, error = await halting_call(
+        LoopGuard(),
+        "exec",
+        tool.acall,
+        lambda n: {"command": f"curl -sf --retry {n} https://ci.example.com/api/status"},
+    )
+
+    assert calls <= 12
+    assert tool.runs < calls
+    assert "nearly the same arguments" in error.message
+
+
+async def test_issue20_the_wrapper_stops_sends_answered_with_fresh_small_ids_by_call_8() -> None:
+    sent = 0
+
+    def send(**_args: object) -> dict[str, object]:
+        nonlocal sent
+        sent += 1
+        return {"ok": True, "messageId": 4520 + sent}
+
+    calls, _ = await halting_call(
+        LoopGuard(), "message.send", send, lambda _n: {"to": "chat-7", "text": "Done"}
+    )
+
+    assert calls <= 8
+    assert sent <= 7
+
+
+def test_issue20_the_wrapper_never_blocks_ten_writes_to_ten_files() -> None:
+    guard = LoopGuard()
+    tool = Tool("ok")
+    results = [
+        guarded_call_sync(guard, "write_file", tool, {"path": f"out/{n}.txt", "content": "x"})
+        for n in range(10)
+    ]
+
+    assert tool.runs == 10
+    assert all(not isinstance(result, dict) for result in results)
