@@ -62,6 +62,8 @@ VARIED = LoopGuardConfig(
     no_progress_halt=NEVER,
     cycle_warn_laps=NEVER,
     cycle_halt_laps=NEVER,
+    no_progress_similar_warn=NEVER,
+    no_progress_similar_halt=NEVER,
     max_time_per_turn=1e9,
 )
 # Warn thresholds stay at their defaults: a stuck streak WARNs on every call, as in life.
