@@ -5,11 +5,16 @@ is read against `Limits.max_bytes` (a zip member's declared size is not trusted,
 bytes actually inflated are counted, so a zip bomb stops at the bound), reports progress,
 and checks nesting as the bytes pass, so a document nested deeper than `MAX_DEPTH` is
 refused before the streaming parser sees it (ijson keeps a prefix per level, and its
-memory grows with the square of the depth). Large documents are streamed with ijson's
-C backend (`yajl2_c`, when installed) with `use_float=True`, under which an integer
-beyond 64 bits, a float that overflows, NaN and Infinity are parse errors instead of
-values (or, for a 5,000-digit integer under Decimal parsing, a crash of the C backend).
-Small documents (a Slack day file, one JSONL line) go through `gateway.jsonbody`.
+memory grows with the square of the depth), and measures the token still open at the end
+of what it has read, so that the next read takes at least as many bytes again: yajl (the
+C parser under ijson) lexes a token cut by a read boundary again from its start at each
+read, so fixed 64 KiB reads cost the square of a token's size (a 48 MB message took 7 CPU
+seconds, a 300 MB one minutes); reads that double with the open token keep it linear.
+Large documents are streamed with ijson's C backend (`yajl2_c`, when installed) with
+`use_float=True`, under which an integer beyond 64 bits, a float that overflows, NaN and
+Infinity are parse errors instead of values (or, for a 5,000-digit integer under Decimal
+parsing, a crash of the C backend). Small documents (a Slack day file, one JSONL line) go
+through `gateway.jsonbody`.
 
 A zip's members are listed before anything is read: an absolute name, a `..` part, a
 drive letter or a symlink is refused, naming the member. A folder's files must resolve
@@ -39,6 +44,9 @@ CHUNK = 64 * 1024
 # The nesting check sees only brackets outside strings: every other byte is deleted.
 _NOT_SYNTAX = bytes(byte for byte in range(256) if byte not in b'"[]{}')
 _AS_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+# Outside a string a token (a number, true, false, null) runs until one of these.
+_DELIMITERS = b'",:[]{} \t\r\n'
+_IN_TOKEN = bytes(byte for byte in range(256) if byte not in _DELIMITERS)
 
 
 class Readable(Protocol):
@@ -64,31 +72,37 @@ class DepthError(LoopwardenError, ValueError):
 class DepthCheck:
     """Follows the nesting of a JSON byte stream chunk by chunk, at C speed.
 
-    Escapes are dropped first (a `\\\\` pair, then `\\"`), then everything but quotes and
-    brackets; the text between quotes is a string and is dropped too, leaving brackets
-    only, each an opening (2) or a closing (0) one, whose running sum minus one per
-    bracket is the depth. State carries across chunks: whether a string is open, a
-    trailing run of backslashes, the depth.
+    Escapes are masked first (a `\\\\` pair, then `\\"`, each by two bytes that are
+    neither quote nor bracket), then everything but quotes and brackets is dropped; the
+    text between quotes is a string and is dropped too, leaving brackets only, each an
+    opening (2) or a closing (0) one, whose running sum minus one per bracket is the
+    depth. State carries across chunks: whether a string is open, whether a trailing
+    backslash escapes the next byte, the depth, and `open_bytes`: how many of the bytes fed
+    so far belong to the token still open at the end (a string since its opening quote,
+    or a number or literal), which the next read must at least match.
     """
 
-    __slots__ = ("_backslashes", "_depth", "_in_string")
+    __slots__ = ("_backslashes", "_depth", "_in_string", "open_bytes")
 
     def __init__(self) -> None:
         self._in_string = False
         self._backslashes = b""
         self._depth = 0
+        self.open_bytes = 0
 
     def feed(self, chunk: bytes) -> None:
         """Check one more chunk; DepthError when the nesting passes MAX_DEPTH."""
         text = self._backslashes + chunk if self._backslashes else chunk
         kept = text.rstrip(b"\\")
-        self._backslashes = text[len(kept) :]
-        if b"\\" in kept:
-            kept = kept.replace(b"\\\\", b"").replace(b'\\"', b"")
-        parts = kept.translate(None, _NOT_SYNTAX).split(b'"')
+        # Only an odd trailing backslash escapes what comes next; pairs are spent.
+        self._backslashes = b"\\" if (len(text) - len(kept)) % 2 else b""
+        # Escapes masked at their place (same length), so that quotes keep their offsets.
+        masked = kept.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in kept else kept
+        parts = masked.translate(None, _NOT_SYNTAX).split(b'"')
         outside = parts[1::2] if self._in_string else parts[0::2]
         if len(parts) % 2 == 0:
             self._in_string = not self._in_string
+        self._measure_open(masked, len(text), len(chunk), quoted=len(parts) > 1)
         steps = b"".join(outside).translate(_AS_STEPS)
         if not steps:
             return
@@ -99,6 +113,19 @@ class DepthCheck:
             raise DepthError(f"JSON is nested deeper than {MAX_DEPTH} levels")
         # Below 0 the document is broken; the parser says so, the check just goes on.
         self._depth = max(0, depth + sum(steps) - len(steps))
+
+    def _measure_open(self, masked: bytes, size: int, added: int, *, quoted: bool) -> None:
+        """`open_bytes` after `added` bytes more.
+
+        `masked` is the `size` bytes just checked (a backslash carried over, then the
+        new bytes) with their escapes masked and any trailing backslash cut off.
+        """
+        if self._in_string:
+            last_quote = masked.rfind(b'"') if quoted else -1
+            self.open_bytes = size - last_quote if last_quote >= 0 else self.open_bytes + added
+            return
+        run = len(masked) - len(masked.rstrip(_IN_TOKEN))
+        self.open_bytes = self.open_bytes + added if run == len(masked) else run
 
 
 class CheckedStream(io.RawIOBase):
@@ -127,8 +154,18 @@ class CheckedStream(io.RawIOBase):
         return True
 
     def read(self, size: int = -1) -> bytes:
-        """Up to `size` bytes (CHUNK when unbounded), checked."""
+        """Up to `size` bytes (CHUNK when unbounded), checked; more while a JSON token is open.
+
+        A JSON stream hands over at least as many bytes as the token open at the end of
+        what it has read holds so far (the module's docstring says why).
+        """
         want = CHUNK if size is None or size < 0 else size
+        if want and self._depth is not None:
+            want = max(want, self._depth.open_bytes)
+        return self._checked(want)
+
+    def _checked(self, want: int) -> bytes:
+        """Up to `want` bytes of the raw stream, counted, bounded and depth-checked."""
         try:
             chunk = self._raw.read(min(want, self._left + 1))
         except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
@@ -149,7 +186,7 @@ class CheckedStream(io.RawIOBase):
         return chunk
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
-        data = self.read(len(buffer))
+        data = self._checked(len(buffer))
         buffer[: len(data)] = data
         return len(data)
 
@@ -223,21 +260,40 @@ def _reason(exc: BaseException) -> str:
 
 def json_error(source: str, where: str, exc: Exception) -> ReplayInputError:
     """ijson's error as a replay error: its first line, never the excerpt it quotes."""
-    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    # yajl's message may come as bytes (its text and an excerpt, a line each).
+    raw = exc.args[0] if len(exc.args) == 1 else str(exc)
+    message = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    first = message.splitlines()[0] if message.strip() else type(exc).__name__
     if isinstance(exc, ijson.IncompleteJSONError) and "premature EOF" in first:
         first = "the file ends early (truncated?)"
     return ReplayInputError(source, where, f"not valid JSON: {first[:120]}")
 
 
+class _ReadOnly:
+    """A stream seen through its `read` alone.
+
+    ijson reads into a fixed buffer of `buf_size` when the stream has `readinto`, and
+    takes whatever `read` returns otherwise: hiding `readinto` lets a `CheckedStream`
+    hand over more than asked while a long token is open.
+    """
+
+    __slots__ = ("read",)
+
+    def __init__(self, stream: Readable) -> None:
+        self.read = stream.read
+
+
 def stream_items(stream: Readable, prefix: str) -> Iterator[object]:
     """The values at `prefix` of a JSON document, one at a time (C backend, floats)."""
-    items: Iterator[object] = ijson.items(stream, prefix, use_float=True)
+    items: Iterator[object] = ijson.items(_ReadOnly(stream), prefix, use_float=True)
     return items
 
 
 def stream_events(stream: Readable, *, chunk: int = CHUNK) -> Iterator[tuple[str, str, object]]:
     """The (prefix, event, value) events of a JSON document (C backend, floats)."""
-    events: Iterator[tuple[str, str, object]] = ijson.parse(stream, buf_size=chunk, use_float=True)
+    events: Iterator[tuple[str, str, object]] = ijson.parse(
+        _ReadOnly(stream), buf_size=chunk, use_float=True
+    )
     return events
 
 

@@ -39,6 +39,9 @@ class ReplayInputError(LoopwardenError):
 
 def quoted(value: object) -> str:
     """A short, printable rendering of a bad value for an error message."""
+    if isinstance(value, int) and value.bit_length() > _QUOTED * 4:
+        # repr of a 5,000-digit integer raises (Python's int-to-text limit); none is a time.
+        return f"(an integer of ~{round(value.bit_length() * math.log10(2)):,} digits)"
     text = repr(value)
     return text if len(text) <= _QUOTED else text[: _QUOTED - 1] + "…"
 
@@ -48,7 +51,11 @@ def parse_time(value: object, name: str) -> float:
     if isinstance(value, bool) or value is None:
         raise ValueError(f"{name} is missing")
     if isinstance(value, int | float):
-        return _in_range(float(value), name, value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an integer of more than 308 digits
+            seconds = math.inf
+        return _in_range(seconds, name, value)
     if not isinstance(value, str):
         # A ValueError like every other bad time: callers report them all the same way.
         raise ValueError(f"{name} must be a time, got {quoted(value)}")  # noqa: TRY004
@@ -73,9 +80,11 @@ def parse_time(value: object, name: str) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     try:
-        return moment.timestamp()
+        seconds = moment.timestamp()
     except (OverflowError, ValueError):  # 9999-12-31T23:59-01:00 is past datetime's range
-        raise ValueError(f"{name} {quoted(value)} is out of range (years 1-9999)") from None
+        seconds = math.inf
+    # 0001-01-01T00:00+01:00 is a time of the year 0 in UTC: no datetime can show it.
+    return _in_range(seconds, name, value)
 
 
 def _in_range(seconds: float, name: str, value: object) -> float:

@@ -1,7 +1,9 @@
 """What a replay found, three ways: the `--json` object, the text report, the HTML page.
 
 `summary` is the one set of figures (the shape the README documents); the text report
-and the HTML page show the same figures. The HTML page is one self-contained file: the
+and the HTML page show the same figures. Every text of an export the text report prints
+(names, rooms, ids, agents, sessions) goes through `gateway.visible`: control and
+escape sequences are shown, not obeyed. The HTML page is one self-contained file: the
 figures and each room's timeline inline as JSON (`<`, `>` and `&` escaped, so no text
 from an export can close the script element), uPlot and its stylesheet inline, a
 Content-Security-Policy that allows no network at all, and every name written with
@@ -16,6 +18,7 @@ from importlib import resources
 
 from gateway.replay.engine import CallReplay, ChatReplay, RoomTally
 from gateway.replay.records import iso
+from gateway.visible import visible
 
 Summary = dict[str, object]
 _SHOWN_IDS = 10
@@ -76,14 +79,15 @@ def text(chat: ChatReplay, calls: CallReplay, skipped: Mapping[str, int]) -> str
     lines: list[str] = []
     for room in chat.rooms.values():
         lines.append(
-            f"{room.platform} {room.name} ({room.channel}): {room.messages:,} messages, "
-            f"{room.consecutive_turn_cuts:,} consecutive-turn cuts"
+            f"{room.platform} {visible(room.name)} ({visible(room.channel)}): "
+            f"{room.messages:,} messages, {room.consecutive_turn_cuts:,} consecutive-turn cuts"
             + (f", {room.room_budget_cuts:,} room-budget cuts" if room.room_budget_cuts else "")
         )
         for (a, b), pair in sorted(room.pairs.items()):
             first = pair.first_cooldown_at
             lines.append(
-                f"  {room.bots.get(a, a)} ↔ {room.bots.get(b, b)}: {pair.events:,} events, "
+                f"  {visible(room.bots.get(a, a))} ↔ {visible(room.bots.get(b, b))}: "
+                f"{pair.events:,} events, "
                 f"{pair.refused:,} refused, {pair.cooldowns_opened:,} cooldowns opened"
                 + ("" if first is None else f" (first at {iso(first)})")
             )
@@ -92,7 +96,7 @@ def text(chat: ChatReplay, calls: CallReplay, skipped: Mapping[str, int]) -> str
                 more = pair.refused - len(ids)
                 lines.append(
                     "    would not have been answered: "
-                    + ", ".join(ids)
+                    + ", ".join(map(visible, ids))
                     + (f" and {more:,} more" if more else "")
                 )
     if calls.agents:
@@ -101,7 +105,8 @@ def text(chat: ChatReplay, calls: CallReplay, skipped: Mapping[str, int]) -> str
         for session, tally in sessions.items():
             counts = ", ".join(f"{code} {count:,}" for code, count in tally.refusals.items())
             lines.append(
-                f"  {agent} session {session or '(none)'}: {tally.calls:,} calls, {counts}, "
+                f"  {visible(agent)} session {visible(session) or '(none)'}: "
+                f"{tally.calls:,} calls, {counts}, "
                 f"cost saved {tally.cost_saved:.6f}"
             )
     if skipped:

@@ -14,7 +14,9 @@ Decisions where DESIGN.md is silent:
 - The time is `date_unixtime` when present (UTC), else `date`, which Telegram Desktop
   writes in the exporting computer's local time without an offset: taken as UTC.
 - `from_id` `user123` is the user 123, as the gateway's sender id (`--bot` takes either
-  form); other senders (`channel123`) keep the exported id.
+  form); other senders (`channel123`) keep the exported id. Older exports (and the
+  chat-analytics samples) write `from_id` as a number, the user id itself: `19` is the
+  user 19.
 - Service messages (`type: service`: joins, pins, title changes) are skipped as
   `service`, other types as `unknown_type`; no text (a photo without caption) is
   `no_text`, no `from_id` is `no_sender`.
@@ -121,9 +123,9 @@ def _message(
     skipped: Skipped = context.skipped
     if not isinstance(item, Mapping):
         raise ReplayInputError(file, f"message {index}", "is not a JSON object")
-    when = item.get("date_unixtime", item.get("date"))
+    field = "date" if item.get("date_unixtime") is None else "date_unixtime"
     try:
-        at = parse_time(when, "date")
+        at = parse_time(item.get(field), field)
     except ValueError as exc:
         raise ReplayInputError(
             file, f"message {index} (id {_id(item.get('id'))})", str(exc)
@@ -132,15 +134,14 @@ def _message(
     if kind != "message":
         skipped.add("service" if kind == "service" else "unknown_type")
         return None
-    from_id = item.get("from_id")
-    if not isinstance(from_id, str) or not from_id:
+    sender = _sender(item.get("from_id"))
+    if sender is None:
         skipped.add("no_sender")
         return None
     text, mentions = _text(item.get("text"))
     if not text.strip():
         skipped.add("no_text")
         return None
-    sender = sender_id(from_id)
     name = item.get("from")
     shown = name if isinstance(name, str) and name else sender
     room = chat_id(chat)
@@ -158,6 +159,15 @@ def _message(
         is_direct=chat.get("type") in _DIRECT,
         channel_name=title if isinstance(title, str) and title else room,
     )
+
+
+def _sender(from_id: object) -> str | None:
+    """The sender id of a `from_id` (`user123`, or the number 123); None when there is none."""
+    if isinstance(from_id, str):
+        return sender_id(from_id) if from_id else None
+    if isinstance(from_id, int) and not isinstance(from_id, bool):
+        return str(from_id)
+    return None
 
 
 def _text(value: object) -> tuple[str, frozenset[str]]:
