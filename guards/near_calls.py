@@ -112,19 +112,11 @@ def _blank(value: object) -> object:
     """A parsed JSON value with the value of every volatile field replaced."""
     if type(value) is dict:
         return {
-            key: (
-                _PLACEHOLDER
-                if type(item) is not dict and is_volatile_field(key)
-                else _blank(item)
-                if type(item) is dict or type(item) is list
-                else item
-            )
+            key: _PLACEHOLDER if type(item) is not dict and is_volatile_field(key) else _blank(item)
             for key, item in value.items()
         }
     if type(value) is list:
-        return [
-            _blank(item) if type(item) is dict or type(item) is list else item for item in value
-        ]
+        return [_blank(item) for item in value]
     return value
 
 
