@@ -1,9 +1,18 @@
 """Per-turn tool-call guard: stop an agent that calls the same tool forever.
 
-Five signals, checked before a call runs and again after it is recorded:
+Six signals, checked before a call runs and again after it is recorded:
 - per-tool counts against the thresholds of the tool's bucket (idempotent or mutating);
 - the no-progress streak: the trailing run of identical fingerprints (tool, canonical
   arguments, the whole result), kept as a counter plus the last fingerprint;
+- the similar run: the trailing run of calls of one tool, each nearly the same call as
+  the one before (`guards.near_calls.near_args`: the same targets such as paths and
+  sessions, with only counters, flags or the wording of text changed) and with the same
+  result after normalisation. WARN at `no_progress_similar_warn` (4), HALT at
+  `no_progress_similar_halt` (10). Another tool's call, a changed result, a changed
+  target or `mark_progress` ends it. A run of identical calls only is left to the
+  no-progress streak and its thresholds; the similar run counts once one call in it
+  differs. Each call is compared with the one before only, on bounded text, so this
+  stays O(1);
 - the failure streak: per tool, its calls that failed since its last success, whatever
   their arguments; WARN at `failure_warn` (3), HALT at `failure_halt` (8). A success of
   that tool or `mark_progress` ends it (so does `reset_turn`); another tool's calls in
@@ -12,15 +21,20 @@ Five signals, checked before a call runs and again after it is recorded:
   period over a ring of the last four fingerprints;
 - the turn timer (`max_time_per_turn`).
 
-Results are compared after the volatile-token normalisation of `fingerprint_call`
+Results are compared after their volatile fields are blanked (in a JSON object or
+array, or text or bytes holding one: the value of `id`, `*_id`, `*Id`, `ts`,
+`timestamp`, `date`, `*_at`, `created*`, `updated*`, `etag`…, whatever its length; see
+`guards.near_calls`) and after the volatile-token normalisation of `fingerprint_call`
 (dates, times, UUIDs, hex and provider ids, numbers of 5+ digits): identical
-`send_message` calls whose results differ only by a fresh message id are a no-progress
-streak, while a changed status is progress. A counter whose only change is a number of
-5+ digits (bytes downloaded) therefore looks stuck: report progress in words as well, or
-call `mark_progress`.
+`send_message` calls whose results differ only by a fresh message id, even 4521 and
+4522, are a no-progress streak, while a changed status is progress. A counter whose only
+change is a number of 5+ digits (bytes downloaded) or an id field therefore looks stuck:
+report progress in words as well, or call `mark_progress`.
 
-A count BLOCK or HALT only happens when the streak this call would extend is at least
-`no_progress_warn`; a busy tool whose results keep changing gets WARN at most.
+A count BLOCK or HALT only happens when the run this call would extend is stuck: the
+streak at least `no_progress_warn`, or the similar run at least
+`no_progress_similar_warn`; a busy tool whose results keep changing, or whose calls
+change their targets, gets WARN at most.
 
 Decisions the design left open:
 - The turn timer starts at the first check or record after construction or
@@ -32,8 +46,12 @@ Decisions the design left open:
   twice; recorded without such a pre-check, it is counted. Either way `record()` answers
   BLOCK with code `blocked` (the call did not run; the next pre-check decides).
 - A failure and a success with the same text are different results.
-- Severity picks the decision; among equals: time, then no-progress, then failure, then
-  cycle, then count.
+- Severity picks the decision; among equals: time, then no-progress, then the similar
+  run, then failure, then cycle, then count.
+- A pre-check of a call nearly the same as the last one sees the similar run it would
+  extend (its result is not known yet), as a pre-check of an identical call sees the
+  streak; a blocked call nearly the same as the last one counts as a repeat of that
+  one's result under its own arguments, so retrying it reworded escalates to HALT.
 - A failed call is one recorded with `success=False`; a blocked call is none (it did
   not run), so it neither extends nor ends a failure streak.
 - `record()` reuses the canonical arguments that the `check()` just before it computed
