@@ -22,6 +22,7 @@ BENCHES = (
     "bench.silence_bench",
     "bench.history_bench",
     "bench.calls_query_bench",
+    "bench.room_memory_bench",
 )
 
 
