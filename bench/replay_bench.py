@@ -10,6 +10,8 @@ the pair budget and its cooldowns are at work throughout. The CSV is the proxy's
 calls/s of the whole replay (parsing included; CPU time of this process and wall
 clock), its peak memory (RSS), and, measured in the same run, the pipeline's own
 messages/s (`bench.pipeline_bench`). Targets: at least 20,000 messages/s, under 300 MB.
+`--huge-mb N` adds the CPU time of a Telegram export holding one N MB message, whose cost
+must grow linearly with N (it grew with its square until issue 20: 48 MB took 9 s).
 """
 
 from __future__ import annotations
@@ -115,6 +117,24 @@ def write_calls(path: Path, count: int) -> None:
             writer.writerow([cells.get(column, "") for column in CSV_COLUMNS])
 
 
+def write_huge_message(path: Path, megabytes: int) -> None:
+    """A Telegram Desktop `result.json` of one chat whose second message is `megabytes` MB."""
+    text = "a" * (megabytes * 1024**2)
+    messages = [
+        {
+            "id": index,
+            "type": "message",
+            "date_unixtime": str(START + index),
+            "from": "Alice",
+            "from_id": "user100",
+            "text": text if index == 2 else "hi",
+        }
+        for index in range(1, 4)
+    ]
+    chat = {"name": "huge", "type": "private_supergroup", "id": 1, "messages": messages}
+    path.write_text(json.dumps(chat), encoding="utf-8")
+
+
 def replay(paths: list[Path], unit: int) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one replay per `unit` record."""
     config = parse_config(REPLAY_CONFIG, env={})
@@ -136,7 +156,7 @@ async def pipeline_rate(total: int) -> float:
     return 1 / min(run.cpu for run in runs)
 
 
-def main(messages: int, calls: int) -> None:
+def main(messages: int, calls: int, huge_mb: int = 0) -> None:
     with tempfile.TemporaryDirectory(prefix="replay-bench-") as folder:
         export, log = Path(folder) / "general.json", Path(folder) / "calls.csv"
         started = time.perf_counter()
@@ -147,6 +167,11 @@ def main(messages: int, calls: int) -> None:
         chat_cpu, chat_wall = replay([export], messages)
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         call_cpu, call_wall = replay([log], calls)
+        if huge_mb:
+            huge = Path(folder) / "result.json"
+            write_huge_message(huge, huge_mb)
+            huge_cpu, _ = replay([huge], 1)
+            print(f"replay, one {huge_mb:,} MB message {huge_cpu:>9.2f} CPU s (Telegram export)")
     pipeline = asyncio.run(pipeline_rate(60_000))
     rate = 1 / chat_cpu
     print(f"discord export          {messages:>12,} messages  {size_mb:,.0f} MB")
@@ -165,10 +190,11 @@ def cli() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages in the export")
     parser.add_argument("--calls", type=int, default=100_000, help="rows in the CSV")
     parser.add_argument("--quick", action="store_true", help="a tenth of each")
+    parser.add_argument("--huge-mb", type=int, default=0, help="also one message this large")
     args = parser.parse_args()
     if args.quick:
         args.messages, args.calls = args.messages // 10, args.calls // 10
-    main(args.messages, args.calls)
+    main(args.messages, args.calls, args.huge_mb)
 
 
 if __name__ == "__main__":
