@@ -40,15 +40,18 @@ ENTRY_OVERHEAD = 160
 TRANSCRIPT_OVERHEAD = 1_100
 
 
+# An ASCII string holds `sys.getsizeof("")` plus one byte a character, so an all-ASCII
+# entry (the usual one) is counted from lengths, without four `getsizeof` calls.
+_ASCII_ENTRY = ENTRY_OVERHEAD + 4 * sys.getsizeof("")
+
+
 def entry_bytes(entry: TranscriptEntry) -> int:
     """The memory one stored entry holds (its four strings and `ENTRY_OVERHEAD`)."""
-    return (
-        ENTRY_OVERHEAD
-        + sys.getsizeof(entry.text)
-        + sys.getsizeof(entry.sender_name)
-        + sys.getsizeof(entry.key)
-        + sys.getsizeof(entry.sender_id)
-    )
+    text, name, key, sender = entry.text, entry.sender_name, entry.key, entry.sender_id
+    if text.isascii() and name.isascii() and key.isascii() and sender.isascii():
+        return _ASCII_ENTRY + len(text) + len(name) + len(key) + len(sender)
+    size_of = sys.getsizeof
+    return ENTRY_OVERHEAD + size_of(text) + size_of(name) + size_of(key) + size_of(sender)
 
 
 @dataclass(slots=True)
@@ -107,7 +110,8 @@ class MemoryTranscripts:
         self._bytes += size
         while len(held.entries) > max_messages:
             self._bytes -= held.drop_oldest()
-        self._fit(held)
+        if self._bytes > self._max_bytes:
+            self._fit(held)
         return True
 
     def recent(self, scope: str, limit: int, now: float) -> Transcript:

@@ -34,12 +34,22 @@ def one_transcript_bytes(scope: str, entries: list[TranscriptEntry]) -> int:
     return TRANSCRIPT_OVERHEAD + sys.getsizeof(scope) + sum(map(entry_bytes, entries))
 
 
-def test_issue20_an_entry_counts_its_text_name_key_sender_and_overhead() -> None:
-    entry = said("room:a:1")
+@pytest.mark.parametrize(
+    "entry",
+    [
+        said("room:a:1"),
+        TranscriptEntry("room:a:2", "U1", "ann", "plain ASCII, counted from lengths"),
+        TranscriptEntry("room:a:3", "U1", "Ånn", "ascii text, a Latin-1 name"),
+        TranscriptEntry("room:a:4", "U1", "ann", "ħ" * 100),
+    ],
+)
+def test_issue20_an_entry_counts_its_text_name_key_sender_and_overhead(
+    entry: TranscriptEntry,
+) -> None:
     assert entry_bytes(entry) == ENTRY_OVERHEAD + sum(
         sys.getsizeof(part) for part in (entry.text, entry.sender_name, entry.key, entry.sender_id)
     )
-    assert entry_bytes(entry) > 16_000
+    assert entry_bytes(said("room:a:1")) > 16_000
 
 
 def test_issue20_the_byte_budget_evicts_the_least_recently_written_transcripts_first() -> None:
