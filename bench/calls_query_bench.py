@@ -40,14 +40,16 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from pydantic import SecretStr
 
-from gateway.admin import AdminService
-from gateway.calls.admin_routes import calls_admin_routes
+from gateway.admin.access import AdminAccess
+from gateway.admin.calls import calls_admin_routes
+from gateway.admin.service import AdminService
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.query import CallFilter
 from gateway.calls.query_sqlite import INDEXES
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import OUTCOMES, CallLogEntry, CallStore
-from gateway.config import parse_config
+from gateway.calls.store import OUTCOMES, CallStore
+from gateway.config.schema import parse_config
 from gateway.state.memory import MemoryStateStore
 from tests.fakes.redis_server import RedisServer
 
@@ -114,7 +116,7 @@ async def _endpoint_ms(store: CallStore) -> float:
         calls_admin_routes(
             AdminService(config, state, calls=store),
             state,
-            SecretStr(TOKEN),
+            AdminAccess(SecretStr(TOKEN)),
             store=store,
             proxy=None,
         )

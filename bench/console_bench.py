@@ -37,18 +37,19 @@ from bench.pipeline_bench import (
     NullConnector,
     workload,
 )
-from gateway.activity import ActivityFeed
-from gateway.activity_routes import ActivityRoutes
-from gateway.admin import AdminService
-from gateway.config import Config, parse_config
-from gateway.context import TurnContext
-from gateway.delivery import Delivery
-from gateway.metrics import Metrics
-from gateway.pipeline import Handler
-from gateway.refusals import RecentRefusals
-from gateway.stages import build_gateway_pipeline
+from gateway.admin.access import AdminAccess
+from gateway.admin.activity import ActivityRoutes
+from gateway.admin.service import AdminService
+from gateway.app.context import TurnContext
+from gateway.app.pipeline import Handler
+from gateway.app.refusals import RecentRefusals
+from gateway.app.stages import build_gateway_pipeline
+from gateway.app.types import InboundMessage
+from gateway.config.schema import Config, parse_config
+from gateway.delivery.sender import Delivery
+from gateway.observability.activity import ActivityFeed
+from gateway.observability.metrics import Metrics
 from gateway.state.memory import MemoryStateStore
-from gateway.types import InboundMessage
 
 TARGET_RATIO = 0.95
 FEED_GOAL = 0.9
@@ -136,7 +137,9 @@ async def main(total: int, repeat: int) -> None:
     config = parse_config(CONFIG, env={})
     feed = ActivityFeed(MemoryStateStore())
     routes = ActivityRoutes(
-        AdminService(config, feed.state, recent=RecentRefusals()), feed, SecretStr(TOKEN)
+        AdminService(config, feed.state, recent=RecentRefusals()),
+        feed,
+        AdminAccess(SecretStr(TOKEN)),
     )
     app = web.Application()
     app.add_routes(routes.routes())

@@ -27,20 +27,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.pipeline_bench import NullConnector
-from gateway.admin import AdminService
-from gateway.config import Config, parse_config
-from gateway.context import TurnContext
-from gateway.delivery import Delivery
-from gateway.metrics import Metrics
-from gateway.middlewares.transcript import conversation
-from gateway.pipeline import Handler
-from gateway.refusals import RecentRefusals
-from gateway.stages import build_gateway_pipeline
+from gateway.admin.service import AdminService
+from gateway.app.context import TurnContext
+from gateway.app.middlewares.transcript import conversation
+from gateway.app.pipeline import Handler
+from gateway.app.refusals import RecentRefusals
+from gateway.app.stages import build_gateway_pipeline
+from gateway.app.types import AgentResult, InboundMessage
+from gateway.config.schema import Config, parse_config
+from gateway.delivery.sender import Delivery
+from gateway.observability.metrics import Metrics
 from gateway.state.base import StateStore, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
-from gateway.types import AgentResult, InboundMessage
 from tests.fakes.redis_server import RedisServer
 
 TARGET_ADDED_MS = 1.0

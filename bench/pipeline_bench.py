@@ -25,16 +25,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.admin import AdminService
-from gateway.config import Config, parse_config
-from gateway.connector import Capabilities, Sink
-from gateway.context import TurnContext
-from gateway.delivery import Delivery
-from gateway.metrics import Metrics
-from gateway.refusals import RecentRefusals
-from gateway.stages import build_gateway_pipeline
+from gateway.admin.service import AdminService
+from gateway.app.connector import Capabilities, Sink
+from gateway.app.context import TurnContext
+from gateway.app.refusals import RecentRefusals
+from gateway.app.stages import build_gateway_pipeline
+from gateway.app.types import AgentResult, InboundMessage, Reply
+from gateway.config.schema import Config, parse_config
+from gateway.delivery.sender import Delivery
+from gateway.observability.metrics import Metrics
 from gateway.state.memory import MemoryStateStore
-from gateway.types import AgentResult, InboundMessage, Reply
 
 TARGET_RATE = 20_000
 TARGET_ADDED_US = 30.0

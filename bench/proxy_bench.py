@@ -16,7 +16,7 @@ proxy and the provider share one event loop (one CPU), so requests/s through the
 also pay for the provider's and the client's work twice over: the ratio is a floor, the
 added latency the figure to watch.
 
-Each runs first on the event loop `loopwarden proxy` serves on (gateway/eventloop.py:
+Each runs first on the event loop `loopwarden proxy` serves on (gateway/app/eventloop.py:
 uvloop when installed), then on asyncio's standard loop, so the run also shows what
 uvloop takes off; all of it ROUNDS times, since one run's p50 moves with the machine
 by more than the figures differ. Targets (judged on the served loop, the median of the
@@ -50,8 +50,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway import eventloop
-from gateway.config import parse_config
+from gateway.app import eventloop
+from gateway.config.schema import parse_config
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM

@@ -7,7 +7,7 @@ strictly: `int()` alone would take `"١٢٣"` (Arabic-Indic digits), `" 12 "` or
 
 from __future__ import annotations
 
-from gateway.errors import DeliveryError
+from gateway.app.errors import DeliveryError
 
 _LIMIT = 2**64
 

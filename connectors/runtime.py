@@ -24,10 +24,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 
 from connectors.skips import Skip
-from gateway.connector import ConnectorServices, Sink
-from gateway.errors import GatewayStopping
-from gateway.logs import RedactingFilter
-from gateway.types import InboundMessage
+from gateway.app.connector import ConnectorServices, Sink
+from gateway.app.errors import GatewayStopping
+from gateway.app.types import InboundMessage
+from gateway.observability.logs import RedactingFilter
 
 
 class Outcome(enum.Enum):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from connectors.backoff import Backoff, Sleep
+from gateway.app.backoff import Backoff, Sleep
 
 
 @dataclass(frozen=True, slots=True)

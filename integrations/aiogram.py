@@ -40,7 +40,7 @@ try:
 except ModuleNotFoundError as exc:
     raise missing_extra(__name__, "aiogram", "aiogram") from exc
 
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 from integrations.room_guard import RoomGuard, admit_inbound, wrong_bot_id
 
 __all__ = ["LoopwardenMiddleware", "ReplyFilter"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.errors import LoopwardenError
+from gateway.app.errors import LoopwardenError
 
 
 class MissingExtraError(LoopwardenError, ImportError):

@@ -12,7 +12,7 @@ once per `Runner.run` and hands to every tool call of the run (agents used as to
 their caller's, so their calls count in the caller's turn).
 
 The guard fingerprints the arguments the model sent, parsed as JSON; arguments that are
-not acceptable JSON (`gateway.jsonbody`) are fingerprinted as their text, and the tool
+not acceptable JSON (`gateway.app.jsonbody`) are fingerprinted as their text, and the tool
 answers them as it always does.
 """
 
@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from gateway.jsonbody import JsonBodyError, parse_json
+from gateway.app.jsonbody import JsonBodyError, parse_json
 from guards.tool_wrapper import guarded_call
 from integrations.extras import missing_extra
 from integrations.run_guards import GuardSource, RunGuards

@@ -10,8 +10,8 @@ same `StateStore` (built by `gateway.state.factory.build_state`), in the pipelin
   refused (`duplicate`), through `state.claim`: a platform's redelivery is charged once.
 - bot turns: `state.bot_turn(room, is_bot=..., message_key=...)` exactly as the `bot_turns`
   stage calls it, so a human message resets the count even when it is turned away.
-- respond_to: `gateway.middlewares.admission.turned_away`, the admission stage's rule.
-- the bot-loop stage (gateway/middlewares/bot_loop.py), calling the store as it does:
+- respond_to: `gateway.app.middlewares.admission.turned_away`, the admission stage's rule.
+- the bot-loop stage (gateway/app/middlewares/bot_loop.py), calling the store as it does:
   bot messages beyond `max_consecutive_bot_turns` are refused (`bot_turn_cap`) without
   charging the pair; otherwise `state.pair_decide` records the exchange between `bot_id`
   and the sender and decides it atomically. The one exchange that exceeds the budget
@@ -41,7 +41,7 @@ Decisions where DESIGN.md is silent:
   `rediss://` or `unix://` URL (the gateway's Redis backend with its defaults: key prefix
   `lw:`, `on_error: allow`). Anything else is a `ConfigError` on `state` that never
   echoes the value (a URL may hold a password).
-- `policy` is a `gateway.config.Policy` or a mapping shaped like the config file's
+- `policy` is a `gateway.config.schema.Policy` or a mapping shaped like the config file's
   `policy:` section, validated the same way (errors name `policy.<field>`). Pauses and
   runtime overrides set on a gateway are not read: the guard's policy is the one given.
 - The cooldown notice names no admin command (a guarded bot has none):
@@ -69,13 +69,13 @@ from typing import TypeVar
 
 from pydantic import SecretStr, ValidationError
 
-from gateway import messages
-from gateway.config import Policy, StateConfig, first_error
-from gateway.errors import ConfigError, LoopwardenError
-from gateway.middlewares.admission import turned_away
+from gateway.app import messages
+from gateway.app.errors import ConfigError, LoopwardenError
+from gateway.app.middlewares.admission import turned_away
+from gateway.app.types import InboundMessage
+from gateway.config.schema import Policy, StateConfig, first_error
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
-from gateway.types import InboundMessage
 from guards.room_budget import RoomDecision
 from guards.silence import apply_silence
 
@@ -519,7 +519,7 @@ def _policy(policy: object) -> Policy:
         raise ConfigError(
             "policy",
             "must be a mapping shaped like the config file's policy: section "
-            f"(or a gateway.config.Policy), got a {type(policy).__name__}",
+            f"(or a gateway.config.schema.Policy), got a {type(policy).__name__}",
         )
     try:
         validated = Policy.model_validate(policy)

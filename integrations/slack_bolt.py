@@ -39,7 +39,7 @@ except ModuleNotFoundError as exc:
 
 from connectors.skips import Skip
 from connectors.slack.inbound import BotIdentity, translate_payload
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 from integrations.room_guard import (
     Decision,
     RoomGuard,

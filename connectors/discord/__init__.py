@@ -5,8 +5,8 @@ from __future__ import annotations
 from connectors.discord.connector import DiscordConnector, RoutedHTTPClient
 from connectors.discord.inbound import BotIdentity, to_inbound, translate_message
 from connectors.skips import Skip
-from gateway.config import DiscordBotConfig
-from gateway.connector import ConnectorServices
+from gateway.app.connector import ConnectorServices
+from gateway.config.schema import DiscordBotConfig
 
 __all__ = [
     "BotIdentity",

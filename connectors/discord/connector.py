@@ -28,7 +28,7 @@ Decisions where DESIGN.md is silent:
   `start` returns at READY: discord.py's `on_ready` waits `guild_ready_timeout` after the
   last GUILD_CREATE, which nothing here needs. discord.py reconnects and resumes by itself;
   if its loop ends anyway (a revoked token, an unexpected error), the connector logs in
-  again with doubling delays until closed (`connectors.backoff`).
+  again with doubling delays until closed (`gateway.app.backoff`).
 - Replies are translated by the pure `outbound` module (reply reference, mention rules).
   A reply with a `thread_id` goes into that thread. With
   `reply_in_thread`, the first reply to a channel message opens a thread on it (named after
@@ -81,10 +81,10 @@ from connectors.lanes import Lanes
 from connectors.runtime import ConnectorRuntime
 from connectors.skips import Skip
 from connectors.timing import Timing
-from gateway.config import DiscordBotConfig
-from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError
-from gateway.types import InboundMessage, Reply
+from gateway.app.connector import Capabilities, ConnectorServices, Sink
+from gateway.app.errors import ConnectorError, DeliveryError
+from gateway.app.types import InboundMessage, Reply
+from gateway.config.schema import DiscordBotConfig
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib `audioop` (for voice), deprecated since Python 3.11.

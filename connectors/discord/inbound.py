@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from connectors.skips import Skip
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 
 PLATFORM = "discord"
 CONVERSATION_TYPES = frozenset({0, 19, 20, 23})  # default, reply, slash and context commands

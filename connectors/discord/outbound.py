@@ -28,7 +28,7 @@ import aiohttp
 
 from connectors.discord.inbound import PLATFORM
 from connectors.ids import numeric_id
-from gateway.types import Reply
+from gateway.app.types import Reply
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib `audioop` (for voice), deprecated since Python 3.11.

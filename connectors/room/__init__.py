@@ -5,8 +5,8 @@ from __future__ import annotations
 from connectors.room.connector import PLATFORM, RoomConnector
 from connectors.room.hub import RoomHub
 from connectors.room.reclaim import ForgetRoom
-from gateway.config import RoomBotConfig
-from gateway.connector import ConnectorServices
+from gateway.app.connector import ConnectorServices
+from gateway.config.schema import RoomBotConfig
 
 __all__ = ["RoomConnector", "RoomHub", "create"]
 

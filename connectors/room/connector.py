@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from connectors.room.hub import RoomHub, RoomMessage
-from gateway.config import RoomBotConfig
-from gateway.connector import Capabilities, Sink
-from gateway.errors import DeliveryError, GatewayStopping
-from gateway.types import InboundMessage, Reply
+from gateway.app.connector import Capabilities, Sink
+from gateway.app.errors import DeliveryError, GatewayStopping
+from gateway.app.types import InboundMessage, Reply
+from gateway.config.schema import RoomBotConfig
 
 log = logging.getLogger("loopwarden.room")
 

@@ -24,7 +24,7 @@ Decisions where DESIGN.md is silent:
 - Bounds per client: `MAX_CONNECTIONS_PER_ADDRESS` open websockets per remote address
   (429 beyond), `MAX_JOINS` join frames per connection, frames up to `MAX_FRAME_BYTES`
   (aiohttp closes with 1009 beyond; a text frame that is not UTF-8 gets 1007). A frame
-  that is not acceptable JSON (gateway.jsonbody: too deep, 5,000-digit numbers, NaN) or is
+  that is not acceptable JSON (gateway.app.jsonbody: too deep, 5,000-digit numbers, NaN) or is
   binary gets an error notice and the socket stays open.
 - At most `MAX_ROOMS` rooms besides the lobby. When a join needs a new room and none is
   left, the rooms without clients are reclaimed (transcript and all). The lobby is never
@@ -56,7 +56,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from connectors.room.access import RoomAccess, name_key
 from connectors.room.client import RoomClient
 from connectors.room.reclaim import ForgetRoom, Reclaimed
-from gateway.jsonbody import JsonBodyError, parse_json
+from gateway.app.jsonbody import JsonBodyError, parse_json
 
 log = logging.getLogger("loopwarden.room")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from connectors.skips import Skip
 from connectors.slack.connector import SlackConnector
 from connectors.slack.inbound import BotIdentity, to_inbound, translate_payload
-from gateway.config import SlackBotConfig
-from gateway.connector import ConnectorServices
+from gateway.app.connector import ConnectorServices
+from gateway.config.schema import SlackBotConfig
 
 __all__ = ["BotIdentity", "Skip", "SlackConnector", "create", "to_inbound", "translate_payload"]
 

@@ -12,7 +12,7 @@ Decisions where DESIGN.md is silent:
   signature before it parses anything (slack-sdk's `SignatureVerifier`, over the body's
   bytes: v0 HMAC, at most 5 minutes old): a forged, unsigned or stale request gets 401,
   a request while the connector is not running 503 (Slack redelivers it), then a signed
-  body that is neither a JSON object `gateway.jsonbody.parse_json` accepts nor a
+  body that is neither a JSON object `gateway.app.jsonbody.parse_json` accepts nor a
   form-encoded slash command gets 400 (not UTF-8, nested deeper than 64, a 5,000-digit
   number…), so bolt only ever parses what was already found safe. `url_verification` and
   `ssl_check` are answered by bolt. A payload nobody listens to, one bolt cannot even read
@@ -92,12 +92,11 @@ from connectors.slack.outbound import (
     to_update,
 )
 from connectors.timing import Timing
-from gateway.config import SlackBotConfig
-from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError
-from gateway.http import read_body
-from gateway.jsonbody import JsonBodyError, parse_json
-from gateway.types import InboundMessage, Reply
+from gateway.app.connector import Capabilities, ConnectorServices, Sink
+from gateway.app.errors import ConnectorError, DeliveryError
+from gateway.app.jsonbody import JsonBodyError, parse_json, read_body
+from gateway.app.types import InboundMessage, Reply
+from gateway.config.schema import SlackBotConfig
 
 log = logging.getLogger(__name__)
 _bolt_log = logging.getLogger(f"{__name__}.bolt")

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from connectors.skips import Skip
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 
 PLATFORM = "slack"
 COMMAND = "/loop"

@@ -22,7 +22,7 @@ from typing import Literal
 
 from slack_sdk.errors import SlackApiError
 
-from gateway.types import Reply
+from gateway.app.types import Reply
 
 DEFAULT_RETRY_AFTER = 1.0
 

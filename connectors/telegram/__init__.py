@@ -5,8 +5,8 @@ from __future__ import annotations
 from connectors.skips import Skip
 from connectors.telegram.connector import TelegramConnector
 from connectors.telegram.inbound import BotIdentity, to_inbound, translate_update
-from gateway.config import TelegramBotConfig
-from gateway.connector import ConnectorServices
+from gateway.app.connector import ConnectorServices
+from gateway.config.schema import TelegramBotConfig
 
 __all__ = ["BotIdentity", "Skip", "TelegramConnector", "create", "to_inbound", "translate_update"]
 

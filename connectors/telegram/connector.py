@@ -19,12 +19,12 @@ Decisions where DESIGN.md is silent:
   and the update stays unconfirmed for the next run to answer.
 - A failing getUpdates (dropped connection, 5xx, 409 conflict, a refused token, any other
   error) marks the bot disconnected (`/readyz` 503) and is retried with doubling delays
-  (`connectors.backoff`); `RetryAfter` waits as told. Nothing ends the loop but `aclose`
+  (`gateway.app.backoff`); `RetryAfter` waits as told. Nothing ends the loop but `aclose`
   and a stopping gateway.
 - Webhook mode registers `/telegram/{bot_id}`; a request without the right
   `X-Telegram-Bot-Api-Secret-Token` gets 401 (counted as `unauthorized`), one while the
   bot is not running 503, a body over `MAX_BODY_BYTES` (1 MiB) 413 (`too_large`), a body
-  `gateway.jsonbody.parse_json` refuses (not JSON, not UTF-8, nested deeper than 64, a
+  `gateway.app.jsonbody.parse_json` refuses (not JSON, not UTF-8, nested deeper than 64, a
   5,000-digit number…) 400, an update that could not be handed to the pipeline 500
   (Telegram redelivers it; dedupe answers once), anything else 200: also JSON that is not
   an update object, or one whose fields have the wrong types, which is dropped and counted
@@ -96,12 +96,11 @@ from connectors.telegram.outbound import (
     to_send_message,
 )
 from connectors.timing import Timing
-from gateway.config import TelegramBotConfig
-from gateway.connector import Capabilities, ConnectorServices, Sink
-from gateway.errors import ConnectorError, DeliveryError
-from gateway.http import read_body
-from gateway.jsonbody import JsonBodyError, parse_json
-from gateway.types import InboundMessage, Reply
+from gateway.app.connector import Capabilities, ConnectorServices, Sink
+from gateway.app.errors import ConnectorError, DeliveryError
+from gateway.app.jsonbody import JsonBodyError, parse_json, read_body
+from gateway.app.types import InboundMessage, Reply
+from gateway.config.schema import TelegramBotConfig
 
 log = logging.getLogger(__name__)
 

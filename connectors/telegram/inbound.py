@@ -42,7 +42,7 @@ from telegram import Message, MessageEntity, Update
 from telegram.constants import ChatType, MessageEntityType
 
 from connectors.skips import Skip
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 
 PLATFORM = "telegram"
 _GROUPS = frozenset({ChatType.GROUP, ChatType.SUPERGROUP})

@@ -32,7 +32,7 @@ from telegram.warnings import PTBDeprecationWarning
 
 from connectors.ids import numeric_id
 from connectors.telegram.inbound import PLATFORM
-from gateway.types import Reply
+from gateway.app.types import Reply
 
 DEFAULT_RETRY_AFTER = 1.0
 _NOTHING_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)

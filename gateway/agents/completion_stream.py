@@ -9,7 +9,7 @@ returns what a request without `stream` would have: `{"choices": [{"message": {"
 the `usage` of a usage chunk (`stream_options.include_usage`) comes along as it came.
 
 Bad input ends the read with `CompletionStreamError` saying why: a data line that
-`gateway.jsonbody.parse_json` refuses (not UTF-8, not JSON, nested deeper than 64, a
+`gateway.app.jsonbody.parse_json` refuses (not UTF-8, not JSON, nested deeper than 64, a
 5,000-digit number, NaN or Infinity), a chunk of the wrong shape, an `error` object in
 the stream, a tool call index of `MAX_TOOL_CALLS` or more, over `MAX_STREAM_BYTES` in all;
 a stream that ends before `[DONE]` and without a finish reason was cut short
@@ -22,8 +22,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gateway.errors import LoopwardenError
-from gateway.jsonbody import JsonBodyError, parse_json
+from gateway.app.errors import LoopwardenError
+from gateway.app.jsonbody import JsonBodyError, parse_json
 
 MAX_TOOL_CALLS = 128
 MAX_STREAM_BYTES = 8 * 1024 * 1024

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from gateway.agents.base import Agent
 from gateway.agents.http import HttpAgent
 from gateway.agents.openai import OpenAIAgent
 from gateway.agents.python_fn import PythonAgent
 from gateway.agents.scripted import ScriptedAgent
+from gateway.agents.spend import AgentBudgets
+from gateway.app.context import Agent
 from gateway.calls.store import CallStore
-from gateway.config import (
+from gateway.config.schema import (
     AgentConfig,
     HttpAgentConfig,
     OpenAIAgentConfig,
@@ -16,7 +17,6 @@ from gateway.config import (
     ScriptedAgentConfig,
 )
 from gateway.proxy.request_log import RequestLog
-from gateway.spend import AgentBudgets
 
 
 def build_agent(

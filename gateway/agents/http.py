@@ -24,7 +24,7 @@ Decisions where DESIGN.md is silent:
   only to the configured `url`. A 3xx ends the turn, and the log says to set `url` to the
   final address.
 - An answer is read up to `MAX_ANSWER_BYTES` (1 MiB), declared or sent, and must be a
-  JSON object (`gateway.jsonbody.parse_json`: UTF-8, nesting, huge numbers) whose `reply`
+  JSON object (`gateway.app.jsonbody.parse_json`: UTF-8, nesting, huge numbers) whose `reply`
   is a string or null; other keys are ignored, so a service may add its own.
 - A failed turn posts `messages.HTTP_AGENT_DOWN` and logs one warning naming the agent,
   the url's origin (its path may carry a token, as n8n webhook paths do) and why; never
@@ -49,14 +49,14 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential
 from yarl import URL
 
-from gateway import messages
-from gateway.config import HttpAgentConfig
-from gateway.errors import LoopwardenError
-from gateway.jsonbody import JsonBodyError, parse_json
-from gateway.types import AgentResult, InboundMessage
+from gateway.app import messages
+from gateway.app.errors import LoopwardenError
+from gateway.app.jsonbody import JsonBodyError, parse_json
+from gateway.app.types import AgentResult, InboundMessage
+from gateway.config.schema import HttpAgentConfig
 
 if TYPE_CHECKING:
-    from gateway.context import TurnContext
+    from gateway.app.context import TurnContext
 
 log = logging.getLogger("loopwarden.agents.http")
 

@@ -5,7 +5,7 @@ background task that connects through the official `mcp` SDK (a stdio `command` 
 as a child process, or a streamable-HTTP `url`), lists the server's tools, and stays
 connected; while it is down its tools are missing and the agent runs without them. A
 server that cannot start, or drops, is logged and connected again with doubling waits
-(`connectors.backoff.Backoff`: 1 s up to 60 s). The gateway's `/readyz` does not look at
+(`gateway.app.backoff.Backoff`: 1 s up to 60 s). The gateway's `/readyz` does not look at
 MCP servers: it is about bots being connected.
 
 Each tool is offered as `<server>__<tool>` (`McpTool.wire_name`) with its input schema, and
@@ -68,10 +68,10 @@ from mcp.types import (
 )
 from pydantic import ValidationError
 
-from connectors.backoff import Backoff, Sleep
-from gateway.config import McpServerConfig
-from gateway.errors import LoopwardenError
-from gateway.jsonbody import JsonBodyError, parse_json
+from gateway.app.backoff import Backoff, Sleep
+from gateway.app.errors import LoopwardenError
+from gateway.app.jsonbody import JsonBodyError, parse_json
+from gateway.config.schema import McpServerConfig
 from guards.loop_guard import classify_tool_name
 
 log = logging.getLogger("loopwarden.agents.mcp")

@@ -51,14 +51,14 @@ Decisions where DESIGN.md is silent:
   refuses is sent anyway (the store's state is what enforce mode would leave: the
   refused call is not counted, a pause opens) and the refusal is in `AgentResult.shadowed`.
 - `stream: true` asks for a streamed completion (`gateway.agents.completion_stream`)
-  where the platform edits messages (`turn.stream`, gateway.streaming; elsewhere the
+  where the platform edits messages (`turn.stream`, gateway.delivery.streaming; elsewhere the
   request is not streamed and the reply is sent whole). Every round is streamed and its
   tool-call deltas are assembled, so tools work as without streaming; each request starts
   the stream afresh (`restart`), so a round that ends in tool calls, or an attempt that is
   retried, leaves no text of its own: the next round's text replaces it in the same
   message. A stream is bounded by `timeout` between two reads, not in total (the turn
   timeout bounds the whole turn); a stream cut short is retried like a dropped connection.
-- Spend (`policy.spend`, `gateway.spend`): each request is admitted by the room's budget
+- Spend (`policy.spend`, `gateway.agents.spend`): each request is admitted by the room's budget
   and the call guard in one step (`CallStore.admit`); a refused one is never sent and
   ends the turn with `halt=Halt("spend", "budget_exceeded")`, the room's humans getting
   one notice per period and bots nothing. A sent request is charged what its usage block
@@ -93,19 +93,20 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential
 
-from gateway import messages
 from gateway.agents.completion_stream import CompletionStreamError, read_completion
 from gateway.agents.python_fn import import_callable
+from gateway.agents.spend import PROVIDER, AgentBudgets, CallCharge, reported_usage
+from gateway.app import messages
+from gateway.app.errors import ConfigError, LoopwardenError
+from gateway.app.jsonbody import JsonBodyError, parse_json
+from gateway.app.types import AgentResult, Halt, HistoryEntry, ToolCall
 from gateway.calls.budgets import Amount, SpendHold
-from gateway.calls.store import CallOutcome, CallStore, MemoryCallStore
-from gateway.config import OpenAIAgentConfig, SpendSettings
-from gateway.errors import ConfigError, LoopwardenError
-from gateway.jsonbody import JsonBodyError, parse_json
+from gateway.calls.entry import CallOutcome
+from gateway.calls.store import CallStore, MemoryCallStore
+from gateway.config.schema import OpenAIAgentConfig, SpendSettings
 from gateway.proxy.provider import Usage
 from gateway.proxy.refusal import refusal_outcome
 from gateway.proxy.request_log import RequestLog
-from gateway.spend import PROVIDER, AgentBudgets, CallCharge, reported_usage
-from gateway.types import AgentResult, Halt, HistoryEntry, ToolCall
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,
@@ -119,9 +120,9 @@ from guards.tool_wrapper import guarded_call, settling_decision
 
 if TYPE_CHECKING:
     from gateway.agents.mcp import McpTool, McpToolbox
-    from gateway.context import TurnContext
+    from gateway.app.context import TurnContext
+    from gateway.delivery.streaming import ReplyStream
     from gateway.state.base import StateStore
-    from gateway.streaming import ReplyStream
 
 log = logging.getLogger("loopwarden.agents.openai")
 

@@ -18,12 +18,12 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gateway.config import PythonAgentConfig
-from gateway.errors import ConfigError
-from gateway.types import AgentResult
+from gateway.app.errors import ConfigError
+from gateway.app.types import AgentResult
+from gateway.config.schema import PythonAgentConfig
 
 if TYPE_CHECKING:
-    from gateway.context import TurnContext
+    from gateway.app.context import TurnContext
 
 
 def import_callable(ref: str, *, field: str) -> Callable[..., object]:

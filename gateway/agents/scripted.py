@@ -17,11 +17,11 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from gateway.config import ScriptedAgentConfig
-from gateway.types import AgentResult
+from gateway.app.types import AgentResult
+from gateway.config.schema import ScriptedAgentConfig
 
 if TYPE_CHECKING:
-    from gateway.context import TurnContext
+    from gateway.app.context import TurnContext
 
 Sleep = Callable[[float], Awaitable[object]]
 

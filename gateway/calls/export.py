@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TextIO
 
-from gateway.calls.store import CallLogEntry
+from gateway.calls.entry import CallLogEntry
 
 # Where a spreadsheet may start a cell (the cell's start, or after a separator or line
 # break of some list-separator setting) followed, after spaces and quotes, by what starts

@@ -11,9 +11,9 @@ import importlib
 from collections.abc import Callable, Iterable
 from typing import cast
 
+from gateway.app.errors import ConfigError
 from gateway.calls.store import LOG_KEEP, CallStore, MemoryCallStore
-from gateway.config import StateConfig
-from gateway.errors import ConfigError
+from gateway.config.schema import StateConfig
 from guards.call_loop import CallLoopPolicy, UniquenessRule
 
 

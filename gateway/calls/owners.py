@@ -18,8 +18,8 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from gateway.app.errors import StateError
 from gateway.calls.budgets import OWNER_SECONDS
-from gateway.errors import StateError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.calls.store import CallLogEntry
+from gateway.calls.entry import CallLogEntry
 from guards.call_loop import UniquenessRule, preview_rule, rule_key
 
 PREVIEW_SECONDS = 7 * 86_400.0

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # store.py imports this module for its memory backend
-    from gateway.calls.store import CallLogEntry, CallOutcome
+    from gateway.calls.entry import CallLogEntry, CallOutcome
 
 SENT_OUTCOMES = frozenset({"forwarded", "upstream_error"})
 """The outcomes of calls that went to the provider; every other outcome is a refusal."""

@@ -41,8 +41,9 @@ from typing import NamedTuple
 
 from redis.asyncio import Redis
 
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.query import CallFilter, CallSums, call_sums, series_start
-from gateway.calls.store import OUTCOMES, CallLogEntry
+from gateway.calls.store import OUTCOMES
 
 HOUR = 3600.0
 AGGREGATED = ("agent", "model", "customer", "feature")

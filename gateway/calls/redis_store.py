@@ -66,6 +66,7 @@ from contextlib import aclosing
 from types import MappingProxyType
 from typing import cast
 
+from gateway.app.errors import StateError
 from gateway.calls import anomaly_redis, budgets_redis, query_redis
 from gateway.calls.anomaly import AnomalyCharge, agent_paused
 from gateway.calls.budgets import (
@@ -80,6 +81,7 @@ from gateway.calls.budgets import (
     SpendVerdict,
 )
 from gateway.calls.budgets_redis import SPEND_CHECK, SPEND_HOLD, SPEND_PRELUDE
+from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.owners import OwnerLease
 from gateway.calls.query import (
     CallFilter,
@@ -96,14 +98,11 @@ from gateway.calls.store import (
     LOG_KEEP,
     OUTCOMES,
     Admission,
-    CallLogEntry,
-    CallOutcome,
     MemoryCallStore,
     Settled,
     ShadowGuards,
 )
 from gateway.calls.verdicts import receipt_to_uncount
-from gateway.errors import StateError
 from gateway.state.receipts import new_owner
 from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
 from guards.call_loop import (

@@ -63,6 +63,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import cast
 
+from gateway.app.errors import StateError
 from gateway.calls import anomaly_sqlite, budgets_sqlite, query_sqlite
 from gateway.calls.anomaly import AnomalyCharge, anomaly_pause, step_agent_hold, step_anomaly
 from gateway.calls.budgets import (
@@ -77,20 +78,11 @@ from gateway.calls.budgets import (
     step_release,
     step_spend,
 )
+from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.owners import OwnerLease
 from gateway.calls.query import CallFilter, CallPage, CallTotals, CostBucket, Cursor, page_of
-from gateway.calls.store import (
-    ENFORCED,
-    LOG_KEEP,
-    OUTCOMES,
-    Admission,
-    CallLogEntry,
-    CallOutcome,
-    Settled,
-    ShadowGuards,
-)
+from gateway.calls.store import ENFORCED, LOG_KEEP, OUTCOMES, Admission, Settled, ShadowGuards
 from gateway.calls.verdicts import receipt_to_uncount
-from gateway.errors import StateError
 from gateway.state.receipts import new_owner
 from gateway.state.sqlite_db import SqliteDb
 from guards.call_loop import (

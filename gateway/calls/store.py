@@ -20,9 +20,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
-from typing import Literal, NamedTuple, Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from gateway.calls.anomaly import (
     ANOMALY_PREFIX,
@@ -47,6 +46,7 @@ from gateway.calls.budgets import (
     step_spend,
 )
 from gateway.calls.budgets_memory import SpendTable
+from gateway.calls.entry import _NO_FIELDS, CallLogEntry, CallOutcome
 from gateway.calls.query import (
     CallFilter,
     CallPage,
@@ -62,20 +62,11 @@ from guards.call_loop import (
     CallLoopGuard,
     CallLoopPolicy,
     Hold,
-    LoggedCall,
     PausedCircuit,
     UniquenessRule,
     step_reopen,
 )
 
-CallOutcome = Literal[
-    "forwarded",
-    "loop_detected",
-    "loop_paused",
-    "duplicate_call",
-    "budget_exceeded",
-    "upstream_error",
-]
 OUTCOMES: tuple[CallOutcome, ...] = (
     "forwarded",
     "loop_detected",
@@ -85,46 +76,6 @@ OUTCOMES: tuple[CallOutcome, ...] = (
     "upstream_error",
 )
 LOG_KEEP = 100_000
-_NO_FIELDS: Mapping[str, str] = MappingProxyType({})
-
-
-def _no_fields() -> Mapping[str, str]:
-    return _NO_FIELDS
-
-
-@dataclass(frozen=True, slots=True)
-class CallLogEntry:
-    """One LLM call in the request log: who, what, the verdict, tokens and cost.
-
-    `outcome` is "forwarded" (the provider answered below 400), a refusal code, or
-    "upstream_error" (the provider answered 400 or more, or not at all; `status` tells
-    which, None when there was no answer). `cost` is in the price table's currency, None
-    when the model has no price; `estimated` marks a cost (and the token counts it came
-    from) estimated rather than reported by the provider: every refused call's cost is an
-    estimate of what it would have cost. `fields` are the rule fields the call carried.
-    """
-
-    at: float
-    provider: str
-    agent: str
-    session: str
-    circuit: str
-    model: str
-    outcome: CallOutcome
-    status: int | None = None
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost: float | None = None
-    estimated: bool = False
-    fingerprint: str = ""
-    rule: str | None = None
-    retry: int = 0
-    duration_ms: float = 0.0
-    fields: Mapping[str, str] = field(default_factory=_no_fields, hash=False)
-
-    def logged_call(self) -> LoggedCall:
-        """The call as `preview_rule` replays it."""
-        return LoggedCall(at=self.at, fingerprint=self.fingerprint, fields=self.fields)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,9 @@ import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt
 from tenacity.wait import wait_exponential
 
-from gateway.errors import LoopwardenError
+from gateway.app.errors import LoopwardenError
+from gateway.config.proxy import AlertsConfig, EmailAlert, TelegramAlert, WebhookAlert
 from gateway.proxy import background
-from gateway.proxy.config import AlertsConfig, EmailAlert, TelegramAlert, WebhookAlert
 
 log = logging.getLogger("loopwarden.proxy.alerts")
 

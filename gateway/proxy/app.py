@@ -4,9 +4,9 @@ Routes: `/openai/v1/{path}`, `/anthropic/{path}` and `/gemini/{path}` (any metho
 `/healthz`, and the admin API's `GET /admin/circuits`, `POST /admin/circuits/reopen`,
 `GET /admin/spend`, `POST /admin/spend/limit`, `POST /admin/spend/reset` (bearer
 `proxy.admin_token`; `spend`), `GET /admin/calls`, `/admin/calls.csv`,
-`/admin/calls/series` and `/admin/rules` (`gateway.calls.admin_routes`) and
+`/admin/calls/series` and `/admin/rules` (`gateway.admin.calls`) and
 `GET /admin/audit`, and the console at `/console`
-(`gateway.console`; signed in with `proxy.admin_token`, its sessions lasting
+(`gateway.admin.console`; signed in with `proxy.admin_token`, its sessions lasting
 `http.console_session_hours`). `ProxyServer` routes and composes; each step is a module:
 `auth` (the proxy key names the agent), `paths` (the one canonical path), the provider
 module (`openai`, `anthropic`, `gemini`: is it an LLM call, of which model and
@@ -19,7 +19,7 @@ refusal of a guard in shadow mode is forwarded instead, marked (`shadow`).
 Decisions where DESIGN.md is silent:
 - A request without a known proxy key is a 401, before anything else is read. A path
   with no canonical form under the upstream's `base_url` is a 400 `invalid_path`; an LLM
-  call whose body is not acceptable JSON (`gateway.jsonbody`) is a 400 `invalid_json`;
+  call whose body is not acceptable JSON (`gateway.app.jsonbody`) is a 400 `invalid_json`;
   neither is forwarded; nor is a call whose rule field (a header, the model name) is
   not valid Unicode text: 400 `invalid_field`. A provider with no upstream configured
   is a 404 `no_upstream`.
@@ -38,31 +38,27 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from gateway.admin import AdminService
-from gateway.calls.admin_routes import calls_admin_routes
+from gateway.admin.access import AdminAccess
+from gateway.admin.api import audit_admin_routes, circuit_admin_routes
+from gateway.admin.calls import calls_admin_routes
+from gateway.admin.console.app import add_console
+from gateway.admin.console.links import ConsoleLinks
+from gateway.admin.console.sessions import ConsoleSessions
+from gateway.admin.service import AdminService
+from gateway.app.errors import ConfigError
+from gateway.app.eventloop import running
+from gateway.app.http import HttpServer
+from gateway.app.jsonbody import JsonBodyError
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
-from gateway.config import Config
-from gateway.console.app import add_console
-from gateway.console.links import ConsoleLinks
-from gateway.console.sessions import ConsoleSessions
-from gateway.errors import ConfigError
-from gateway.eventloop import running
-from gateway.http import (
-    ADMIN_ACCESS,
-    AdminAccess,
-    HttpServer,
-    audit_admin_routes,
-    circuit_admin_routes,
-)
-from gateway.jsonbody import JsonBodyError
+from gateway.config.proxy import ProxyConfig
+from gateway.config.schema import Config
 from gateway.proxy import messages
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import CallFieldError, build_call
-from gateway.proxy.config import ProxyConfig
 from gateway.proxy.gemini import GeminiProvider
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.paths import PathError, canonical_path
@@ -131,7 +127,6 @@ class ProxyServer:
         )
         access = AdminAccess(proxy.admin_token, self.console, public_url=proxy.public_url)
         self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        self.app[ADMIN_ACCESS] = access
         self.app.on_response_prepare.append(add_shadow_header)
         self.app.add_routes(
             [
@@ -141,7 +136,7 @@ class ProxyServer:
                 *spend_admin_routes(
                     admin,
                     self.state,
-                    proxy.admin_token,
+                    access,
                     budgets=self._budgets,
                     store=self.store,
                     clock=wall_clock,
@@ -149,7 +144,7 @@ class ProxyServer:
                 *calls_admin_routes(
                     admin,
                     self.state,
-                    proxy.admin_token,
+                    access,
                     store=self.store,
                     proxy=proxy,
                     clock=wall_clock,

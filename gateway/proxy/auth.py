@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gateway.proxy.config import ProxyKey
+from gateway.config.proxy import ProxyKey
 from gateway.proxy.provider import Provider
 
 

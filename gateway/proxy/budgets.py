@@ -68,11 +68,12 @@ from gateway.calls.budgets import (
     nano,
     period_span,
 )
-from gateway.calls.store import ENFORCED, Admission, CallLogEntry, CallStore, ShadowGuards
+from gateway.calls.entry import CallLogEntry
+from gateway.calls.store import ENFORCED, Admission, CallStore, ShadowGuards
+from gateway.config.proxy import ProxyConfig
 from gateway.proxy import background, messages
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.calls import ProxiedCall
-from gateway.proxy.config import ProxyConfig
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage, error_response
 from gateway.proxy.refusal import retry_headers

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from gateway.app.errors import LoopwardenError
 from gateway.calls.budgets import SpendVerdict
-from gateway.errors import LoopwardenError
 from gateway.proxy.auth import ProxyClient
 from gateway.proxy.provider import GuardedCall, Provider
 from guards.call_loop import CallDecision, circuit_key, fingerprint_call

@@ -6,7 +6,7 @@ for how long, and how to reopen it early.
 
 from __future__ import annotations
 
-from gateway.messages import format_duration
+from gateway.app.messages import format_duration
 
 NOT_STARTED = "loopwarden: the proxy is not started."
 UNKNOWN_KEY = (

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from urllib.parse import quote
 
-from gateway.errors import LoopwardenError
+from gateway.app.errors import LoopwardenError
 
 # Characters a decoded path may not hold, and why, for the error message.
 _REFUSED = re.compile(r"[%?#;\\\x00-\x20\x7f]")

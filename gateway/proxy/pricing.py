@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gateway.proxy.config import Price, ProxyConfig
+from gateway.config.proxy import Price, ProxyConfig
 
 log = logging.getLogger("loopwarden.proxy")
 

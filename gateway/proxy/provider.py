@@ -15,8 +15,8 @@ from typing import Literal, Protocol
 from aiohttp import web
 from multidict import CIMultiDict, MultiMapping
 
-from gateway.jsonbody import parse_json
-from gateway.limits import MAX_TOKENS
+from gateway.app.jsonbody import parse_json
+from gateway.config.limits import MAX_TOKENS
 
 ErrorKind = Literal["refused", "bad_request", "unauthorized", "not_found", "unreachable", "timeout"]
 ERROR_STATUS: Mapping[ErrorKind, int] = {

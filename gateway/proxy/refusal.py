@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
-from gateway.calls.store import CallOutcome
+from gateway.calls.entry import CallOutcome
 from gateway.proxy import messages
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.calls import ProxiedCall

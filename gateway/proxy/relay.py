@@ -32,7 +32,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from urllib.parse import quote
 
-from gateway.errors import LoopwardenError
+from gateway.app.errors import LoopwardenError
 from gateway.proxy.provider import Usage
 
 UsageReader = Callable[[object], Usage | None]

@@ -26,7 +26,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from gateway.calls.store import CallLogEntry, CallOutcome, CallStore
+from gateway.calls.entry import CallLogEntry, CallOutcome
+from gateway.calls.store import CallStore
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage
 

@@ -28,8 +28,8 @@ import logging
 from aiohttp import web
 
 from gateway.calls.store import ShadowGuards
+from gateway.config.proxy import ProxyConfig
 from gateway.proxy.calls import ProxiedCall
-from gateway.proxy.config import ProxyConfig
 from guards.call_loop import CallDecision
 
 log = logging.getLogger("loopwarden.proxy")

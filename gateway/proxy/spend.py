@@ -30,9 +30,11 @@ from typing import Literal, TextIO
 from zoneinfo import ZoneInfo
 
 from aiohttp import web
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, model_validator
 
-from gateway.admin import AdminAck, AdminService
+from gateway.admin.access import AdminAccess, AdminBody
+from gateway.admin.api import admin_route
+from gateway.admin.service import AdminAck, AdminService
 from gateway.calls.budgets import (
     Budget,
     Limits,
@@ -41,15 +43,14 @@ from gateway.calls.budgets import (
     parse_group_key,
     percent,
 )
-from gateway.calls.commands import NoSharedState
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
-from gateway.config import Config
-from gateway.http import AdminBody, admin_route
-from gateway.limits import MAX_TOKENS, MAX_USD
+from gateway.cli.calls import NoSharedState
+from gateway.config.limits import MAX_TOKENS, MAX_USD
+from gateway.config.proxy import PerField
+from gateway.config.schema import Config
 from gateway.proxy import messages
 from gateway.proxy.budgets import Periods, ProxyBudgets
-from gateway.proxy.config import PerField
 from gateway.state.base import StateStore
 
 PeriodName = Literal["day", "week", "month"]
@@ -260,7 +261,7 @@ class SpendAdmin:
 def spend_admin_routes(
     admin: AdminService,
     state: StateStore,
-    token: SecretStr | None,
+    access: AdminAccess,
     *,
     budgets: ProxyBudgets,
     store: CallStore,
@@ -269,11 +270,11 @@ def spend_admin_routes(
     """`GET /admin/spend`, `POST /admin/spend/limit` and `POST /admin/spend/reset`."""
     actions = SpendAdmin(budgets, store, clock)
     return [
-        admin_route(admin, state, token, ("GET", "/admin/spend", SpendQuery, actions.show)),
+        admin_route(admin, state, access, ("GET", "/admin/spend", SpendQuery, actions.show)),
         admin_route(
-            admin, state, token, ("POST", "/admin/spend/limit", SpendLimitBody, actions.set_limit)
+            admin, state, access, ("POST", "/admin/spend/limit", SpendLimitBody, actions.set_limit)
         ),
         admin_route(
-            admin, state, token, ("POST", "/admin/spend/reset", SpendResetBody, actions.reset)
+            admin, state, access, ("POST", "/admin/spend/reset", SpendResetBody, actions.reset)
         ),
     ]

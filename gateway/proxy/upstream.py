@@ -23,11 +23,12 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from gateway.calls.store import CallOutcome, CallStore
+from gateway.calls.entry import CallOutcome
+from gateway.calls.store import CallStore
+from gateway.config.proxy import ProxyConfig, Upstream
 from gateway.proxy import messages
 from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import ProxiedCall
-from gateway.proxy.config import ProxyConfig, Upstream
 from gateway.proxy.paths import upstream_path
 from gateway.proxy.provider import (
     ErrorKind,

@@ -26,9 +26,9 @@ from pathlib import Path
 
 from multidict import CIMultiDict
 
+from gateway.app.jsonbody import JsonBodyError, parse_json
 from gateway.calls.export import CSV_COLUMNS
 from gateway.calls.store import OUTCOMES
-from gateway.jsonbody import JsonBodyError, parse_json
 from gateway.proxy.auth import ProxyClient
 from gateway.proxy.calls import CallFieldError, build_call
 from gateway.proxy.openai import OpenAIProvider

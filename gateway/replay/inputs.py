@@ -14,7 +14,7 @@ Large documents are streamed with ijson's C backend (`yajl2_c`, when installed) 
 `use_float=True`, under which an integer beyond 64 bits, a float that overflows, NaN and
 Infinity are parse errors instead of values (or, for a 5,000-digit integer under Decimal
 parsing, a crash of the C backend). Small documents (a Slack day file, one JSONL line) go
-through `gateway.jsonbody`.
+through `gateway.app.jsonbody`.
 
 A zip's members are listed before anything is read: an absolute name, a `..` part, a
 drive letter or a symlink is refused, naming the member. A folder's files must resolve
@@ -36,8 +36,8 @@ from typing import IO, Protocol
 
 import ijson
 
-from gateway.errors import LoopwardenError
-from gateway.jsonbody import MAX_DEPTH, JsonBodyError, parse_json
+from gateway.app.errors import LoopwardenError
+from gateway.app.jsonbody import MAX_DEPTH, JsonBodyError, parse_json
 from gateway.replay.records import ReplayInputError, Skipped
 
 CHUNK = 64 * 1024
@@ -244,7 +244,7 @@ class Source:
             return stream.read(size)
 
     def read_document(self, limits: Limits, progress: Callable[[int], None]) -> object:
-        """A small JSON document, whole (`gateway.jsonbody`'s checks)."""
+        """A small JSON document, whole (`gateway.app.jsonbody`'s checks)."""
         with self.open(Limits(max_bytes=limits.max_document_bytes), progress=progress) as f:
             body = b"".join(iter(lambda: f.read(CHUNK), b""))
         try:

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gateway.errors import LoopwardenError
+from gateway.app.errors import LoopwardenError
 
 # datetime's range: 0001-01-01 to 9999-12-31 23:59:59, as seconds since the epoch.
 _EARLIEST = -62_135_596_800.0

@@ -2,7 +2,7 @@
 
 `summary` is the one set of figures (the shape the README documents); the text report
 and the HTML page show the same figures. Every text of an export the text report prints
-(names, rooms, ids, agents, sessions) goes through `gateway.visible`: control and
+(names, rooms, ids, agents, sessions) goes through `gateway.observability.visible`: control and
 escape sequences are shown, not obeyed. The HTML page is one self-contained file: the
 figures and each room's timeline inline as JSON (`<`, `>` and `&` escaped, so no text
 from an export can close the script element), uPlot and its stylesheet inline, a
@@ -16,9 +16,9 @@ import json
 from collections.abc import Mapping
 from importlib import resources
 
+from gateway.observability.visible import visible
 from gateway.replay.engine import CallReplay, ChatReplay, RoomTally
 from gateway.replay.records import iso
-from gateway.visible import visible
 
 Summary = dict[str, object]
 _SHOWN_IDS = 10

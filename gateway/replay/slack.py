@@ -4,7 +4,7 @@
 Conversations are listed in `channels.json` (public), `groups.json` (private),
 `mpims.json` (group DMs) and `dms.json` (direct messages, whose folder is named by id);
 a folder none of them lists is replayed under its folder name. Each day file is a small
-document (read whole, through `gateway.jsonbody`'s checks); channels are replayed one
+document (read whole, through `gateway.app.jsonbody`'s checks); channels are replayed one
 after the other, each day in date order, messages in the order the file holds them.
 
 Decisions where DESIGN.md is silent, as the gateway's Slack connector decides them:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import cast
 
-from gateway.config import StateConfig
-from gateway.errors import ConfigError
+from gateway.app.errors import ConfigError
+from gateway.config.schema import StateConfig
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
 

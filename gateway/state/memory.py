@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 
-from gateway.limits import DEFAULT_TRANSCRIPT_BYTES
+from gateway.config.limits import DEFAULT_TRANSCRIPT_BYTES
 from gateway.state import audit, receipts
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, AuditKind, Transcript, TranscriptEntry

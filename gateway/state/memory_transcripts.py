@@ -3,7 +3,7 @@
 On sqlite and redis a transcript lives on disk or in the Redis server; here it lives in
 the gateway's own memory, so besides `max_messages` per transcript and `TRANSCRIPTS_KEEP`
 transcripts, all of them share one budget of bytes (`state.max_transcript_bytes`,
-32 MiB by default, `gateway.limits`): without it 10,000 transcripts of 200 messages of 8,000
+32 MiB by default, `gateway.config.limits`): without it 10,000 transcripts of 200 messages of 8,000
 characters, held for 7 days, would be gigabytes.
 
 Decisions where DESIGN.md is silent:
@@ -27,7 +27,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import islice
 
-from gateway.limits import DEFAULT_TRANSCRIPT_BYTES
+from gateway.config.limits import DEFAULT_TRANSCRIPT_BYTES
 from gateway.state import transcripts
 from gateway.state.base import Transcript, TranscriptEntry
 

@@ -83,7 +83,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Literal, cast
 from urllib.parse import unquote
 
-from gateway.errors import StateError
+from gateway.app.errors import StateError
 from gateway.state import audit, receipts, transcripts
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, AuditKind, Transcript, TranscriptEntry

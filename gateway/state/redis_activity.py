@@ -27,7 +27,7 @@ import json
 from collections.abc import Awaitable, Sequence
 from typing import cast
 
-from gateway.errors import StateError
+from gateway.app.errors import StateError
 from gateway.state import activity
 from gateway.state.activity import (
     EVENTS_KEEP,

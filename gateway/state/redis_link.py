@@ -30,7 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
-from gateway.errors import StateError
+from gateway.app.errors import StateError
 
 T = TypeVar("T")
 OnError = Literal["allow", "deny"]

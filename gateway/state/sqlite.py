@@ -49,7 +49,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from gateway.errors import StateError
+from gateway.app.errors import StateError
 from gateway.state import audit, receipts, sqlite_activity, transcripts
 from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, AuditKind, Transcript, TranscriptEntry

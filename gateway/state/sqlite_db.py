@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gateway.errors import StateError
+from gateway.app.errors import StateError
 
 T = TypeVar("T")
 

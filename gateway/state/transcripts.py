@@ -4,7 +4,7 @@
   (`room␟thread`, ␟ being U+001F), so a room's threads are found by prefix.
 - `bounded(entry)` is what a backend keeps: the text capped at `MAX_TEXT_CHARS`, the
   name at `MAX_NAME_CHARS`, and any lone surrogate (a platform SDK may hand one over;
-  no JSON route does, `gateway.jsonbody`) replaced by U+FFFD, so every backend can
+  no JSON route does, `gateway.app.jsonbody`) replaced by U+FFFD, so every backend can
   encode what it stores as UTF-8.
 - `encode` / `decode`: the JSON form the sqlite and redis backends store, ASCII only, so
   a record holding any other byte (not UTF-8, or not written by `encode`) is not one of

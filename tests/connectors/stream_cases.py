@@ -1,4 +1,4 @@
-"""Streamed replies (gateway.streaming) against a platform's real SDK and fake, case by case.
+"""Streamed replies (gateway.delivery.streaming) against each platform's real SDK and fake.
 
 Each platform's test module builds a `StreamRoom` (its started connector and how to read
 its fake) and runs these cases. The edit pace and every retry-after wait run on a
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.connector import Capabilities
-from gateway.delivery import Delivery
-from gateway.streaming import ReplyStream, StreamingConnector
-from gateway.types import Reply
+from gateway.app.connector import Capabilities
+from gateway.app.types import Reply
+from gateway.delivery.sender import Delivery
+from gateway.delivery.streaming import ReplyStream, StreamingConnector
 from guards.silence import SilenceStreamFilter, apply_silence
 from tests.connectors.connector_helpers import LONG_REPLY
 from tests.fakes.llm_upstream import FakeLLM, text_response

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from connectors.backoff import Backoff
+from gateway.app.backoff import Backoff
 
 
 async def test_issue10_waits_double_up_to_the_cap_and_start_over_after_a_reset() -> None:

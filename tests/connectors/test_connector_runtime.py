@@ -11,10 +11,10 @@ from aiohttp import web
 from connectors.lanes import Lanes
 from connectors.runtime import ConnectorRuntime, Outcome
 from connectors.skips import Skip
-from gateway.connector import ConnectorServices
-from gateway.errors import GatewayStopping
-from gateway.metrics import Metrics
-from gateway.types import InboundMessage
+from gateway.app.connector import ConnectorServices
+from gateway.app.errors import GatewayStopping
+from gateway.app.types import InboundMessage
+from gateway.observability.metrics import Metrics
 
 TOKEN = "123456:AAHsecretTokenNeverInALogLine_abcdef"
 log = logging.getLogger("tests.connectors.runtime")

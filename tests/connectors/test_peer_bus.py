@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.connector import PeerBus
+from gateway.app.connector import PeerBus
 
 
 @dataclass(eq=False)

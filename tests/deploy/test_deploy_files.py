@@ -26,12 +26,14 @@ import pytest
 import yaml
 
 from gateway import __version__
-from gateway.admin import AdminService
-from gateway.cli import main as cli_main
-from gateway.config import Config, HttpConfig, load_config, parse_config
-from gateway.http import Readiness, create_app
-from gateway.metrics import Metrics
-from gateway.runtime import Gateway
+from gateway.admin.access import AdminAccess
+from gateway.admin.api import admin_api_routes
+from gateway.admin.service import AdminService
+from gateway.app.http import Readiness, create_app
+from gateway.app.runtime import Gateway
+from gateway.cli.main import main as cli_main
+from gateway.config.schema import Config, HttpConfig, load_config, parse_config
+from gateway.observability.metrics import Metrics
 from gateway.state.memory import MemoryStateStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,12 +98,9 @@ def http_routes() -> set[str]:
     """The paths the gateway's HTTP server serves (before connectors add theirs)."""
     state = MemoryStateStore()
     app = create_app(
-        readiness=lambda: Readiness(stopping=False, not_connected=()),
-        metrics=Metrics(),
-        admin=AdminService(Config(), state),
-        state=state,
-        admin_token=None,
+        readiness=lambda: Readiness(stopping=False, not_connected=()), metrics=Metrics()
     )
+    app.add_routes(admin_api_routes(AdminService(Config(), state), state, AdminAccess(None)))
     return {route.resource.canonical for route in app.router.routes() if route.resource}
 
 
@@ -112,7 +111,7 @@ def test_the_image_is_slim_python_run_as_a_user_on_the_gateways_port() -> None:
     assert only("EXPOSE").text == str(PORT)
     assert only("ENTRYPOINT").exec_form() == ["loopwarden", "run", "--config", CONFIG_PATH]
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    assert 'loopwarden = "gateway.cli:main"' in pyproject
+    assert 'loopwarden = "gateway.cli.main:main"' in pyproject
     assert any("'.[all]'" in i.text for i in dockerfile() if i.keyword == "RUN")
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from gateway.connector import Capabilities
-from gateway.types import Reply
+from gateway.app.connector import Capabilities
+from gateway.app.types import Reply
 
 
 @dataclass

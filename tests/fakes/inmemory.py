@@ -15,19 +15,18 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from gateway.admin import AdminService
-from gateway.agents.base import Agent
-from gateway.config import Config, parse_config
-from gateway.connector import Capabilities, Sink
-from gateway.context import TurnContext
-from gateway.delivery import Delivery
-from gateway.errors import DeliveryError
-from gateway.metrics import Metrics
-from gateway.refusals import RecentRefusals
-from gateway.stages import build_gateway_pipeline
+from gateway.admin.service import AdminService
+from gateway.app.connector import Capabilities, Sink
+from gateway.app.context import Agent, TurnContext
+from gateway.app.errors import DeliveryError
+from gateway.app.refusals import RecentRefusals
+from gateway.app.stages import build_gateway_pipeline
+from gateway.app.types import AgentResult, InboundMessage, Reply
+from gateway.config.schema import Config, parse_config
+from gateway.delivery.sender import Delivery
+from gateway.observability.metrics import Metrics
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
-from gateway.types import AgentResult, InboundMessage, Reply
 
 _ids = itertools.count(1)
 

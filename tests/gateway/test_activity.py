@@ -20,15 +20,16 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from gateway.activity import EXCERPT_CHARS, ActivityFeed, excerpt
-from gateway.activity_routes import STREAM_BATCH, ActivityRoutes
-from gateway.admin import AdminService
-from gateway.errors import StateError
-from gateway.refusals import RecentRefusals
-from gateway.runtime import Gateway
+from gateway.admin.access import AdminAccess
+from gateway.admin.activity import STREAM_BATCH, ActivityRoutes
+from gateway.admin.service import AdminService
+from gateway.app.errors import StateError
+from gateway.app.refusals import RecentRefusals
+from gateway.app.runtime import Gateway
+from gateway.app.types import InboundMessage
+from gateway.observability.activity import EXCERPT_CHARS, ActivityFeed, excerpt
 from gateway.state.activity import ActivityEvent
 from gateway.state.memory import MemoryStateStore
-from gateway.types import InboundMessage
 from tests.connectors.connector_helpers import wait_for
 from tests.fakes.loopback import serve_loopback
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human, make_config
@@ -351,7 +352,7 @@ async def small() -> AsyncIterator[tuple[int, ActivityRoutes, ActivityFeed]]:
     routes = ActivityRoutes(
         AdminService(config, state, recent=RecentRefusals()),
         feed,
-        SecretStr(TOKEN),
+        AdminAccess(SecretStr(TOKEN)),
         max_streams=2,
         poll_seconds=0.05,
         ping_interval=0.05,

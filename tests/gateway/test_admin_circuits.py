@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from gateway.app.runtime import Gateway
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.config import parse_config
-from gateway.runtime import Gateway
+from gateway.config.schema import parse_config
 from guards.call_loop import CallLoopPolicy
 from tests.fakes.llm_upstream import FakeLLM
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human

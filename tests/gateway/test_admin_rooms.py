@@ -13,14 +13,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 import aiohttp
 import pytest
 
-from gateway.admin import AdminService, split_room
+from gateway.admin.access import MAX_ADMIN_BODY_BYTES
+from gateway.admin.rooms import MAX_ROOMS, Rooms, RoomsQuery
+from gateway.admin.service import AdminService, split_room
+from gateway.app.policies import PolicyCache
+from gateway.app.refusals import RecentRefusals
+from gateway.app.runtime import Gateway
 from gateway.calls.store import MemoryCallStore
-from gateway.config import Config, parse_config
-from gateway.http import MAX_ADMIN_BODY_BYTES
-from gateway.policies import PolicyCache
-from gateway.refusals import RecentRefusals
-from gateway.rooms_api import MAX_ROOMS, Rooms, RoomsQuery
-from gateway.runtime import Gateway
+from gateway.config.schema import Config, parse_config
 from gateway.state import transcripts
 from gateway.state.base import AuditEntry, StateStore, TranscriptEntry
 from gateway.state.memory import MemoryStateStore

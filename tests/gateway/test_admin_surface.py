@@ -18,12 +18,12 @@ import aiohttp
 import pytest
 from yarl import URL
 
-from gateway.runtime import Gateway
+from gateway.app.runtime import Gateway
+from gateway.app.types import InboundMessage
 from gateway.state.base import AuditEntry, StateStore
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
-from gateway.types import InboundMessage
 from tests.gateway.runtime_helpers import FakeConnector, FakePlatform, human, make_config
 
 TOKEN = "adm-issue20-7c1d"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.errors import ConfigError
-from gateway.policies import PolicyCache
+from gateway.app.errors import ConfigError
+from gateway.app.policies import PolicyCache
+from gateway.config.schema import parse_config
 from guards.call_loop import CallLoopPolicy
 from tests.fakes.inmemory import PipelineRig, rig_config
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.chunking import chunk_text, utf16_length
+from gateway.delivery.chunking import chunk_text, utf16_length
 
 _WHITESPACE = re.compile(r"[ \t\r\n]+")
 

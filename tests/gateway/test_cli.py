@@ -13,10 +13,10 @@ import aiohttp
 import pytest
 
 import connectors
-import gateway.demo
+import gateway.demo.room
 import gateway.state
 from gateway import __version__
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.gateway.runtime_helpers import shadow_package
 
 ADMIN_SECRET = "lw-admin-secret-5e6f"
@@ -122,7 +122,7 @@ def test_demo_hands_its_arguments_over(monkeypatch: pytest.MonkeyPatch) -> None:
         seen.append(argv)
         return 0
 
-    monkeypatch.setattr(gateway.demo, "main", fake_demo)
+    monkeypatch.setattr(gateway.demo.room, "main", fake_demo)
     assert main(["demo", "--port", "0", "--no-browser", "--exit-after", "1"]) == 0
     assert main(["demo"]) == 0
     assert seen == [["--port", "0", "--no-browser", "--exit-after", "1"], []]

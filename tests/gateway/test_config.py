@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.config import Config, load_config, parse_config, resolve_policy
-from gateway.errors import ConfigError
+from gateway.app.errors import ConfigError
+from gateway.cli.main import main
+from gateway.config.schema import Config, load_config, parse_config, resolve_policy
 
 SECRET = "123456:SECRET-token-value"
 AGENT = "agents: {parrot: {kind: scripted, default: 'echo: {text}'}}\n"

@@ -17,10 +17,17 @@ import pytest
 from pydantic import SecretStr
 
 from connectors.room.hub import RoomHub
-from gateway import messages
-from gateway.demo import DECISION_LOGGER, KICKOFF, DemoOptions, demo_config, parse_args, run_demo
-from gateway.demo_model import DemoModel
-from gateway.runtime import Gateway
+from gateway.app import messages
+from gateway.app.runtime import Gateway
+from gateway.demo.model import DemoModel
+from gateway.demo.room import (
+    DECISION_LOGGER,
+    KICKOFF,
+    DemoOptions,
+    demo_config,
+    parse_args,
+    run_demo,
+)
 from tests.connectors.room.room_helpers import Event, from_sender, join, next_event, say
 
 WAIT_SECONDS = 30.0

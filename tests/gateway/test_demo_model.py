@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 
-from gateway.demo_model import CHAT_PATH, MAX_BODY_BYTES, UNKNOWN_MODEL, DemoModel
+from gateway.demo.model import CHAT_PATH, MAX_BODY_BYTES, UNKNOWN_MODEL, DemoModel
 
 Json = dict[str, object]
 ASK: Json = {"role": "user", "content": "alice: @finder find the invoice"}

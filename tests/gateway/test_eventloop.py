@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import eventloop
-from gateway.cli import main
+from gateway.app import eventloop
+from gateway.cli.main import main
 
 
 async def loop_module() -> str:

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.http import MAX_ADMIN_BODY_BYTES
-from gateway.runtime import Gateway
+from gateway.admin.access import MAX_ADMIN_BODY_BYTES
+from gateway.app.runtime import Gateway
 from gateway.state.base import AuditEntry
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human, make_config
 

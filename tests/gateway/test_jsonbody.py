@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.jsonbody import MAX_DEPTH, JsonBodyError, parse_json
+from gateway.app.jsonbody import MAX_DEPTH, JsonBodyError, parse_json
 
 
 @pytest.mark.parametrize(

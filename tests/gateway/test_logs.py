@@ -8,8 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.logs import RedactingFilter, configure_logging, resolve_level, secret_values
+from gateway.config.schema import parse_config
+from gateway.observability.logs import (
+    RedactingFilter,
+    configure_logging,
+    resolve_level,
+    secret_values,
+)
 
 TG_TOKEN = "123456:ABC-def_ghi"
 CONFIG = """

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gateway.context import TurnContext
-from gateway.pipeline import Handler, build_pipeline
-from gateway.types import Reply
+from gateway.app.context import TurnContext
+from gateway.app.pipeline import Handler, build_pipeline
+from gateway.app.types import Reply
 from tests.fakes.inmemory import PipelineRig
 from tests.gateway.middlewares.stage_rig import rig_with
 

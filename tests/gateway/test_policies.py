@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.policies import PolicyCache
+from gateway.app.policies import PolicyCache
 from tests.fakes.inmemory import rig_config
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import connectors
-from gateway.errors import ConfigError, GatewayStopping
-from gateway.runtime import Gateway, load_connector_factory
-from gateway.types import Reply
+from gateway.app.errors import ConfigError, GatewayStopping
+from gateway.app.runtime import Gateway, load_connector_factory
+from gateway.app.types import Reply
 from tests.gateway.runtime_helpers import (
     FakePlatform,
     gateway_for,

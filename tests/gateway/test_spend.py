@@ -20,18 +20,18 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway import messages
 from gateway.agents.completion_stream import read_completion
 from gateway.agents.openai import OpenAIAgent
+from gateway.agents.spend import AgentBudgets
+from gateway.app import messages
+from gateway.app.errors import ConfigError
+from gateway.app.runtime import Gateway
+from gateway.app.types import InboundMessage
 from gateway.calls.store import MemoryCallStore
-from gateway.cli import main
-from gateway.config import Config, OpenAIAgentConfig, Policy, SpendSettings, parse_config
-from gateway.delivery import Delivery
-from gateway.errors import ConfigError
-from gateway.runtime import Gateway
-from gateway.spend import AgentBudgets
-from gateway.streaming import ReplyStream
-from gateway.types import InboundMessage
+from gateway.cli.main import main
+from gateway.config.schema import Config, OpenAIAgentConfig, Policy, SpendSettings, parse_config
+from gateway.delivery.sender import Delivery
+from gateway.delivery.streaming import ReplyStream
 from tests.fakes.editing_room import EditingRoom
 from tests.fakes.inmemory import FakeClock
 from tests.fakes.llm_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeLLM

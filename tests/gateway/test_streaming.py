@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from gateway.context import TurnContext
-from gateway.delivery import Delivery
-from gateway.errors import DeliveryError
-from gateway.metrics import Metrics
-from gateway.streaming import ReplyStream
-from gateway.types import AgentResult, Reply
+from gateway.app.context import TurnContext
+from gateway.app.errors import DeliveryError
+from gateway.app.types import AgentResult, Reply
+from gateway.delivery.sender import Delivery
+from gateway.delivery.streaming import ReplyStream
+from gateway.observability.metrics import Metrics
 from tests.connectors.stream_cases import ManualClock
 from tests.fakes.editing_room import EditingRoom
 from tests.fakes.inmemory import PipelineRig, rig_config

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from gateway.errors import LoopwardenError
+from gateway.app.errors import LoopwardenError
 
 ADAPTERS = [
     ("integrations.discord_py", "discord", "loopwarden[discord]"),

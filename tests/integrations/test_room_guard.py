@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import ConfigError
+from gateway.app.errors import ConfigError
 from integrations import Decision, RoomGuard, RoomGuardError
 from tests.fakes.inmemory import FakeClock
 

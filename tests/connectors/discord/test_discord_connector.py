@@ -17,9 +17,9 @@ import pytest
 
 from connectors.discord import DiscordConnector, create
 from connectors.discord.connector import TIMING
-from gateway.config import DiscordBotConfig
-from gateway.errors import ConnectorError, DeliveryError
-from gateway.types import InboundMessage, Reply
+from gateway.app.errors import ConnectorError, DeliveryError
+from gateway.app.types import InboundMessage, Reply
+from gateway.config.schema import DiscordBotConfig
 from tests.connectors.connector_helpers import (
     WAIT_SECONDS,
     Inbox,

@@ -23,8 +23,8 @@ import aiohttp
 import pytest
 
 from connectors.discord import DiscordConnector
-from gateway.messages import REFUSAL
-from gateway.types import Reply
+from gateway.app.messages import REFUSAL
+from gateway.app.types import Reply
 from tests.connectors.connector_helpers import (
     BUDGET,
     LONG_REPLY,

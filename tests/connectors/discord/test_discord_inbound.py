@@ -9,7 +9,7 @@ import pytest
 
 from connectors.discord.inbound import BotIdentity, thread_name, to_inbound, translate_message
 from connectors.skips import Skip
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 
 BOT = BotIdentity(bot_id="parrot-dc", user_id="900000000000000001")
 OTHER_BOT_ID = "900000000000000002"

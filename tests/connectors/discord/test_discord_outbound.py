@@ -14,8 +14,8 @@ from connectors.discord.outbound import (
     retry_after,
     to_post,
 )
-from gateway.errors import DeliveryError
-from gateway.types import Reply
+from gateway.app.errors import DeliveryError
+from gateway.app.types import Reply
 
 # After connectors.discord.outbound, which imported discord.py with its voice warning quiet.
 import discord  # noqa: E402 - isort: skip

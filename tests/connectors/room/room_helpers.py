@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
-from gateway.config import Config
-from gateway.demo import demo_config
-from gateway.runtime import Gateway
+from gateway.app.runtime import Gateway
+from gateway.config.schema import Config
+from gateway.demo.room import demo_config
 
 Event = dict[str, object]
 

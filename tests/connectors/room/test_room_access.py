@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from connectors.room.access import HOST_REFUSED, ORIGIN_REFUSED, name_key
 from connectors.room.hub import RoomHub
-from gateway.demo import demo_config
-from gateway.runtime import Gateway
+from gateway.app.runtime import Gateway
+from gateway.demo.room import demo_config
 from tests.connectors.room.room_helpers import NOW, join
 
 Client = TestClient[web.Request, web.Application]

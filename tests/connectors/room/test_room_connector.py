@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from connectors.room.hub import ROOM_HUB, RoomHub
-from gateway.runtime import Gateway
+from gateway.app.runtime import Gateway
 from tests.connectors.room.room_helpers import (
     WAIT_SECONDS,
     Event,

@@ -25,10 +25,10 @@ from connectors.room.hub import (
     RoomHub,
     RoomMessage,
 )
-from gateway.config import RoomBotConfig
-from gateway.connector import ConnectorServices
-from gateway.errors import DeliveryError
-from gateway.types import InboundMessage, Reply
+from gateway.app.connector import ConnectorServices
+from gateway.app.errors import DeliveryError
+from gateway.app.types import InboundMessage, Reply
+from gateway.config.schema import RoomBotConfig
 from tests.connectors.room.room_helpers import join, next_event, say
 
 

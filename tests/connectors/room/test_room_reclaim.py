@@ -30,12 +30,12 @@ from connectors.room.hub import (
     ROOM_HUB,
     RoomHub,
 )
-from gateway.config import Config, HttpConfig, RoomBotConfig, StateConfig
-from gateway.connector import ConnectorServices
-from gateway.demo import demo_config
-from gateway.runtime import Gateway
+from gateway.app.connector import ConnectorServices
+from gateway.app.runtime import Gateway
+from gateway.app.types import InboundMessage
+from gateway.config.schema import Config, HttpConfig, RoomBotConfig, StateConfig
+from gateway.demo.room import demo_config
 from gateway.state.memory import MemoryStateStore
-from gateway.types import InboundMessage
 from tests.connectors.connector_helpers import wait_for
 from tests.connectors.room.room_helpers import (
     WAIT_SECONDS,

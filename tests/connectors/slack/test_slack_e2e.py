@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from connectors.slack import SlackConnector
-from gateway.messages import REFUSAL
-from gateway.runtime import Gateway
+from gateway.app.messages import REFUSAL
+from gateway.app.runtime import Gateway
 from tests.connectors import connector_helpers
 from tests.connectors.connector_helpers import (
     BUDGET,

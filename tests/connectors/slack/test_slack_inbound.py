@@ -15,7 +15,7 @@ from connectors.slack.inbound import (
     translate_event,
     translate_payload,
 )
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 
 BOT = BotIdentity(bot_id="parrot-sl", user_id="U0PARROT", app_bot_id="B0PARROT", team_id="T0FAKE")
 

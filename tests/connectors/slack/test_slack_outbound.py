@@ -16,7 +16,7 @@ from connectors.slack.outbound import (
     retry_after,
     to_post,
 )
-from gateway.types import Reply
+from gateway.app.types import Reply
 
 
 @dataclass

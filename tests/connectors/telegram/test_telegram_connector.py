@@ -19,10 +19,10 @@ from connectors.lanes import Lanes
 from connectors.telegram import TelegramConnector, create
 from connectors.telegram.connector import MAX_BODY_BYTES, TIMING
 from connectors.timing import Timing
-from gateway.config import TelegramBotConfig
-from gateway.connector import ConnectorServices
-from gateway.errors import ConnectorError, DeliveryError, GatewayStopping
-from gateway.types import InboundMessage, Reply
+from gateway.app.connector import ConnectorServices
+from gateway.app.errors import ConnectorError, DeliveryError, GatewayStopping
+from gateway.app.types import InboundMessage, Reply
+from gateway.config.schema import TelegramBotConfig
 from tests.connectors.connector_helpers import Inbox, services, wait_for
 from tests.fakes.telegram_server import FakeChat, FakeUser, TelegramFake
 

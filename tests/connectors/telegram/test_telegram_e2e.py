@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from connectors.telegram import TelegramConnector
-from gateway.messages import REFUSAL
+from gateway.app.messages import REFUSAL
 from tests.connectors.connector_helpers import (
     BUDGET,
     LONG_REPLY,

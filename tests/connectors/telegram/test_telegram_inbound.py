@@ -18,7 +18,7 @@ from connectors.telegram.inbound import (
     translate_peer,
     translate_update,
 )
-from gateway.types import InboundMessage
+from gateway.app.types import InboundMessage
 
 BOT = BotIdentity(bot_id="parrot-tg", user_id=7001, username="ParrotBot")
 PRIVACY_BOT = BotIdentity(

@@ -16,8 +16,8 @@ from connectors.telegram.outbound import (
     to_chat_action,
     to_send_message,
 )
-from gateway.errors import DeliveryError
-from gateway.types import Reply
+from gateway.app.errors import DeliveryError
+from gateway.app.types import Reply
 
 
 @pytest.fixture(autouse=True)

@@ -10,8 +10,8 @@ from pydantic import SecretStr
 
 from connectors.telegram import TelegramConnector
 from connectors.telegram.connector import MAX_MESSAGE_LENGTH, TIMING
-from gateway.chunking import chunk_text
-from gateway.config import TelegramBotConfig
+from gateway.config.schema import TelegramBotConfig
+from gateway.delivery.chunking import chunk_text
 from tests.connectors import stream_cases
 from tests.connectors.connector_helpers import running, services, wait_for
 from tests.connectors.stream_cases import STREAMED_REPLY, StreamRoom, write_streaming_config

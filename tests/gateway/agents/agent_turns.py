@@ -3,10 +3,10 @@ and an injected sleep that records its waits."""
 
 from __future__ import annotations
 
-from gateway.config import Config, Policy, RoomBotConfig
-from gateway.context import TurnContext
+from gateway.app.context import TurnContext
+from gateway.app.types import AgentResult, InboundMessage
+from gateway.config.schema import Config, Policy, RoomBotConfig
 from gateway.state.memory import MemoryStateStore
-from gateway.types import AgentResult, InboundMessage
 from tests.fakes.inmemory import InMemoryConnector
 
 

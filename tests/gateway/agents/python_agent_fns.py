@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.context import TurnContext
-from gateway.types import AgentResult, ToolCall
+from gateway.app.context import TurnContext
+from gateway.app.types import AgentResult, ToolCall
 
 NOT_CALLABLE = "just a string"
 

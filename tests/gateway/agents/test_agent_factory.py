@@ -8,8 +8,8 @@ from gateway.agents.factory import build_agent
 from gateway.agents.openai import OpenAIAgent
 from gateway.agents.python_fn import PythonAgent
 from gateway.agents.scripted import ScriptedAgent
-from gateway.config import OpenAIAgentConfig, PythonAgentConfig, ScriptedAgentConfig
-from gateway.errors import ConfigError
+from gateway.app.errors import ConfigError
+from gateway.config.schema import OpenAIAgentConfig, PythonAgentConfig, ScriptedAgentConfig
 
 
 async def test_each_kind_builds_its_agent() -> None:

@@ -19,7 +19,6 @@ import yaml
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gateway import messages
 from gateway.agents.factory import build_agent
 from gateway.agents.http import (
     IDEMPOTENCY_HEADER,
@@ -30,10 +29,11 @@ from gateway.agents.http import (
     sign,
     verify_signature,
 )
-from gateway.cli import main
-from gateway.config import Config, HttpAgentConfig, parse_config
-from gateway.errors import ConfigError
-from gateway.types import HistoryEntry
+from gateway.app import messages
+from gateway.app.errors import ConfigError
+from gateway.app.types import HistoryEntry
+from gateway.cli.main import main
+from gateway.config.schema import Config, HttpAgentConfig, parse_config
 from tests.fakes.inmemory import InMemoryConnector, PipelineRig
 from tests.fakes.loopback import serve_loopback
 from tests.gateway.agents.agent_turns import SleepRecorder, make_turn

@@ -27,8 +27,8 @@ from gateway.agents.mcp import (
     McpToolbox,
 )
 from gateway.agents.openai import OpenAIAgent
-from gateway.config import McpServerConfig, OpenAIAgentConfig, Policy, parse_config
-from gateway.types import AgentResult, Halt
+from gateway.app.types import AgentResult, Halt
+from gateway.config.schema import McpServerConfig, OpenAIAgentConfig, Policy, parse_config
 from tests.fakes import mcp_servers
 from tests.fakes.llm_upstream import (
     FakeLLM,

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Iterator
 import aiohttp
 import pytest
 
-from gateway import messages
 from gateway.agents.openai import OpenAIAgent, parse_retry_after, tool_spec
-from gateway.config import OpenAIAgentConfig, Policy
-from gateway.errors import ConfigError
-from gateway.messages import SILENCE_NOTICE, format_duration
-from gateway.types import Halt
+from gateway.app import messages
+from gateway.app.errors import ConfigError
+from gateway.app.messages import SILENCE_NOTICE, format_duration
+from gateway.app.types import Halt
+from gateway.config.schema import OpenAIAgentConfig, Policy
 from guards.call_loop import CallLoopGuard, CallLoopPolicy
 from tests.fakes.inmemory import PipelineRig, rig_config
 from tests.fakes.llm_upstream import (

@@ -6,10 +6,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway import messages
 from gateway.agents.openai import OpenAIAgent
-from gateway.config import OpenAIAgentConfig
-from gateway.types import Halt
+from gateway.app import messages
+from gateway.app.types import Halt
+from gateway.config.schema import OpenAIAgentConfig
 from tests.fakes.inmemory import PipelineRig, rig_config
 from tests.fakes.llm_upstream import FakeLLM, tool_call_response
 

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.agents.base import Agent
 from gateway.agents.factory import build_agent
-from gateway.config import parse_config
+from gateway.app.context import Agent
+from gateway.config.schema import parse_config
 from tests.fakes.inmemory import InMemoryRoom, PipelineRig
 from tests.fakes.llm_upstream import FakeLLM, FakeResponse, Received, text_response
 

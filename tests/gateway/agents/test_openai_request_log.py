@@ -22,16 +22,17 @@ import aiohttp
 import pytest
 
 from gateway.agents.openai import OpenAIAgent
+from gateway.app.runtime import Gateway
+from gateway.app.types import InboundMessage
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.query import CallFilter
-from gateway.calls.store import CallLogEntry, MemoryCallStore
-from gateway.cli import main
-from gateway.config import Config, OpenAIAgentConfig, parse_config
-from gateway.delivery import Delivery
+from gateway.calls.store import MemoryCallStore
+from gateway.cli.main import main
+from gateway.config.schema import Config, OpenAIAgentConfig, parse_config
+from gateway.delivery.sender import Delivery
+from gateway.delivery.streaming import ReplyStream
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.request_log import RequestLog
-from gateway.runtime import Gateway
-from gateway.streaming import ReplyStream
-from gateway.types import InboundMessage
 from guards.call_loop import circuit_key
 from tests.fakes.editing_room import EditingRoom
 from tests.fakes.inmemory import FakeClock

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import pytest
 
-from gateway import messages
 from gateway.agents.openai import OpenAIAgent
-from gateway.config import OpenAIAgentConfig, parse_config
-from gateway.context import TurnContext
-from gateway.delivery import Delivery
-from gateway.errors import ConfigError
-from gateway.streaming import ReplyStream
-from gateway.types import Reply
+from gateway.app import messages
+from gateway.app.context import TurnContext
+from gateway.app.errors import ConfigError
+from gateway.app.types import Reply
+from gateway.config.schema import OpenAIAgentConfig, parse_config
+from gateway.delivery.sender import Delivery
+from gateway.delivery.streaming import ReplyStream
 from tests.connectors.stream_cases import ManualClock
 from tests.fakes.editing_room import EditingRoom
 from tests.fakes.llm_upstream import FakeLLM, FakeResponse, text_response, tool_call_response

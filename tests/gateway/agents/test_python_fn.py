@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gateway.agents.python_fn import PythonAgent
-from gateway.config import PythonAgentConfig
-from gateway.errors import ConfigError
-from gateway.types import AgentResult, ToolCall
+from gateway.app.errors import ConfigError
+from gateway.app.types import AgentResult, ToolCall
+from gateway.config.schema import PythonAgentConfig
 from tests.gateway.agents.agent_turns import make_turn
 
 _FNS = "tests.gateway.agents.python_agent_fns"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gateway.agents.scripted import ScriptedAgent, fill_template
-from gateway.config import ScriptedAgentConfig, ScriptedRule
-from gateway.types import AgentResult
+from gateway.app.types import AgentResult
+from gateway.config.schema import ScriptedAgentConfig, ScriptedRule
 from tests.gateway.agents.agent_turns import make_turn
 
 

@@ -39,7 +39,7 @@ from gateway.calls.budgets import (
     step_spend,
 )
 from gateway.calls.store import ShadowGuards
-from gateway.proxy.config import PerField
+from gateway.config.proxy import PerField
 from guards.call_loop import CallLoopPolicy, UniquenessRule, circuit_key
 from tests.gateway.calls.store_helpers import START, Clock, MakeStore, fingerprint, redis_replicas
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app.errors import StateError
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SCHEMA_VERSION, SqliteCallStore
-from gateway.calls.store import CallLogEntry, CallStore
-from gateway.errors import StateError
+from gateway.calls.store import CallStore
 from guards.call_loop import (
     CallDecision,
     CallLoopGuard,

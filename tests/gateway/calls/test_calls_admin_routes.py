@@ -23,10 +23,10 @@ import aiohttp
 import openai
 import pytest
 
-from gateway.calls.commands import preview as preview_command
+from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.query import Cursor
-from gateway.calls.store import CallLogEntry, CallOutcome
-from gateway.config import parse_config
+from gateway.cli.calls import preview as preview_command
+from gateway.config.schema import parse_config
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM
 from tests.gateway.proxy.proxy_helpers import (

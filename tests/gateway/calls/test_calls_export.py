@@ -6,8 +6,8 @@ import csv
 import io
 from pathlib import Path
 
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.export import CSV_COLUMNS, write_csv
-from gateway.calls.store import CallLogEntry
 from tests.gateway.replay.replay_fixtures import START, replay_json, write_config
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")

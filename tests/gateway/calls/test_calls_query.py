@@ -18,10 +18,11 @@ from typing import get_args
 import pytest
 from redis.asyncio import Redis
 
+from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.query import CallFilter, CallTotals, CostBucket, Cursor
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import LOG_KEEP, CallLogEntry, CallOutcome, CallStore, MemoryCallStore
+from gateway.calls.store import LOG_KEEP, CallStore, MemoryCallStore
 
 BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 START = 1_699_999_200.0  # a whole hour

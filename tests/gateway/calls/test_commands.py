@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.calls.commands import resolve_rule
-from gateway.config import parse_config
-from gateway.errors import ConfigError
+from gateway.app.errors import ConfigError
+from gateway.cli.calls import resolve_rule
+from gateway.config.schema import parse_config
 
 CONFIG = parse_config("agents: {}\nbots: []\n", env={})
 

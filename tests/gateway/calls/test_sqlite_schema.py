@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app.errors import StateError
 from gateway.calls.budgets import Amount, GroupSpend, Limits, group_key, limit_key, nano
 from gateway.calls.sqlite_store import SCHEMA_VERSION, SqliteCallStore
-from gateway.errors import StateError
 from guards.call_loop import circuit_key
 from tests.gateway.calls.store_helpers import START, Clock, fingerprint
 

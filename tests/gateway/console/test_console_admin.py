@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gateway.runtime import Gateway
+from gateway.app.runtime import Gateway
 from gateway.state.base import AuditEntry
 from tests.gateway.console.console_helpers import ROOM, TOKEN, Browser, console_gateway
 

@@ -203,7 +203,8 @@ async def test_issue14_spend_page_shows_a_group_and_raises_and_resets_it(page: P
         row = page.locator("#spend-groups tbody tr", has_text="agent=billing-bot")
         await expect(row).to_have_count(1)
         cells = await row.locator("td").all_text_contents()
-        assert cells[:5] == ["agent-daily", "agent=billing-bot", "$0.0250", "$0.0500", " 50.0%"]
+        spent, held, limit, share = "$0.0250", "$0.0000", "$0.0500", " 50.0%"
+        assert cells[:6] == ["agent-daily", "agent=billing-bot", spent, held, limit, share]
         assert await row.locator("meter").get_attribute("value") == "50"
         await page.screenshot(path=artifact_path("console-spend.png"), full_page=True)
 

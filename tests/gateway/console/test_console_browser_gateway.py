@@ -17,10 +17,10 @@ from aiohttp import web
 from playwright.async_api import Dialog, Page, ViewportSize, expect
 from pydantic import SecretStr
 
-from gateway.console import messages
-from gateway.demo import demo_config
-from gateway.http import SESSION_COOKIE
-from gateway.runtime import Gateway
+from gateway.admin.access import SESSION_COOKIE
+from gateway.admin.console import messages
+from gateway.app.runtime import Gateway
+from gateway.demo.room import demo_config
 from tests.browser.plugin import artifact_path, needs_chromium
 from tests.connectors.room.room_helpers import WAIT_SECONDS, from_sender, join, next_event, say
 from tests.fakes.loopback import serve_loopback

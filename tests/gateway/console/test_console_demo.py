@@ -10,7 +10,7 @@ import secrets
 import aiohttp
 import pytest
 
-from gateway.demo import DemoOptions, run_demo
+from gateway.demo.room import DemoOptions, run_demo
 
 WAIT_SECONDS = 30.0
 """A bound on the wait so a broken demo fails instead of hanging; never a pass condition."""

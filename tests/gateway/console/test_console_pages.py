@@ -9,8 +9,8 @@ from importlib.resources.abc import Traversable
 
 import pytest
 
-from gateway.console.app import SECURITY_HEADERS
-from gateway.console.pages import PAGES, shipped
+from gateway.admin.console.app import SECURITY_HEADERS
+from gateway.admin.console.pages import PAGES, shipped
 from gateway.state.base import AuditEntry
 from tests.gateway.console.console_helpers import console_gateway
 
@@ -167,8 +167,8 @@ def console_scripts() -> list[tuple[str, str]]:
                 found.append((prefix + entry.name, entry.read_text(encoding="utf-8")))
         return found
 
-    files = walk(resources.files("gateway.console") / "static", "")
-    files += walk(resources.files("gateway.console") / "templates", "templates/")
+    files = walk(resources.files("gateway.admin.console") / "static", "")
+    files += walk(resources.files("gateway.admin.console") / "templates", "templates/")
     return files
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gateway.console.sessions import ConsoleSessions, SignInLimiter
+from gateway.admin.console.sessions import ConsoleSessions, SignInLimiter
 from tests.gateway.console.console_helpers import (
     TOKEN,
     Browser,

@@ -13,8 +13,9 @@ import logging
 import pytest
 from aiohttp import web
 
-from gateway.http import AdminAccess, read_body
-from gateway.runtime import Gateway
+from gateway.admin.access import AdminAccess
+from gateway.app.jsonbody import read_body
+from gateway.app.runtime import Gateway
 from tests.gateway.console.console_helpers import TOKEN, Browser, console_gateway, session_cookie
 
 WRONG = "adm-console-guess-5e6f7a8b"
@@ -54,7 +55,7 @@ def count_body_reads(monkeypatch: pytest.MonkeyPatch) -> Calls:
         calls.add()
         return await read_body(request, max_bytes)
 
-    monkeypatch.setattr("gateway.console.app.read_body", counting)
+    monkeypatch.setattr("gateway.admin.console.app.read_body", counting)
     return calls
 
 

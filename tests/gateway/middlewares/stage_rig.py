@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.agents.base import Agent
+from gateway.app.context import Agent
 from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 
 

@@ -8,9 +8,9 @@ import re
 import pytest
 from pydantic import BaseModel
 
-from gateway import config as config_module
-from gateway.limits import parse_duration
-from gateway.middlewares.admin import parse_command
+from gateway.app.middlewares.admin import parse_command
+from gateway.config import schema as config_module
+from gateway.config.limits import parse_duration
 from gateway.state.base import GLOBAL_SCOPE
 from tests.fakes.inmemory import ConstantAgent, InMemoryRoom, PipelineRig, rig_config
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.context import TurnContext
-from gateway.middlewares import AdmissionMiddleware, ChannelPolicyMiddleware
-from gateway.pipeline import build_pipeline
-from gateway.refusals import DecisionLog
+from gateway.app.context import TurnContext
+from gateway.app.middlewares import AdmissionMiddleware, ChannelPolicyMiddleware
+from gateway.app.pipeline import build_pipeline
+from gateway.app.refusals import DecisionLog
 from tests.gateway.middlewares.stage_rig import rig_with
 
 

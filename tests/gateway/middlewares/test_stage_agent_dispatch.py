@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from gateway.context import TurnContext
-from gateway.messages import TIMEOUT_NOTICE
-from gateway.types import AgentResult
+from gateway.app.context import TurnContext
+from gateway.app.messages import TIMEOUT_NOTICE
+from gateway.app.types import AgentResult
 from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 from tests.gateway.middlewares.stage_rig import rig_with
 

@@ -9,11 +9,11 @@ import re
 import pytest
 
 from connectors.slack.connector import SlackConnector
-from gateway.admin import AdminService
-from gateway.config import parse_config
-from gateway.middlewares import bot_loop as bot_loop_stage
-from gateway.refusals import RecentRefusals
-from gateway.stages import build_gateway_pipeline
+from gateway.admin.service import AdminService
+from gateway.app.middlewares import bot_loop as bot_loop_stage
+from gateway.app.refusals import RecentRefusals
+from gateway.app.stages import build_gateway_pipeline
+from gateway.config.schema import parse_config
 from gateway.state.memory import MemoryStateStore
 from guards.bot_loop import BotLoopPolicy, PairDecision
 from tests.fakes.inmemory import (

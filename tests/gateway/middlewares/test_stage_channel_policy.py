@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gateway.policies import PolicyCache
-from gateway.types import AgentResult
+from gateway.app.policies import PolicyCache
+from gateway.app.types import AgentResult
 from tests.fakes.inmemory import rig_config
 from tests.gateway.agents.agent_turns import make_turn
 from tests.gateway.middlewares.stage_rig import rig_with

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gateway.context import TurnContext
-from gateway.types import AgentResult
+from gateway.app.context import TurnContext
+from gateway.app.types import AgentResult
 from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 
 

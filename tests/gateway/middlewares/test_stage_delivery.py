@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
-from gateway.delivery import Delivery
-from gateway.errors import DeliveryError
-from gateway.metrics import Metrics
-from gateway.types import Reply
+from gateway.app.errors import DeliveryError
+from gateway.app.types import Reply
+from gateway.delivery.sender import Delivery
+from gateway.observability.metrics import Metrics
 from tests.fakes.inmemory import ConstantAgent, InMemoryConnector, PipelineRig, rig_config
 
 

@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
-from gateway import middlewares
-from gateway.context import TurnContext
-from gateway.middlewares import AdmissionMiddleware, ErrorsMiddleware
-from gateway.pipeline import Handler, build_pipeline
+from gateway.app import middlewares
+from gateway.app.context import TurnContext
+from gateway.app.middlewares import AdmissionMiddleware, ErrorsMiddleware
+from gateway.app.pipeline import Handler, build_pipeline
+from gateway.app.types import AgentResult, Reply
 from gateway.state.memory import MemoryStateStore
-from gateway.types import AgentResult, Reply
 from tests.fakes.inmemory import ConstantAgent
 from tests.gateway.middlewares.stage_rig import rig_with
 
@@ -48,7 +48,7 @@ async def test_issue3_agent_that_raises_does_not_crash(caplog: pytest.LogCapture
 
 
 class BrokenStage:
-    """A stage outside `gateway.middlewares` that fails: it is known by its name alone."""
+    """A stage outside `gateway.app.middlewares` that fails: it is known by its name alone."""
 
     name = "broken_stage"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gateway.context import TurnContext
+from gateway.app.context import TurnContext
+from gateway.app.types import AgentResult
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
-from gateway.types import AgentResult
 from tests.fakes.inmemory import FakeClock, InMemoryRoom, PipelineRig, rig_config
 from tests.gateway.state.test_state_conformance import build_store
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.messages import SILENCE_NOTICE
+from gateway.app.messages import SILENCE_NOTICE
 from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 
 

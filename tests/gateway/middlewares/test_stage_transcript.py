@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway import messages
-from gateway.agents.base import Agent
 from gateway.agents.factory import build_agent
-from gateway.config import HistoryConfig, parse_config
-from gateway.context import TurnContext
-from gateway.middlewares.transcript import conversation, estimate_tokens, history_for
+from gateway.app import messages
+from gateway.app.context import Agent, TurnContext
+from gateway.app.middlewares.transcript import conversation, estimate_tokens, history_for
+from gateway.app.types import HistoryEntry
+from gateway.config.schema import HistoryConfig, parse_config
 from gateway.state.base import StateStore, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
-from gateway.types import HistoryEntry
 from tests.fakes.inmemory import FakeClock, InMemoryRoom, PipelineRig
 
 ADMIN = "U_ADMIN"

@@ -18,7 +18,8 @@ from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, AuthResult, Envelope, LoginPassword, Session
 from pydantic import SecretStr
 
-from gateway.errors import LoopwardenError
+from gateway.app.errors import LoopwardenError
+from gateway.config.proxy import EmailAlert, TelegramAlert, WebhookAlert
 from gateway.proxy.alerts import (
     Alert,
     AlertDeliveryError,
@@ -27,7 +28,6 @@ from gateway.proxy.alerts import (
     TelegramChannel,
     WebhookChannel,
 )
-from gateway.proxy.config import EmailAlert, TelegramAlert, WebhookAlert
 from tests.fakes.loopback import LOOPBACK_HOST, serve_loopback
 from tests.fakes.telegram_server import FakeChat, TelegramFake
 from tests.gateway.proxy.proxy_helpers import MODEL, PROXY_KEY, running_proxy

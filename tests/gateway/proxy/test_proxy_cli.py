@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from gateway.calls.export import CSV_COLUMNS
-from gateway.cli import main
+from gateway.cli.main import main
 from tests.fakes.llm_upstream import FakeLLM
 from tests.gateway.proxy.proxy_helpers import (
     MODEL,

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from gateway.config import parse_config
-from gateway.errors import ConfigError
-from gateway.jsonbody import JsonBodyError
-from gateway.logs import secret_values
+from gateway.app.errors import ConfigError
+from gateway.app.jsonbody import JsonBodyError
+from gateway.config.schema import parse_config
+from gateway.observability.logs import secret_values
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.auth import client_table
 from gateway.proxy.gemini import GeminiProvider

@@ -12,8 +12,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from gateway.cli import main
-from gateway.config import parse_config
+from gateway.cli.main import main
+from gateway.config.schema import parse_config
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM

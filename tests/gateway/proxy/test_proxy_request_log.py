@@ -8,10 +8,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.calls.store import CallLogEntry, MemoryCallStore
+from gateway.calls.entry import CallLogEntry
+from gateway.calls.store import MemoryCallStore
+from gateway.config.proxy import Price
 from gateway.proxy.auth import ProxyClient
 from gateway.proxy.calls import ProxiedCall, build_call
-from gateway.proxy.config import Price
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import GuardedCall, Usage

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.cli import main
+from gateway.cli.main import main
 
 START = 1_704_110_400  # 2024-01-01T12:00:00Z
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.export import write_csv
-from gateway.calls.store import CallLogEntry, CallOutcome
 from tests.gateway.replay.replay_fixtures import START, replay_json, write_config
 
 CONFIG = """

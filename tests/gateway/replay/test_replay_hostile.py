@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.config import parse_config
-from gateway.jsonbody import MAX_DEPTH
-from gateway.replay.command import run
+from gateway.app.jsonbody import MAX_DEPTH
+from gateway.cli.replay import run
+from gateway.config.schema import parse_config
 from gateway.replay.inputs import (
     CHUNK,
     CheckedStream,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.context import TurnContext
-from gateway.types import InboundMessage, Reply
+from gateway.app.context import TurnContext
+from gateway.app.types import InboundMessage, Reply
 from tests.fakes.inmemory import InMemoryConnector, PipelineRig, next_id, rig_config
 from tests.gateway.replay.replay_fixtures import (
     discord_author,

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from gateway.app.errors import StateError
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import CallLogEntry
-from gateway.errors import StateError
 from gateway.state.sqlite_db import CHECKPOINT_EVERY, SqliteDb
 from tests.gateway.state.hammer import ROOT, WAIT_SECONDS
 

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from gateway.config import StateConfig, parse_config
-from gateway.errors import ConfigError
-from gateway.limits import DEFAULT_TRANSCRIPT_BYTES, MIN_TRANSCRIPT_BYTES
+from gateway.app.errors import ConfigError
+from gateway.config.limits import DEFAULT_TRANSCRIPT_BYTES, MIN_TRANSCRIPT_BYTES
+from gateway.config.schema import StateConfig, parse_config
 from gateway.state.base import TranscriptEntry
 from gateway.state.factory import build_state
 from gateway.state.memory import MemoryStateStore

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from redis.asyncio import Redis
 
-from gateway.config import parse_config
-from gateway.errors import StateError
-from gateway.runtime import Gateway
+from gateway.app.errors import StateError
+from gateway.app.runtime import Gateway
+from gateway.config.schema import parse_config
 from gateway.state.base import AuditEntry
 from gateway.state.redis import RedisStateStore
 from guards.bot_loop import BotLoopPolicy, PairDecision

@@ -18,7 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.errors import StateError
+from gateway.app.errors import StateError
 from gateway.state.base import AuditEntry, TranscriptEntry
 from gateway.state.sqlite import SCHEMA_VERSION, SqliteStateStore
 from guards.bot_loop import BotLoopPolicy, PairDecision

@@ -1,0 +1,63 @@
+"""The outermost stage: count every message in, and make sure no turn can crash a connector.
+
+An exception from any inner stage (or an agent) is logged and counted under the `name` of
+the innermost stage it escaped from (`errors_total{stage}`), as the pipeline marked it
+(`gateway.app.pipeline.failed_stage`), and the turn ends with no reply. The ERROR line names
+the exception type and where it was raised but not its message, which may quote the
+user's text; the full traceback goes to DEBUG (where the CLI's redaction filter still
+masks secrets).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from gateway.app.context import TurnContext
+from gateway.app.pipeline import Handler, failed_stage
+from gateway.app.types import Reply
+from gateway.observability.metrics import Metrics
+
+log = logging.getLogger("loopwarden.pipeline")
+
+
+class ErrorsMiddleware:
+    """Catches everything from the inner layers; never re-raises."""
+
+    name = "errors"
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+        self._metrics.message_in(ctx.message.platform)
+        try:
+            return await call_next(ctx)
+        except Exception as exc:  # the whole point of this stage: nothing escapes it
+            self._report(ctx, exc)
+            return None
+
+    def _report(self, ctx: TurnContext, exc: Exception) -> None:
+        stage, where = failed_stage(exc), _raised_at(exc)
+        self._metrics.error(stage)
+        msg = ctx.message
+        log.error(
+            "%s turn of bot %s failed in %s: %s raised at %s (message %s)",
+            msg.room,
+            msg.bot_id,
+            stage,
+            type(exc).__name__,
+            where,
+            msg.message_id,
+            extra={"decision": "error", "stage": stage, "room": msg.room, "bot": msg.bot_id},
+        )
+        log.debug("traceback of the failed turn", exc_info=exc)
+
+
+def _raised_at(exc: BaseException) -> str:
+    """Where `exc` was raised: module, function and line of its innermost frame."""
+    frames = list(traceback.walk_tb(exc.__traceback__))
+    if not frames:
+        return "unknown"
+    frame, line = frames[-1]
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}:{line}"
