@@ -1,4 +1,5 @@
-"""TurnContext: the typed context one inbound message carries through the pipeline.
+"""TurnContext: the typed context one inbound message carries through the pipeline, and the
+Agent protocol a turn is handed to (one async call per turn: the reply and its tool calls).
 
 `policy` is the room's effective Policy and `resolved` the same policy with the guard
 policies derived from it: the channel-policy stage sets both at once from the policy
