@@ -24,6 +24,7 @@ from guards.call_loop import (
     preview_rule,
 )
 from guards.call_loop import guard as guarding
+from tests.fakes.inmemory import FakeClock
 
 MODEL = "gpt-4o-mini"
 
@@ -35,14 +36,6 @@ def fp(*texts: str, model: str = MODEL) -> str:
 # ---------------------------------------------------------------------------------------
 # Circuits
 # ---------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 A = fp("Check order 12345 at 10:00")

@@ -22,6 +22,7 @@ from guards.loop_guard import (
     canonical_args,
     result_hash,
 )
+from tests.fakes.inmemory import FakeClock
 
 ALLOW, WARN, BLOCK, HALT = GuardAction.ALLOW, GuardAction.WARN, GuardAction.BLOCK, GuardAction.HALT
 
@@ -46,16 +47,6 @@ QUIET = LoopGuardConfig(
 
 # The defaults without the failure streak, for the rules that predate it.
 NO_FAILURE_STREAK = replace(LoopGuardConfig(), failure_warn=10_000, failure_halt=10_000)
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass(frozen=True)
@@ -388,7 +379,7 @@ def test_mark_progress_ends_the_streak() -> None:
 
 
 def test_reset_turn_clears_counts_streak_and_timer() -> None:
-    clock = FakeClock()
+    clock = FakeClock(start=0.0)
     guard = LoopGuard(clock=clock)
     for _ in range(4):
         guard.record("read_file", {"path": "a"}, success=True, result="same")
@@ -405,7 +396,7 @@ def test_reset_turn_clears_counts_streak_and_timer() -> None:
 
 
 def test_turn_timer_halts_with_time_exceeded() -> None:
-    clock = FakeClock()
+    clock = FakeClock(start=0.0)
     guard = LoopGuard(LoopGuardConfig(max_time_per_turn=120.0), clock=clock)
     assert guard.check("read_file", {"path": "a"}).action is ALLOW
     clock.now = 120.0
@@ -759,7 +750,7 @@ def test_from_dict_names_the_bad_field(data: dict[str, object], field: str) -> N
 
 
 def test_get_stats_reports_the_turn() -> None:
-    clock = FakeClock()
+    clock = FakeClock(start=0.0)
     guard = LoopGuard(clock=clock)
     assert guard.get_stats().turn_elapsed == 0.0
     guard.record("read_file", {"path": "a"}, success=True, result="x")
@@ -1136,7 +1127,7 @@ def test_issue9_failure_thresholds_are_config_fields() -> None:
 
 
 def test_issue9_get_stats_reads_as_a_read_only_mapping() -> None:
-    clock = FakeClock()
+    clock = FakeClock(start=0.0)
     guard = LoopGuard(clock=clock)
     guard.record("read_file", {"path": "a"}, success=True, result="x")
     guard.record("fetch_url", {"url": "u"}, success=False, result="timeout")
