@@ -1,13 +1,10 @@
-"""`loopwarden circuits list|reopen` and `loopwarden calls export|preview-rule`.
+"""`loopwarden calls export|preview-rule`: the LLM-call proxy's request log.
 
-They open the CallStore of the configured state backend directly, so they work while a
-proxy or gateway runs and share its circuits and request log: sqlite (the same file)
-or redis (the same server and key prefix). With memory state the circuits and log live
-inside the running process, so these commands say so and point at the admin API.
+They read the log from the state a running proxy or gateway shares
+(`gateway.cli.shared_state`).
 
 Decisions where DESIGN.md is silent:
-- `circuits reopen` exits 0 when it lifted a pause and 1 when the circuit was not paused
-  (its repeat counts are cleared either way).
+- `calls export` writes CSV on stdout (the only format; `--csv` says so and may be left out).
 - `calls preview-rule` replays the logged calls of the window (7 days by default) through
   the rule alone, as the console's Rules page does (`gateway.calls.preview`); `--rule` is
   a rule's name in `proxy.rules` or a rule written inline as YAML or JSON.
@@ -15,90 +12,96 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from typing import TextIO, TypeVar
+from collections.abc import Mapping
+from typing import TextIO
 
 import yaml
 
-from gateway.app.errors import ConfigError, LoopwardenError, StateError
+from gateway.app.errors import ConfigError
 from gateway.app.messages import format_duration
 from gateway.calls.export import write_csv
-from gateway.calls.factory import build_call_store
 from gateway.calls.preview import PREVIEW_SECONDS
 from gateway.calls.preview import preview as rule_preview
-from gateway.calls.store import CallStore
-from gateway.config.safeyaml import YamlLimitError, load_yaml
-from gateway.config.schema import Config
-from guards.call_loop import CallLoopPolicy, UniquenessRule
-
-NEEDS_SHARED_STATE = (
-    "error: with state.backend: memory the circuits and the request log live inside the "
-    "running proxy or gateway. Use its admin API (GET /admin/circuits, POST "
-    "/admin/circuits/reopen) or /loop circuits in chat, or set state.backend to sqlite "
-    "or redis to use this command."
+from gateway.cli.command import (
+    Subcommands,
+    add_parser,
+    config_option,
+    print_config_error,
+    with_config,
 )
-DEFAULT_SINCE = PREVIEW_SECONDS
-T = TypeVar("T")
+from gateway.cli.shared_state import run_command, using
+from gateway.config import Config
+from gateway.config.limits import parse_duration
+from gateway.config.safeyaml import YamlLimitError, load_yaml
+from guards.call_loop import UniquenessRule
+
+DEFAULT_SINCE = f"{PREVIEW_SECONDS / 86_400:g}d"
+"""The window both actions read by default (the console's Rules page's), as `--since` takes it."""
 
 
-class NoSharedState(LoopwardenError):
-    """The command needs a state backend other processes can open (sqlite or redis)."""
+def add(subcommands: Subcommands) -> None:
+    """The `calls` subcommand and its `export` and `preview-rule` actions."""
+    parser = add_parser(
+        subcommands,
+        "calls",
+        help="export the LLM request log, or preview a uniqueness rule against it",
+        description="Read the request log of the LLM-call proxy (sqlite or redis state).",
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    export = add_parser(actions, "export", help="the request log as CSV on stdout")
+    export.add_argument("--csv", action="store_true", help="CSV (the only format)")
+    _since_option(export)
+    config_option(export)
+    export.set_defaults(handler=with_config(_export))
+    preview_rule = add_parser(
+        actions, "preview-rule", help="how many logged calls a uniqueness rule would have stopped"
+    )
+    preview_rule.add_argument(
+        "--rule",
+        required=True,
+        help="a rule name from proxy.rules, or a rule as YAML/JSON, e.g. "
+        "'{name: once, fields: [session, step], max_calls: 1, window_seconds: 24h}'",
+    )
+    _since_option(preview_rule)
+    config_option(preview_rule)
+    preview_rule.set_defaults(handler=with_config(_preview))
 
 
-def run_command(command: Coroutine[object, object, int]) -> int:
-    """Run one command to its exit code; no shared state is 2, unreachable state 1."""
+def _since_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--since",
+        type=_duration,
+        default=DEFAULT_SINCE,
+        metavar="DURATION",
+        help="the calls of this last while, e.g. 30m, 24h, 7d",
+    )
+
+
+def _duration(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 30m, 24h, 7d)")
+    return seconds
+
+
+def _export(args: argparse.Namespace, config: Config) -> int:
+    return run_command(export_calls(config, args.since, sys.stdout))
+
+
+def _preview(args: argparse.Namespace, config: Config) -> int:
     try:
-        return asyncio.run(command)
-    except NoSharedState:
-        print(NEEDS_SHARED_STATE, file=sys.stderr)
+        rule = resolve_rule(config, args.rule)
+    except ConfigError as exc:
+        print_config_error(exc)
         return 2
-    except StateError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
-async def _using(config: Config, work: Callable[[CallStore], Awaitable[T]]) -> T:
-    """Run `work` on the config's shared CallStore, opened for it and closed after."""
-    if config.state.backend == "memory":
-        raise NoSharedState
-    proxy = config.proxy
-    policy = proxy.call_loop.policy() if proxy is not None else CallLoopPolicy()
-    store = build_call_store(config.state, policy, proxy.rules if proxy is not None else ())
-    await store.start()
-    try:
-        return await work(store)
-    finally:
-        await store.aclose()
-
-
-async def list_circuits(config: Config, out: TextIO) -> int:
-    """Print the paused circuits and rule groups, one per line."""
-    paused = await _using(config, lambda store: store.paused())
-    if not paused:
-        print("no circuit is paused", file=out)
-        return 0
-    width = max(len(p.circuit) for p in paused)
-    print(f"{'CIRCUIT':<{width}}  {'LEFT':>12}  {'REFUSED':>7}  REASON", file=out)
-    for p in paused:
-        left = format_duration(p.remaining)
-        print(f"{p.circuit:<{width}}  {left:>12}  {p.count:>7}  {p.reason}", file=out)
-    return 0
-
-
-async def reopen_circuit(config: Config, circuit: str, out: TextIO) -> int:
-    """Lift one circuit's (or rule group's) pause."""
-    if await _using(config, lambda store: store.reopen(circuit)):
-        print(f"reopened {circuit}", file=out)
-        return 0
-    print(f"{circuit} was not paused (its repeat counts start afresh)", file=out)
-    return 1
+    return run_command(preview(config, rule, args.since, sys.stdout))
 
 
 async def export_calls(config: Config, since: float, out: TextIO) -> int:
     """Write the request log of the last `since` seconds as CSV."""
-    write_csv(await _using(config, lambda store: store.calls_since(since)), out)
+    write_csv(await using(config, lambda store: store.calls_since(since)), out)
     return 0
 
 
@@ -125,7 +128,7 @@ def resolve_rule(config: Config, text: str) -> UniquenessRule:
 
 async def preview(config: Config, rule: UniquenessRule, since: float, out: TextIO) -> int:
     """Print how many logged calls of the last `since` seconds the rule would have stopped."""
-    entries = await _using(config, lambda store: store.calls_since(since))
+    entries = await using(config, lambda store: store.calls_since(since))
     pause = config.proxy.call_loop.pause_seconds if config.proxy is not None else 300.0
     stopped = rule_preview(rule, entries, pause_seconds=pause).would_refuse
     print(

@@ -16,12 +16,34 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import TextIO
 
 from gateway.admin.console.links import LINK_TTL, ConsoleLinks, LinkFolderError
 from gateway.app.errors import ConfigError
-from gateway.config.schema import Config
+from gateway.cli.command import Subcommands, add_parser, config_option, with_config
+from gateway.config import Config
 from gateway.config.urls import browser_host, origin
+
+
+def add(subcommands: Subcommands) -> None:
+    """The `console-link` subcommand."""
+    parser = add_parser(
+        subcommands,
+        "console-link",
+        help="print a one-time sign-in link for the console running on this host",
+        description="Print a sign-in link for the console of the gateway (or, with --proxy, "
+        "the proxy) running on this host with this config: valid once, for 10 minutes, even "
+        "while sign-in is locked out for your address. Run it as the server's user.",
+    )
+    parser.add_argument("--proxy", action="store_true", help="the LLM-call proxy's console")
+    config_option(parser)
+    parser.set_defaults(handler=with_config(_console_link))
+
+
+def _console_link(args: argparse.Namespace, config: Config) -> int:
+    return console_link(config, proxy=args.proxy, out=sys.stdout, err=sys.stderr)
 
 
 def console_link(config: Config, *, proxy: bool, out: TextIO, err: TextIO) -> int:

@@ -15,6 +15,7 @@ with nothing a terminal would act on.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -24,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO, TypeVar
 
-from gateway.config.schema import Config
+from gateway.cli.command import Subcommands, add_parser, config_option, with_config
+from gateway.config import Config
 from gateway.observability.visible import visible
 from gateway.replay import calls, discord, report, slack, telegram
-from gateway.replay.detect import Detected, Format, detect
+from gateway.replay.detect import FORMATS, Detected, Format, detect
 from gateway.replay.engine import BotMarks, CallReplay, ChatReplay, merged, merged_calls
 from gateway.replay.inputs import Limits, ReadContext
 from gateway.replay.progress import Progress
@@ -58,6 +60,45 @@ class _InputTally:
             return None
         reasons = ", ".join(f"{why} {count:,}" for why, count in sorted(counts.items()))
         return f"{self.name}: every record was skipped ({total:,} records: {reasons})"
+
+
+def add(subcommands: Subcommands) -> None:
+    """The `replay` subcommand."""
+    parser = add_parser(
+        subcommands,
+        "replay",
+        help="replay recorded chat exports or LLM calls: what would the guards have stopped?",
+        description="Run a recorded history (DiscordChatExporter JSON, a Slack export folder "
+        "or zip, a Telegram Desktop result.json, the proxy's calls CSV export or a JSONL of "
+        "chat-completion bodies) through the config's policies offline, and report what "
+        "would have been refused.",
+    )
+    config_option(parser)
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help="an export file or folder")
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto", help="the inputs' format (auto: detected)"
+    )
+    parser.add_argument(
+        "--bot",
+        action="append",
+        default=[],
+        metavar="ID_OR_NAME",
+        help="treat this sender as a bot (a display name, a platform id or Telegram from_id)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--report", metavar="FILE.html", help="write a self-contained HTML page")
+    parser.set_defaults(handler=with_config(_replay))
+
+
+def _replay(args: argparse.Namespace, config: Config) -> int:
+    return run(
+        config,
+        args.inputs,
+        wanted=args.format,
+        bots=args.bot,
+        as_json=args.json,
+        report_path=args.report,
+    )
 
 
 def run(

@@ -45,13 +45,13 @@ from gateway.calls.budgets import (
 )
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
-from gateway.cli.calls import NoSharedState
+from gateway.cli.shared_state import NoSharedState
+from gateway.config import Config
 from gateway.config.limits import MAX_TOKENS, MAX_USD
 from gateway.config.proxy import PerField
-from gateway.config.schema import Config
 from gateway.proxy import messages
 from gateway.proxy.budgets import Periods, ProxyBudgets
-from gateway.state.base import StateStore
+from gateway.state.base import AuditStore
 
 PeriodName = Literal["day", "week", "month"]
 HEADINGS = ("BUDGET", "GROUP", "SPENT", "HELD", "LIMIT", "%", "PERIOD END")
@@ -260,7 +260,7 @@ class SpendAdmin:
 
 def spend_admin_routes(
     admin: AdminService,
-    state: StateStore,
+    state: AuditStore,
     access: AdminAccess,
     *,
     budgets: ProxyBudgets,

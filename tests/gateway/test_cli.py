@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import importlib
+import inspect
 import os
 import re
 import signal
@@ -13,10 +16,11 @@ import aiohttp
 import pytest
 
 import connectors
+import gateway.cli.main
 import gateway.demo.room
 import gateway.state
 from gateway import __version__
-from gateway.cli.main import main
+from gateway.cli.main import SUBCOMMANDS, build_parser, main
 from tests.gateway.runtime_helpers import shadow_package
 
 ADMIN_SECRET = "lw-admin-secret-5e6f"
@@ -49,6 +53,41 @@ def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for command in ("run", "check-config", "demo"):
         assert command in out
+
+
+def subcommand_parsers(
+    parser: argparse.ArgumentParser,
+) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `parser`'s subcommands, by name."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def test_issue21_each_subcommand_is_a_module_of_its_own() -> None:
+    commands = subcommand_parsers(build_parser())
+    assert set(commands) == {
+        "run",
+        "check-config",
+        "demo",
+        "proxy",
+        "circuits",
+        "calls",
+        "spend",
+        "replay",
+        "console-link",
+    }
+    modules = [
+        importlib.import_module(f"gateway.cli.{name.replace('-', '_')}") for name in commands
+    ]
+    assert list(SUBCOMMANDS) == [module.add for module in modules]
+    own = {
+        name
+        for name, value in vars(gateway.cli.main).items()
+        if inspect.isfunction(value) and value.__module__ == gateway.cli.main.__name__
+    }
+    assert own == {"build_parser", "main"}
 
 
 def test_a_subcommand_is_required() -> None:

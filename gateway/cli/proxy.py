@@ -1,0 +1,50 @@
+"""`loopwarden proxy --config FILE`: the LLM-call proxy, until SIGINT/SIGTERM.
+
+Decisions where DESIGN.md is silent: on SIGINT or SIGTERM the requests in flight
+(streams included) finish within `proxy.drain_seconds`, then alert deliveries and
+request-log writes, then it exits 0. A config without a `proxy:` section is a config
+error (exit 2); a proxy that fails to start exits 1.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gateway.app.errors import ConfigError
+from gateway.cli.command import Subcommands, print_config_error
+from gateway.cli.serving import add_serving, stop_on_signals
+from gateway.config import Config
+from gateway.proxy.app import ProxyServer
+
+log = logging.getLogger("loopwarden")
+
+
+def add(subcommands: Subcommands) -> None:
+    """The `proxy` subcommand."""
+    add_serving(
+        subcommands,
+        "proxy",
+        serve_proxy,
+        help="run the LLM-call proxy until SIGINT/SIGTERM",
+        description="Serve the OpenAI-, Anthropic- and Gemini-compatible proxy routes; on "
+        "SIGINT/SIGTERM drain requests in flight and exit 0.",
+    )
+
+
+async def serve_proxy(config: Config) -> int:
+    """Run the proxy for `config` until SIGINT/SIGTERM; return the exit code."""
+    try:
+        server = ProxyServer(config)
+    except ConfigError as exc:
+        print_config_error(exc)
+        return 2
+    with stop_on_signals("stopping the proxy") as stop:
+        try:
+            await server.start()
+            await stop.wait()
+        except Exception:
+            log.exception("the proxy failed to start")
+            return 1
+        finally:
+            await server.stop()
+    return 0
