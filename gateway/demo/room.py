@@ -129,14 +129,22 @@ def _seconds(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `loopwarden demo` options, for this module's parser and the CLI's subcommand."""
-    parser.add_argument("--host", default="127.0.0.1", help="address to serve on")
-    parser.add_argument("--port", type=_port, default=8787, help="port (0 picks a free one)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to serve on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=_port, default=8787, help="port, 0 picks a free one (default: %(default)s)"
+    )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
     parser.add_argument(
         "--exit-after", type=_seconds, metavar="SECONDS", help="stop by itself after SECONDS"
     )
     parser.add_argument(
-        "--delay", type=_seconds, default=0.5, metavar="SECONDS", help="each bot's reply delay"
+        "--delay",
+        type=_seconds,
+        default=0.5,
+        metavar="SECONDS",
+        help="each bot's reply delay (default: %(default)s)",
     )
     parser.add_argument(
         "--no-kickoff", action="store_true", help="do not start the scenarios automatically"
@@ -145,7 +153,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--log-level",
         type=str.upper,
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="level of the other logs, on stderr (default WARNING)",
+        help="level of the other logs, on stderr (default: WARNING)",
     )
 
 

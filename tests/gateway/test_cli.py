@@ -90,6 +90,43 @@ def test_issue21_each_subcommand_is_a_module_of_its_own() -> None:
     assert own == {"build_parser", "main"}
 
 
+def help_of(capsys: pytest.CaptureFixture[str], words: list[str]) -> str:
+    """`loopwarden WORDS --help`, its whitespace folded (argparse wraps lines anywhere)."""
+    with pytest.raises(SystemExit) as caught:
+        main([*words, "--help"])
+    assert caught.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def defaults_of(parser: argparse.ArgumentParser) -> dict[str, object]:
+    """The options of `parser` that have a default worth naming (not off, not none), by flag."""
+    return {
+        action.option_strings[-1]: action.default
+        for action in parser._actions
+        if action.option_strings and action.default not in (None, False, [], argparse.SUPPRESS)
+    }
+
+
+def test_issue22_every_help_names_every_default(capsys: pytest.CaptureFixture[str]) -> None:
+    pages: list[tuple[list[str], argparse.ArgumentParser]] = []
+    for name, parser in subcommand_parsers(build_parser()).items():
+        actions = subcommand_parsers(parser)
+        pages += [([name, action], sub) for action, sub in actions.items()] or [([name], parser)]
+    demo = argparse.ArgumentParser()
+    gateway.demo.room.add_arguments(demo)
+    pages = [(words, demo if words == ["demo"] else p) for words, p in pages]
+    named = 0
+    for words, parser in pages:
+        text = help_of(capsys, words)
+        for flag, default in defaults_of(parser).items():
+            assert f"(default: {default})" in text, (words, flag)
+            named += 1
+    assert named >= 7  # --loop twice, --since twice, --format, demo's --host, --port, --delay
+    assert "(default: 7d)" in help_of(capsys, ["calls", "export"])
+    assert "(default: $LOOPWARDEN_LOG_LEVEL or INFO)" in help_of(capsys, ["run"])
+    assert "(default: WARNING)" in help_of(capsys, ["demo"])
+
+
 def test_a_subcommand_is_required() -> None:
     with pytest.raises(SystemExit) as caught:
         main([])
