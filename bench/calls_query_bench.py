@@ -49,7 +49,7 @@ from gateway.calls.query_sqlite import INDEXES
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
 from gateway.calls.store import OUTCOMES, CallStore
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.state.memory import MemoryStateStore
 from tests.fakes.redis_server import RedisServer
 

@@ -51,7 +51,7 @@ from pathlib import Path
 import aiohttp
 
 from gateway.app import eventloop
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM

@@ -32,7 +32,7 @@ import ijson
 from bench.pipeline_bench import BOT_MESSAGES_PER_ROOM, CONFIG, Bench, timed
 from gateway.calls.export import CSV_COLUMNS
 from gateway.cli.replay import run
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 
 TARGET_RATE = 20_000
 TARGET_RSS_MB = 300

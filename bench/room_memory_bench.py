@@ -37,8 +37,8 @@ from connectors.room import RoomConnector
 from connectors.room.hub import MAX_JOINS, ROOM_HUB
 from connectors.room.reclaim import Reclaimed
 from gateway.app.runtime import Gateway
+from gateway.config import StateConfig
 from gateway.config.limits import MAX_TRANSCRIPT_BYTES
-from gateway.config.schema import StateConfig
 from gateway.demo.room import demo_config
 from gateway.state.memory import MemoryStateStore
 

@@ -37,7 +37,7 @@ from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
 from gateway.app.runtime import Gateway
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from tests.fakes.telegram_server import FakeChat, FakeUser, TelegramFake
 
 TOKEN = "424242:BENCHtokenBENCHtokenBENCHtoken_xyz"

@@ -41,7 +41,7 @@ Decisions where DESIGN.md is silent:
   `rediss://` or `unix://` URL (the gateway's Redis backend with its defaults: key prefix
   `lw:`, `on_error: allow`). Anything else is a `ConfigError` on `state` that never
   echoes the value (a URL may hold a password).
-- `policy` is a `gateway.config.schema.Policy` or a mapping shaped like the config file's
+- `policy` is a `gateway.config.Policy` or a mapping shaped like the config file's
   `policy:` section, validated the same way (errors name `policy.<field>`). Pauses and
   runtime overrides set on a gateway are not read: the guard's policy is the one given.
 - The cooldown notice names no admin command (a guarded bot has none):
@@ -73,7 +73,7 @@ from gateway.app import messages
 from gateway.app.errors import ConfigError, LoopwardenError
 from gateway.app.middlewares.admission import turned_away
 from gateway.app.types import InboundMessage
-from gateway.config.schema import Policy, StateConfig, first_error
+from gateway.config import Policy, StateConfig, first_error
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
 from guards.room_budget import RoomDecision
@@ -519,7 +519,7 @@ def _policy(policy: object) -> Policy:
         raise ConfigError(
             "policy",
             "must be a mapping shaped like the config file's policy: section "
-            f"(or a gateway.config.schema.Policy), got a {type(policy).__name__}",
+            f"(or a gateway.config.Policy), got a {type(policy).__name__}",
         )
     try:
         validated = Policy.model_validate(policy)

@@ -6,7 +6,7 @@ from connectors.discord.connector import DiscordConnector, RoutedHTTPClient
 from connectors.discord.inbound import BotIdentity, to_inbound, translate_message
 from connectors.skips import Skip
 from gateway.app.connector import ConnectorServices
-from gateway.config.schema import DiscordBotConfig
+from gateway.config import DiscordBotConfig
 
 __all__ = [
     "BotIdentity",

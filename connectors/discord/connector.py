@@ -84,7 +84,7 @@ from connectors.timing import Timing
 from gateway.app.connector import Capabilities, ConnectorServices, Sink
 from gateway.app.errors import ConnectorError, DeliveryError
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import DiscordBotConfig
+from gateway.config import DiscordBotConfig
 
 with warnings.catch_warnings():
     # discord.py imports the stdlib `audioop` (for voice), deprecated since Python 3.11.

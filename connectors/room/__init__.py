@@ -6,7 +6,7 @@ from connectors.room.connector import PLATFORM, RoomConnector
 from connectors.room.hub import RoomHub
 from connectors.room.reclaim import ForgetRoom
 from gateway.app.connector import ConnectorServices
-from gateway.config.schema import RoomBotConfig
+from gateway.config import RoomBotConfig
 
 __all__ = ["RoomConnector", "RoomHub", "create"]
 

@@ -26,7 +26,7 @@ from connectors.room.hub import RoomHub, RoomMessage
 from gateway.app.connector import Capabilities, Sink
 from gateway.app.errors import DeliveryError, GatewayStopping
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import RoomBotConfig
+from gateway.config import RoomBotConfig
 
 log = logging.getLogger("loopwarden.room")
 

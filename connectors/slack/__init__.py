@@ -6,7 +6,7 @@ from connectors.skips import Skip
 from connectors.slack.connector import SlackConnector
 from connectors.slack.inbound import BotIdentity, to_inbound, translate_payload
 from gateway.app.connector import ConnectorServices
-from gateway.config.schema import SlackBotConfig
+from gateway.config import SlackBotConfig
 
 __all__ = ["BotIdentity", "Skip", "SlackConnector", "create", "to_inbound", "translate_payload"]
 

@@ -96,7 +96,7 @@ from gateway.app.connector import Capabilities, ConnectorServices, Sink
 from gateway.app.errors import ConnectorError, DeliveryError
 from gateway.app.jsonbody import JsonBodyError, parse_json, read_body
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import SlackBotConfig
+from gateway.config import SlackBotConfig
 
 log = logging.getLogger(__name__)
 _bolt_log = logging.getLogger(f"{__name__}.bolt")

@@ -6,7 +6,7 @@ from connectors.skips import Skip
 from connectors.telegram.connector import TelegramConnector
 from connectors.telegram.inbound import BotIdentity, to_inbound, translate_update
 from gateway.app.connector import ConnectorServices
-from gateway.config.schema import TelegramBotConfig
+from gateway.config import TelegramBotConfig
 
 __all__ = ["BotIdentity", "Skip", "TelegramConnector", "create", "to_inbound", "translate_update"]
 

@@ -100,7 +100,7 @@ from gateway.app.connector import Capabilities, ConnectorServices, Sink
 from gateway.app.errors import ConnectorError, DeliveryError
 from gateway.app.jsonbody import JsonBodyError, parse_json, read_body
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import TelegramBotConfig
+from gateway.config import TelegramBotConfig
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from gateway.admin.access import MAX_ROOM_CHARS, AdminAccess, AdminBody, RoomKey
 from gateway.admin.api import admin_route
 from gateway.admin.service import AdminAck, AdminService
 from gateway.admin.views import room_json
-from gateway.config.schema import Config
+from gateway.config import Config
 from gateway.state.base import StateStore
 from guards.bot_loop import PairSnapshot
 

@@ -21,7 +21,7 @@ Decisions where DESIGN.md is silent:
   refused. A refused `set` or `pause` answers "Can't …" with the reason and changes
   nothing.
 - A stored override the policy refuses today is ignored with a logged warning
-  (`gateway.config.schema.resolve_policy`) and does not stop a `set` of another field.
+  (`gateway.config.resolve_policy`) and does not stop a `set` of another field.
 - `set` and `pause` apply to the room (`platform:channel`), across its threads.
 - `set bot_loop.mode shadow` (also `tool_loop.mode`, `call_loop.mode`) takes exactly
   `enforce` or `shadow`; `status` then says "<guard>: shadow: would have refused N" for
@@ -57,9 +57,7 @@ from gateway.app.errors import LoopwardenError
 from gateway.app.policies import PolicyCache, merged
 from gateway.app.refusals import RecentRefusals
 from gateway.calls.store import CallStore
-from gateway.config.limits import parse_duration
-from gateway.config.safeyaml import YamlLimitError, load_yaml
-from gateway.config.schema import (
+from gateway.config import (
     Config,
     Policy,
     SpendSettings,
@@ -67,6 +65,8 @@ from gateway.config.schema import (
     first_error,
     with_override,
 )
+from gateway.config.limits import parse_duration
+from gateway.config.safeyaml import YamlLimitError, load_yaml
 from gateway.observability.metrics import ReportsOutages
 from gateway.state import transcripts
 from gateway.state.base import GLOBAL_SCOPE, StateStore

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from gateway.app import messages
-from gateway.config.schema import Policy
+from gateway.config import Policy
 from gateway.observability.visible import visible
 from gateway.state.base import AuditEntry
 from guards.bot_loop import PairSnapshot

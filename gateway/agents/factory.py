@@ -9,7 +9,7 @@ from gateway.agents.scripted import ScriptedAgent
 from gateway.agents.spend import AgentBudgets
 from gateway.app.context import Agent
 from gateway.calls.store import CallStore
-from gateway.config.schema import (
+from gateway.config import (
     AgentConfig,
     HttpAgentConfig,
     OpenAIAgentConfig,

@@ -53,7 +53,7 @@ from gateway.app import messages
 from gateway.app.errors import LoopwardenError
 from gateway.app.jsonbody import JsonBodyError, parse_json
 from gateway.app.types import AgentResult, InboundMessage
-from gateway.config.schema import HttpAgentConfig
+from gateway.config import HttpAgentConfig
 
 if TYPE_CHECKING:
     from gateway.app.context import TurnContext

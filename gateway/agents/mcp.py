@@ -71,7 +71,7 @@ from pydantic import ValidationError
 from gateway.app.backoff import Backoff, Sleep
 from gateway.app.errors import LoopwardenError
 from gateway.app.jsonbody import JsonBodyError, parse_json
-from gateway.config.schema import McpServerConfig
+from gateway.config import McpServerConfig
 from guards.loop_guard import classify_tool_name
 
 log = logging.getLogger("loopwarden.agents.mcp")

@@ -103,7 +103,7 @@ from gateway.app.types import AgentResult, Halt, HistoryEntry, ToolCall
 from gateway.calls.budgets import Amount, SpendHold
 from gateway.calls.entry import CallOutcome
 from gateway.calls.store import CallStore, MemoryCallStore
-from gateway.config.schema import OpenAIAgentConfig, SpendSettings
+from gateway.config import OpenAIAgentConfig, SpendSettings
 from gateway.proxy.provider import Usage
 from gateway.proxy.refusal import refusal_outcome
 from gateway.proxy.request_log import RequestLog

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from gateway.app.errors import ConfigError
 from gateway.app.types import AgentResult
-from gateway.config.schema import PythonAgentConfig
+from gateway.config import PythonAgentConfig
 
 if TYPE_CHECKING:
     from gateway.app.context import TurnContext

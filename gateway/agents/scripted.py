@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from gateway.app.types import AgentResult
-from gateway.config.schema import ScriptedAgentConfig
+from gateway.config import ScriptedAgentConfig
 
 if TYPE_CHECKING:
     from gateway.app.context import TurnContext

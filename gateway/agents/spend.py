@@ -64,8 +64,8 @@ from gateway.calls.budgets import (
     usd,
 )
 from gateway.calls.store import CallStore
+from gateway.config import Config, OpenAIAgentConfig, SpendSettings
 from gateway.config.proxy import ProxyConfig
-from gateway.config.schema import Config, OpenAIAgentConfig, SpendSettings
 from gateway.proxy.budgets import CODE, Periods
 from gateway.proxy.messages import money
 from gateway.proxy.openai import OpenAIProvider

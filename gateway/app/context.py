@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gateway.app.policies import ResolvedPolicy
 from gateway.app.types import AgentResult, HistoryEntry, InboundMessage
-from gateway.config.schema import BotConfig, Config, Policy
+from gateway.config import BotConfig, Config, Policy
 
 if TYPE_CHECKING:
     from gateway.app.connector import Connector

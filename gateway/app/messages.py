@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from gateway.config.schema import Policy
+from gateway.config import Policy
 from guards.call_loop import PausedCircuit
 
 REFUSAL = "Sorry, you can't run loop commands here."

@@ -62,7 +62,7 @@ class ResolvedPolicy:
             bot_loop=policy.bot_loop.guard_policy(),
             silence=policy.silence.guard_policy(),
             tool_loop=policy.tool_loop.guard_config(),
-            call_loop=policy.call_loop.guard_policy(),
+            call_loop=policy.call_loop.policy(),
             bot_loop_shadow=policy.bot_loop.mode == "shadow",
             tool_loop_shadow=policy.tool_loop.mode == "shadow",
             call_loop_shadow=policy.call_loop.mode == "shadow",

@@ -68,7 +68,7 @@ from gateway.app.stages import build_gateway_pipeline
 from gateway.app.types import InboundMessage, Reply
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
-from gateway.config.schema import BotConfig, Config
+from gateway.config import BotConfig, Config
 from gateway.delivery.sender import Delivery
 from gateway.observability.activity import ActivityFeed
 from gateway.observability.metrics import Metrics

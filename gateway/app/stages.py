@@ -57,7 +57,7 @@ from gateway.app.middlewares import (
 )
 from gateway.app.pipeline import Handler, Middleware, build_pipeline
 from gateway.app.refusals import DecisionLog, RecentRefusals
-from gateway.config.schema import Config
+from gateway.config import Config
 from gateway.delivery.sender import Delivery
 from gateway.observability.activity import ActivityFeed
 from gateway.observability.metrics import Metrics

@@ -13,7 +13,7 @@ from typing import cast
 
 from gateway.app.errors import ConfigError
 from gateway.calls.store import LOG_KEEP, CallStore, MemoryCallStore
-from gateway.config.schema import StateConfig
+from gateway.config.state import StateConfig
 from guards.call_loop import CallLoopPolicy, UniquenessRule
 
 

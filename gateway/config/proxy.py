@@ -1,6 +1,6 @@
 """The `proxy:` section of the config: keys, upstreams, the call guard, rules, prices, alerts.
 
-Validated with the rest of the file by `gateway.config.schema.load_config` (so errors name the
+Validated with the rest of the file by `gateway.config.loader.load_config` (so errors name the
 field, e.g. `proxy.rules.0: window_seconds must be ...`). Secrets (proxy keys, upstream
 keys, the alert webhook, bot token and SMTP password) are `SecretStr` and never printed.
 
@@ -22,7 +22,8 @@ Decisions where DESIGN.md is silent:
 - `alerts.webhook` is a URL or `{url: ...}`; it is a secret (Slack and Discord webhook
   URLs carry their token in the path).
 - `admin_token` is at least 16 characters, durations at most 366 days, and no number is
-  inf or nan (`gateway.config.limits`); `call_loop` is checked by building its `CallLoopPolicy`.
+  inf or nan (`gateway.config.limits`); `call_loop` is the gateway's own model
+  (`gateway.config.call_loop`), checked by building its `CallLoopPolicy`.
 - `public_url` is where browsers reach the proxy's console (`gateway.config.urls`;
   https makes its cookie Secure); its sessions last `http.console_session_hours`.
 - `call_loop.mode` and each rule's `mode` are `enforce` (default) or `shadow`, exactly
@@ -38,7 +39,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -54,44 +54,26 @@ from gateway.calls.anomaly import (
     AnomalyPolicy,
 )
 from gateway.calls.budgets import Budget, Limits, Period, nano
-from gateway.config.limits import MAX_TOKENS, MAX_USD, Duration, DurationText, Mode, long_enough
+from gateway.config.base import Frozen, OptionalSecret, Token
+from gateway.config.call_loop import CallLoopSettings
+from gateway.config.limits import MAX_TOKENS, MAX_USD, Duration, DurationText, long_enough
 from gateway.config.urls import PublicUrl
-from guards.call_loop import CallLoopPolicy, UniquenessRule
-
-
-def _required_secret(value: SecretStr) -> SecretStr:
-    if not value.get_secret_value():
-        raise ValueError("must not be empty (is its environment variable set?)")
-    return value
-
-
-def _empty_is_none(value: object) -> object:
-    return None if value in ("", None) else value
-
+from guards.call_loop import UniquenessRule
 
 MIN_KEY_LENGTH = 8
-
-Secret = Annotated[SecretStr, AfterValidator(_required_secret)]
-OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_empty_is_none)]
-
-
-class _Model(BaseModel):
-    # No float field takes inf or nan: neither is a price, a timeout or a window.
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
 
 KeyField = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[\w.@-]+$")]
 """A value a proxy key binds its calls to (agent, customer, user, feature)."""
 
 
-class ProxyKey(_Model):
+class ProxyKey(Frozen):
     """A key clients use as their SDK's api_key; it names the agent (the circuit's root).
 
     `customer`, `user` and `feature`, when set, bind every call made with the key to that
     value: the `X-Loopwarden-*` header may only fill a field the key leaves open.
     """
 
-    key: Secret
+    key: Token
     agent: str = Field(min_length=1, pattern=r"^[\w.@-]+$")
     customer: KeyField | None = None
     user: KeyField | None = None
@@ -111,7 +93,7 @@ class ProxyKey(_Model):
         return value
 
 
-class Upstream(_Model):
+class Upstream(Frozen):
     """One provider the proxy forwards to; `api_key` None sends no credentials (Ollama)."""
 
     base_url: str
@@ -125,7 +107,7 @@ class Upstream(_Model):
         return value.rstrip("/")
 
 
-class Upstreams(_Model):
+class Upstreams(Frozen):
     """The upstream of each provider route; a route without an upstream answers 404."""
 
     openai: Upstream | None = None
@@ -133,25 +115,7 @@ class Upstreams(_Model):
     gemini: Upstream | None = None
 
 
-class CallLoopSettings(_Model):
-    """CallLoopPolicy: identical calls allowed per window, the pause after, and the mode."""
-
-    max_repeats: int = Field(default=5, ge=1)
-    window_seconds: Duration = Field(default=60.0, gt=0)
-    pause_seconds: Duration = Field(default=300.0, ge=0)
-    mode: Mode = "enforce"
-
-    @model_validator(mode="after")
-    def _guard_runs(self) -> CallLoopSettings:
-        self.policy()
-        return self
-
-    def policy(self) -> CallLoopPolicy:
-        """The guard's policy."""
-        return CallLoopPolicy(self.max_repeats, self.window_seconds, self.pause_seconds)
-
-
-class Price(_Model):
+class Price(Frozen):
     """What 1,000 input and 1,000 output tokens of a model cost."""
 
     input_per_1k: float = Field(ge=0, le=MAX_USD)
@@ -176,7 +140,7 @@ def budget_limits(limit_usd: float | None, limit_tokens: int | None) -> Limits:
     return Limits(None if limit_usd is None else nano(limit_usd), limit_tokens)
 
 
-class BudgetSettings(_Model):
+class BudgetSettings(Frozen):
     """One entry of `proxy.budgets`: a limit per group of calls per period."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[\w.@-]+$")
@@ -222,7 +186,7 @@ TimeZone = Annotated[str, Field(max_length=64), AfterValidator(_time_zone)]
 MAX_ANOMALY_FACTOR = 1_000.0
 
 
-class AnomalySettings(_Model):
+class AnomalySettings(Frozen):
     """`proxy.anomaly`: alert (or pause) when an agent's window spends far above its median."""
 
     enabled: bool = True
@@ -246,16 +210,16 @@ def _budget_names(value: tuple[BudgetSettings, ...]) -> tuple[BudgetSettings, ..
     return value
 
 
-class WebhookAlert(_Model):
+class WebhookAlert(Frozen):
     """A Slack or Discord incoming webhook (or anything taking `{"text", "content"}`)."""
 
-    url: Secret
+    url: Token
 
 
-class TelegramAlert(_Model):
+class TelegramAlert(Frozen):
     """A Telegram chat the alert bot posts to with sendMessage."""
 
-    bot_token: Secret
+    bot_token: Token
     chat_id: str
     api_base_url: str = "https://api.telegram.org"
 
@@ -265,7 +229,7 @@ class TelegramAlert(_Model):
         return str(value) if isinstance(value, int) else value
 
 
-class EmailAlert(_Model):
+class EmailAlert(Frozen):
     """An SMTP server and the addresses of alert mails."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -285,7 +249,7 @@ class EmailAlert(_Model):
         return (value,) if isinstance(value, str) else value
 
 
-class AlertsConfig(_Model):
+class AlertsConfig(Frozen):
     """Where an alert goes when a circuit pauses; deliveries are retried `attempts` times."""
 
     webhook: WebhookAlert | None = None
@@ -332,7 +296,7 @@ def _rules(value: object) -> object:
     return tuple(rules)
 
 
-class ProxyConfig(_Model):
+class ProxyConfig(Frozen):
     """`loopwarden proxy`: where it listens, who may call, where calls go, what stops them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)

@@ -39,7 +39,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.app.jsonbody import JsonBodyError, parse_json
-from gateway.config.schema import first_error
+from gateway.config import first_error
 from guards.call_loop import fingerprint_call
 
 HOST = "127.0.0.1"

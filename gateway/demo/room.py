@@ -51,7 +51,7 @@ from pydantic import SecretStr
 from connectors.room.hub import DEFAULT_ROOM, RoomHub, RoomMessage, RoomNotice
 from gateway.app import eventloop
 from gateway.app.runtime import Gateway
-from gateway.config.schema import Config, parse_config
+from gateway.config import Config, parse_config
 from gateway.config.urls import browser_host
 from gateway.demo.model import DemoModel
 from gateway.observability.logs import configure_logging

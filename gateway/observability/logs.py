@@ -29,7 +29,7 @@ from urllib.parse import quote, urlsplit
 
 from pydantic import BaseModel, SecretStr
 
-from gateway.config.schema import Config
+from gateway.config import Config
 
 LEVEL_ENV = "LOOPWARDEN_LOG_LEVEL"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

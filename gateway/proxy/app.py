@@ -51,8 +51,8 @@ from gateway.app.http import HttpServer
 from gateway.app.jsonbody import JsonBodyError
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
+from gateway.config import Config
 from gateway.config.proxy import ProxyConfig
-from gateway.config.schema import Config
 from gateway.proxy import messages
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.anthropic import AnthropicProvider

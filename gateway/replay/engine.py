@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from gateway.app.policies import PolicyCache, ResolvedPolicy
+from gateway.config import Config
 from gateway.config.proxy import ProxyConfig
-from gateway.config.schema import Config
 from gateway.proxy.pricing import PriceTable
 from gateway.replay.records import ChatMessage, RecordedCall
 from gateway.replay.telegram import sender_id as telegram_sender_id

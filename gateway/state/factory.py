@@ -14,7 +14,7 @@ from types import ModuleType
 from typing import cast
 
 from gateway.app.errors import ConfigError
-from gateway.config.schema import StateConfig
+from gateway.config.state import StateConfig
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
 

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.app.connector import ConnectorServices
 from gateway.app.runtime import Gateway
 from gateway.app.types import InboundMessage
-from gateway.config.schema import load_config
+from gateway.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_SECONDS = 10.0

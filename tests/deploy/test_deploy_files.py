@@ -32,7 +32,7 @@ from gateway.admin.service import AdminService
 from gateway.app.http import Readiness, create_app
 from gateway.app.runtime import Gateway
 from gateway.cli.main import main as cli_main
-from gateway.config.schema import Config, HttpConfig, load_config, parse_config
+from gateway.config import Config, HttpConfig, load_config, parse_config
 from gateway.observability.metrics import Metrics
 from gateway.state.memory import MemoryStateStore
 

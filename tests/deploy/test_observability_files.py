@@ -31,7 +31,7 @@ import yaml
 from connectors.skips import Skip
 from gateway.agents.spend import SPEND
 from gateway.app import middlewares
-from gateway.config.schema import HttpConfig
+from gateway.config import HttpConfig
 from gateway.observability.metrics import Metrics
 from gateway.state.redis import RedisStateStore
 

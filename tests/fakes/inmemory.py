@@ -22,7 +22,7 @@ from gateway.app.errors import DeliveryError
 from gateway.app.refusals import RecentRefusals
 from gateway.app.stages import build_gateway_pipeline
 from gateway.app.types import AgentResult, InboundMessage, Reply
-from gateway.config.schema import Config, parse_config
+from gateway.config import Config, parse_config
 from gateway.delivery.sender import Delivery
 from gateway.observability.metrics import Metrics
 from gateway.state.base import StateStore

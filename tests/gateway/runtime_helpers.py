@@ -15,7 +15,7 @@ from gateway.app.connector import Capabilities, ConnectorServices, Sink
 from gateway.app.errors import ConnectorError
 from gateway.app.runtime import Gateway
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import BotConfig, Config, parse_config
+from gateway.config import BotConfig, Config, parse_config
 
 CONFIG = """
 http: {host: 127.0.0.1, port: 0, admin_token: '${ADMIN:-}'}

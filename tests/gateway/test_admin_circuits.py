@@ -16,7 +16,7 @@ import pytest
 
 from gateway.app.runtime import Gateway
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from guards.call_loop import CallLoopPolicy
 from tests.fakes.llm_upstream import FakeLLM
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, human

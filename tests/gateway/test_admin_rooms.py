@@ -20,7 +20,7 @@ from gateway.app.policies import PolicyCache
 from gateway.app.refusals import RecentRefusals
 from gateway.app.runtime import Gateway
 from gateway.calls.store import MemoryCallStore
-from gateway.config.schema import Config, parse_config
+from gateway.config import Config, parse_config
 from gateway.state import transcripts
 from gateway.state.base import AuditEntry, StateStore, TranscriptEntry
 from gateway.state.memory import MemoryStateStore

@@ -6,7 +6,8 @@ import pytest
 
 from gateway.app.errors import ConfigError
 from gateway.app.policies import PolicyCache
-from gateway.config.schema import parse_config
+from gateway.config import CallLoopSettings, parse_config
+from gateway.config.limits import MAX_COUNT
 from guards.call_loop import CallLoopPolicy
 from tests.fakes.inmemory import PipelineRig, rig_config
 
@@ -24,22 +25,22 @@ def test_issue10_call_loop_defaults_and_a_channel_rule() -> None:
     assert strict == CallLoopPolicy(max_repeats=2, window_seconds=60.0, pause_seconds=300.0)
 
 
-@pytest.mark.parametrize(
-    ("section", "field"),
-    [
-        ("{window_seconds: .inf}", "window_seconds"),
-        ("{pause_seconds: .nan}", "pause_seconds"),
-        ("{window_seconds: 1e308}", "window_seconds"),
-        ("{max_repeats: 1e308}", "max_repeats"),
-        ("{max_repeats: 2000000}", "max_repeats"),
-        ("{max_repeats: 0}", "max_repeats"),
-        ("{max_repeats: -3}", "max_repeats"),
-        ("{pause_seconds: -1}", "pause_seconds"),
-        ("{window_seconds: 0}", "window_seconds"),
-        ("{max_repeats: five}", "max_repeats"),
-        ("{max_repats: 3}", "max_repats"),
-    ],
-)
+HOSTILE_CALL_LOOP = [
+    ("{window_seconds: .inf}", "window_seconds"),
+    ("{pause_seconds: .nan}", "pause_seconds"),
+    ("{window_seconds: 1e308}", "window_seconds"),
+    ("{max_repeats: 1e308}", "max_repeats"),
+    ("{max_repeats: 2000000}", "max_repeats"),
+    ("{max_repeats: 0}", "max_repeats"),
+    ("{max_repeats: -3}", "max_repeats"),
+    ("{pause_seconds: -1}", "pause_seconds"),
+    ("{window_seconds: 0}", "window_seconds"),
+    ("{max_repeats: five}", "max_repeats"),
+    ("{max_repats: 3}", "max_repats"),
+]
+
+
+@pytest.mark.parametrize(("section", "field"), HOSTILE_CALL_LOOP)
 def test_issue10_hostile_call_loop_values_are_refused_naming_the_field(
     section: str, field: str
 ) -> None:
@@ -49,6 +50,29 @@ def test_issue10_hostile_call_loop_values_are_refused_naming_the_field(
     with pytest.raises(ConfigError) as in_rule:
         parse_config(f"channels: [{{policy: {{call_loop: {section}}}}}]", env={})
     assert in_rule.value.path == f"channels.0.policy.call_loop.{field}"
+
+
+@pytest.mark.parametrize(("section", "field"), HOSTILE_CALL_LOOP)
+def test_issue21_proxy_call_loop_refuses_what_policy_call_loop_refuses(
+    section: str, field: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(f"proxy: {{call_loop: {section}}}", env={})
+    assert raised.value.path == f"proxy.call_loop.{field}"
+
+
+def test_issue21_policy_and_proxy_call_loop_are_one_model_capped_at_max_count() -> None:
+    config = parse_config(
+        f"policy: {{call_loop: {{max_repeats: {MAX_COUNT}}}}}\n"
+        f"proxy: {{call_loop: {{max_repeats: {MAX_COUNT}}}}}",
+        env={},
+    )
+    assert config.proxy is not None
+    assert type(config.proxy.call_loop) is type(config.policy.call_loop) is CallLoopSettings
+    assert config.proxy.call_loop.policy() == config.policy.call_loop.policy()
+    with pytest.raises(ConfigError) as raised:
+        parse_config(f"proxy: {{call_loop: {{max_repeats: {MAX_COUNT + 1}}}}}", env={})
+    assert raised.value.path == "proxy.call_loop.max_repeats"
 
 
 def test_issue10_a_5000_digit_max_repeats_is_refused_by_the_file_bounds() -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import gateway.config as config_package
 from gateway.app.errors import ConfigError
 from gateway.cli.main import main
-from gateway.config.schema import Config, load_config, parse_config, resolve_policy
+from gateway.config import Config, load_config, parse_config, resolve_policy
 
 SECRET = "123456:SECRET-token-value"
 AGENT = "agents: {parrot: {kind: scripted, default: 'echo: {text}'}}\n"
@@ -492,3 +494,22 @@ def test_issue11_room_memory_defaults_and_a_ttl_written_as_days() -> None:
 def test_issue11_room_memory_bounds_are_refused_naming_the_field(text: str, path: str) -> None:
     error = error_of(text + "\n")
     assert error.path == path
+
+
+def test_issue21_the_schema_is_split_by_section_and_the_package_names_it_all() -> None:
+    assert importlib.util.find_spec("gateway.config.schema") is None
+    homes = {
+        "StateConfig": "gateway.config.state",
+        "HttpConfig": "gateway.config.http",
+        "OpenAIAgentConfig": "gateway.config.agents",
+        "TelegramBotConfig": "gateway.config.bots",
+        "Policy": "gateway.config.policy",
+        "CallLoopSettings": "gateway.config.call_loop",
+        "PipelineConfig": "gateway.config.pipeline",
+        "ProxyConfig": "gateway.config.proxy",
+        "Config": "gateway.config.root",
+        "parse_config": "gateway.config.loader",
+        "load_config": "gateway.config.loader",
+    }
+    assert {name: getattr(config_package, name).__module__ for name in homes} == homes
+    assert set(config_package.__all__) <= set(vars(config_package))

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.observability.logs import (
     RedactingFilter,
     configure_logging,

@@ -10,7 +10,7 @@ import pytest
 from gateway.app.errors import ConfigError
 from gateway.app.policies import ResolvedPolicy
 from gateway.app.runtime import Gateway
-from gateway.config.schema import parse_config, resolve_policy
+from gateway.config import parse_config, resolve_policy
 from guards.call_loop import UniquenessRule
 from guards.mode import parse_mode
 from tests.gateway.runtime_helpers import FakePlatform, gateway_for, make_config

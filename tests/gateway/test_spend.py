@@ -29,7 +29,7 @@ from gateway.app.runtime import Gateway
 from gateway.app.types import InboundMessage
 from gateway.calls.store import MemoryCallStore
 from gateway.cli.main import main
-from gateway.config.schema import Config, OpenAIAgentConfig, Policy, SpendSettings, parse_config
+from gateway.config import Config, OpenAIAgentConfig, Policy, SpendSettings, parse_config
 from gateway.delivery.sender import Delivery
 from gateway.delivery.streaming import ReplyStream
 from tests.fakes.editing_room import EditingRoom

@@ -35,7 +35,7 @@ from gateway.app.middlewares.transcript import conversation_room
 from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import Reply
-from gateway.config.schema import Config
+from gateway.config import Config
 from gateway.state.base import AuditEntry
 
 _PREFIXES = ("/loop", "!loop")

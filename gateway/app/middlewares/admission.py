@@ -21,7 +21,7 @@ from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import Reply
-from gateway.config.schema import RespondToPolicy
+from gateway.config import RespondToPolicy
 
 
 class AdmissionMiddleware:

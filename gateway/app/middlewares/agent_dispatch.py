@@ -33,7 +33,7 @@ from gateway.app.errors import LoopwardenError
 from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import AgentResult, Reply
-from gateway.config.schema import PipelineConfig
+from gateway.config import PipelineConfig
 from guards.loop_guard import GuardAction
 
 log = logging.getLogger("loopwarden.pipeline")

@@ -59,7 +59,7 @@ from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import BotLoopSettings
+from gateway.config import BotLoopSettings
 from guards.bot_loop import PairDecision, pair_key
 from guards.room_budget import RoomDecision
 

@@ -54,7 +54,7 @@ from gateway.admin.service import AdminService
 from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler
 from gateway.app.types import HistoryEntry, InboundMessage, Reply
-from gateway.config.schema import HistoryConfig, TranscriptConfig
+from gateway.config import HistoryConfig, TranscriptConfig
 from gateway.observability.metrics import Metrics
 from gateway.state import transcripts
 from gateway.state.base import TranscriptEntry

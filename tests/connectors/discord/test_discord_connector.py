@@ -19,7 +19,7 @@ from connectors.discord import DiscordConnector, create
 from connectors.discord.connector import TIMING
 from gateway.app.errors import ConnectorError, DeliveryError
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import DiscordBotConfig
+from gateway.config import DiscordBotConfig
 from tests.connectors.connector_helpers import (
     WAIT_SECONDS,
     Inbox,

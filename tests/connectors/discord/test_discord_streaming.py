@@ -9,7 +9,7 @@ import pytest
 
 from connectors.discord import DiscordConnector
 from connectors.discord.connector import MAX_MESSAGE_LENGTH
-from gateway.config.schema import DiscordBotConfig
+from gateway.config import DiscordBotConfig
 from gateway.delivery.chunking import chunk_text
 from tests.connectors import stream_cases
 from tests.connectors.connector_helpers import Inbox, running, services, wait_for

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 
 from gateway.app.runtime import Gateway
-from gateway.config.schema import Config
+from gateway.config import Config
 from gateway.demo.room import demo_config
 
 Event = dict[str, object]

@@ -28,7 +28,7 @@ from connectors.room.hub import (
 from gateway.app.connector import ConnectorServices
 from gateway.app.errors import DeliveryError
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import RoomBotConfig
+from gateway.config import RoomBotConfig
 from tests.connectors.room.room_helpers import join, next_event, say
 
 

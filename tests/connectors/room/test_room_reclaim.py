@@ -33,7 +33,7 @@ from connectors.room.hub import (
 from gateway.app.connector import ConnectorServices
 from gateway.app.runtime import Gateway
 from gateway.app.types import InboundMessage
-from gateway.config.schema import Config, HttpConfig, RoomBotConfig, StateConfig
+from gateway.config import Config, HttpConfig, RoomBotConfig, StateConfig
 from gateway.demo.room import demo_config
 from gateway.state.memory import MemoryStateStore
 from tests.connectors.connector_helpers import wait_for

@@ -17,7 +17,7 @@ from connectors.slack import SlackConnector, create
 from connectors.slack.connector import MAX_BODY_BYTES
 from gateway.app.errors import ConnectorError, DeliveryError
 from gateway.app.types import Reply
-from gateway.config.schema import SlackBotConfig
+from gateway.config import SlackBotConfig
 from tests.connectors.connector_helpers import Inbox, refused_port, services, wait_for
 from tests.fakes.slack_server import FakeUser, SlackFake
 

@@ -10,7 +10,7 @@ from pydantic import SecretStr
 
 from connectors.slack import SlackConnector
 from connectors.slack.connector import MAX_MESSAGE_LENGTH
-from gateway.config.schema import SlackBotConfig
+from gateway.config import SlackBotConfig
 from gateway.delivery.chunking import chunk_text
 from tests.connectors import stream_cases
 from tests.connectors.connector_helpers import Inbox, running, services, wait_for

@@ -22,7 +22,7 @@ from connectors.timing import Timing
 from gateway.app.connector import ConnectorServices
 from gateway.app.errors import ConnectorError, DeliveryError, GatewayStopping
 from gateway.app.types import InboundMessage, Reply
-from gateway.config.schema import TelegramBotConfig
+from gateway.config import TelegramBotConfig
 from tests.connectors.connector_helpers import Inbox, services, wait_for
 from tests.fakes.telegram_server import FakeChat, FakeUser, TelegramFake
 

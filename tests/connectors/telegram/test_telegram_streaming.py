@@ -10,7 +10,7 @@ from pydantic import SecretStr
 
 from connectors.telegram import TelegramConnector
 from connectors.telegram.connector import MAX_MESSAGE_LENGTH, TIMING
-from gateway.config.schema import TelegramBotConfig
+from gateway.config import TelegramBotConfig
 from gateway.delivery.chunking import chunk_text
 from tests.connectors import stream_cases
 from tests.connectors.connector_helpers import running, services, wait_for

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gateway.app.context import TurnContext
 from gateway.app.types import AgentResult, InboundMessage
-from gateway.config.schema import Config, Policy, RoomBotConfig
+from gateway.config import Config, Policy, RoomBotConfig
 from gateway.state.memory import MemoryStateStore
 from tests.fakes.inmemory import InMemoryConnector
 

@@ -9,7 +9,7 @@ from gateway.agents.openai import OpenAIAgent
 from gateway.agents.python_fn import PythonAgent
 from gateway.agents.scripted import ScriptedAgent
 from gateway.app.errors import ConfigError
-from gateway.config.schema import OpenAIAgentConfig, PythonAgentConfig, ScriptedAgentConfig
+from gateway.config import OpenAIAgentConfig, PythonAgentConfig, ScriptedAgentConfig
 
 
 async def test_each_kind_builds_its_agent() -> None:

@@ -33,7 +33,7 @@ from gateway.app import messages
 from gateway.app.errors import ConfigError
 from gateway.app.types import HistoryEntry
 from gateway.cli.main import main
-from gateway.config.schema import Config, HttpAgentConfig, parse_config
+from gateway.config import Config, HttpAgentConfig, parse_config
 from tests.fakes.inmemory import InMemoryConnector, PipelineRig
 from tests.fakes.loopback import serve_loopback
 from tests.gateway.agents.agent_turns import SleepRecorder, make_turn

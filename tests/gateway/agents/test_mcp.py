@@ -28,7 +28,7 @@ from gateway.agents.mcp import (
 )
 from gateway.agents.openai import OpenAIAgent
 from gateway.app.types import AgentResult, Halt
-from gateway.config.schema import McpServerConfig, OpenAIAgentConfig, Policy, parse_config
+from gateway.config import McpServerConfig, OpenAIAgentConfig, Policy, parse_config
 from tests.fakes import mcp_servers
 from tests.fakes.llm_upstream import (
     FakeLLM,

@@ -10,7 +10,7 @@ import pytest
 from gateway.agents.openai import OpenAIAgent
 from gateway.app.errors import ConfigError
 from gateway.cli.main import main
-from gateway.config.schema import OpenAIAgentConfig, parse_config
+from gateway.config import OpenAIAgentConfig, parse_config
 
 AGENT = "agents:\n  helper:\n    kind: openai\n    model: m\n"
 SERVERS = AGENT + "    mcp_servers:\n"

@@ -15,7 +15,7 @@ from gateway.app import messages
 from gateway.app.errors import ConfigError
 from gateway.app.messages import SILENCE_NOTICE, format_duration
 from gateway.app.types import Halt
-from gateway.config.schema import OpenAIAgentConfig, Policy
+from gateway.config import OpenAIAgentConfig, Policy
 from guards.call_loop import CallLoopGuard, CallLoopPolicy
 from tests.fakes.inmemory import PipelineRig, rig_config
 from tests.fakes.llm_upstream import (

@@ -9,7 +9,7 @@ import pytest
 from gateway.agents.openai import OpenAIAgent
 from gateway.app import messages
 from gateway.app.types import Halt
-from gateway.config.schema import OpenAIAgentConfig
+from gateway.config import OpenAIAgentConfig
 from tests.fakes.inmemory import PipelineRig, rig_config
 from tests.fakes.llm_upstream import FakeLLM, tool_call_response
 

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.agents.factory import build_agent
 from gateway.app.context import Agent
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from tests.fakes.inmemory import InMemoryRoom, PipelineRig
 from tests.fakes.llm_upstream import FakeLLM, FakeResponse, Received, text_response
 

@@ -28,7 +28,7 @@ from gateway.calls.entry import CallLogEntry
 from gateway.calls.query import CallFilter
 from gateway.calls.store import MemoryCallStore
 from gateway.cli.main import main
-from gateway.config.schema import Config, OpenAIAgentConfig, parse_config
+from gateway.config import Config, OpenAIAgentConfig, parse_config
 from gateway.delivery.sender import Delivery
 from gateway.delivery.streaming import ReplyStream
 from gateway.proxy.pricing import PriceTable

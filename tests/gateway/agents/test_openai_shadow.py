@@ -10,7 +10,7 @@ import pytest
 
 from gateway.agents.openai import OpenAIAgent
 from gateway.app.types import Halt
-from gateway.config.schema import OpenAIAgentConfig, Policy
+from gateway.config import OpenAIAgentConfig, Policy
 from tests.fakes.inmemory import PipelineRig, rig_config
 from tests.fakes.llm_upstream import FakeLLM, tool_call_response
 from tests.gateway.agents.agent_turns import make_turn

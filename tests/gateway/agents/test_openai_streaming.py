@@ -12,7 +12,7 @@ from gateway.app import messages
 from gateway.app.context import TurnContext
 from gateway.app.errors import ConfigError
 from gateway.app.types import Reply
-from gateway.config.schema import OpenAIAgentConfig, parse_config
+from gateway.config import OpenAIAgentConfig, parse_config
 from gateway.delivery.sender import Delivery
 from gateway.delivery.streaming import ReplyStream
 from tests.connectors.stream_cases import ManualClock

@@ -7,7 +7,7 @@ import pytest
 from gateway.agents.python_fn import PythonAgent
 from gateway.app.errors import ConfigError
 from gateway.app.types import AgentResult, ToolCall
-from gateway.config.schema import PythonAgentConfig
+from gateway.config import PythonAgentConfig
 from tests.gateway.agents.agent_turns import make_turn
 
 _FNS = "tests.gateway.agents.python_agent_fns"

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.agents.scripted import ScriptedAgent, fill_template
 from gateway.app.types import AgentResult
-from gateway.config.schema import ScriptedAgentConfig, ScriptedRule
+from gateway.config import ScriptedAgentConfig, ScriptedRule
 from tests.gateway.agents.agent_turns import make_turn
 
 

@@ -26,7 +26,7 @@ import pytest
 from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.query import Cursor
 from gateway.cli.calls import preview as preview_command
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM
 from tests.gateway.proxy.proxy_helpers import (

@@ -6,7 +6,7 @@ import pytest
 
 from gateway.app.errors import ConfigError
 from gateway.cli.calls import resolve_rule
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 
 CONFIG = parse_config("agents: {}\nbots: []\n", env={})
 

@@ -13,7 +13,7 @@ from yarl import URL
 
 from gateway.admin.access import SESSION_COOKIE
 from gateway.app.runtime import Gateway
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from tests.gateway.runtime_helpers import FakePlatform
 
 TOKEN = "adm-console-0123456789"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.app.errors import ConfigError
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 
 
 def refusal(text: str) -> str:

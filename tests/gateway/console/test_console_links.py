@@ -15,7 +15,7 @@ import pytest
 from gateway.admin.console.links import ConsoleLinks, LinkFolderError
 from gateway.app.runtime import Gateway
 from gateway.cli.main import main
-from gateway.config.schema import load_config
+from gateway.config import load_config
 from tests.fakes.redis_server import free_port
 from tests.gateway.console.console_helpers import TOKEN, Browser, Clock, session_cookie
 from tests.gateway.runtime_helpers import FakePlatform

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.proxy.app import ProxyServer
 from tests.gateway.console.console_helpers import Browser, csrf_of, session_cookie
 from tests.gateway.proxy.proxy_helpers import ADMIN_TOKEN, proxy_yaml, running_proxy

@@ -8,8 +8,8 @@ import re
 import pytest
 from pydantic import BaseModel
 
+import gateway.config as config_module
 from gateway.app.middlewares.admin import parse_command
-from gateway.config import schema as config_module
 from gateway.config.limits import parse_duration
 from gateway.state.base import GLOBAL_SCOPE
 from tests.fakes.inmemory import ConstantAgent, InMemoryRoom, PipelineRig, rig_config

@@ -13,7 +13,7 @@ from gateway.admin.service import AdminService
 from gateway.app.middlewares import bot_loop as bot_loop_stage
 from gateway.app.refusals import RecentRefusals
 from gateway.app.stages import build_gateway_pipeline
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.state.memory import MemoryStateStore
 from guards.bot_loop import BotLoopPolicy, PairDecision
 from tests.fakes.inmemory import (

@@ -13,7 +13,7 @@ from gateway.app import messages
 from gateway.app.context import Agent, TurnContext
 from gateway.app.middlewares.transcript import conversation, estimate_tokens, history_for
 from gateway.app.types import HistoryEntry
-from gateway.config.schema import HistoryConfig, parse_config
+from gateway.config import HistoryConfig, parse_config
 from gateway.state.base import StateStore, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gateway.calls.entry import CallLogEntry
 from gateway.calls.store import CallStore
-from gateway.config.schema import Config, parse_config
+from gateway.config import Config, parse_config
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM

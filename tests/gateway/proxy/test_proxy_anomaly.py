@@ -20,7 +20,7 @@ from gateway.app.errors import ConfigError
 from gateway.calls.anomaly import AnomalyCharge, AnomalyEvent, anomaly_key
 from gateway.calls.budgets import Amount, SpendHold, nano
 from gateway.calls.store import CallStore, MemoryCallStore
-from gateway.config.schema import Config
+from gateway.config import Config
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM, Received

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.auth import Authenticator, ProxyClient, key_digest
 from gateway.proxy.gemini import GeminiProvider

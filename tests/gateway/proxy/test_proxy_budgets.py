@@ -22,7 +22,7 @@ import pytest
 from gateway.app.errors import ConfigError
 from gateway.calls.budgets import Amount, nano, period_span
 from gateway.cli.main import main
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from tests.fakes.llm_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeLLM
 from tests.gateway.proxy.proxy_helpers import (
     ADMIN_TOKEN,

@@ -8,7 +8,7 @@ import pytest
 
 from gateway.app.errors import ConfigError
 from gateway.app.jsonbody import JsonBodyError
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.observability.logs import secret_values
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.auth import client_table

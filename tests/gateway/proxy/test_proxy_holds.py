@@ -27,7 +27,7 @@ import pytest
 
 from gateway.calls.budgets import OWNER_SECONDS
 from gateway.calls.factory import build_call_store
-from gateway.config.schema import Config, parse_config
+from gateway.config import Config, parse_config
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM, FakeResponse, Received, hang_response

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from gateway.cli.main import main
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
 from tests.fakes.llm_upstream import FakeLLM

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli.replay import run
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.replay.progress import Progress
 from tests.gateway.replay.replay_fixtures import (
     CONFIG,

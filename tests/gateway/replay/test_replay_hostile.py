@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from gateway.app.jsonbody import MAX_DEPTH
 from gateway.cli.replay import run
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.replay.inputs import (
     CHUNK,
     CheckedStream,

@@ -9,7 +9,7 @@ import pytest
 
 import gateway.state
 from gateway.app.errors import ConfigError
-from gateway.config.schema import StateConfig
+from gateway.config import StateConfig
 from gateway.state.factory import build_state, require_backend
 from gateway.state.memory import MemoryStateStore
 

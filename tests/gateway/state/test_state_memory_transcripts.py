@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from gateway.app.errors import ConfigError
+from gateway.config import StateConfig, parse_config
 from gateway.config.limits import DEFAULT_TRANSCRIPT_BYTES, MIN_TRANSCRIPT_BYTES
-from gateway.config.schema import StateConfig, parse_config
 from gateway.state.base import TranscriptEntry
 from gateway.state.factory import build_state
 from gateway.state.memory import MemoryStateStore

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 
 from gateway.app.errors import StateError
 from gateway.app.runtime import Gateway
-from gateway.config.schema import parse_config
+from gateway.config import parse_config
 from gateway.state.base import AuditEntry
 from gateway.state.redis import RedisStateStore
 from guards.bot_loop import BotLoopPolicy, PairDecision
