@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo run test check lint typecheck pytest bench screenshots system-deps clean
+.PHONY: demo run test check lint typecheck pytest docs schema bench screenshots system-deps clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,17 @@ typecheck: $(STAMP)
 pytest: $(STAMP) system-deps
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck pytest docs
+
+# The documentation site (mkdocs.yml): --strict fails on a broken link, a missing page or a
+# page left out of the nav. The reference pages are generated from the code as it builds.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d site
+
+# loopwarden.schema.json (editors' completion for loopwarden.yaml) from the config models;
+# tests/test_docs.py fails when the checked-in file differs from them.
+schema: $(STAMP)
+	$(BIN)/python -m scripts.gen_reference schema
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
@@ -51,4 +61,4 @@ screenshots: $(STAMP) system-deps
 		test-results/console-audit.png test-results/console-calls-phone.png docs/console/
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) site .mypy_cache .pytest_cache .ruff_cache .hypothesis
