@@ -62,23 +62,28 @@ class Pipeline:
 
     def __init__(self, config: Config, feed: ActivityFeed | None) -> None:
         self.config = config
-        self.state = MemoryStateStore()
-        recent = RecentRefusals()
+        self.feed = feed
         self.connector = NullConnector()
         self.agent = EchoAgent()
         self.bot = config.bot("echo")
-        self.handler: Handler = build_gateway_pipeline(
-            config,
-            admin=AdminService(config, self.state, recent=recent),
+
+    def _fresh(self) -> tuple[Handler, MemoryStateStore]:
+        """A fresh state, and the pipeline built on it (its stages hold their stores)."""
+        state = MemoryStateStore()
+        recent = RecentRefusals()
+        handler = build_gateway_pipeline(
+            self.config,
+            state=state,
+            admin=AdminService(self.config, state, recent=recent),
             delivery=Delivery(Metrics()),
             recent=recent,
-            activity=feed,
+            activity=self.feed,
         )
+        return handler, state
 
     async def run(self, messages: list[InboundMessage]) -> None:
         """Every message through the pipeline, yielding to the loop every YIELD_EVERY."""
-        self.state = MemoryStateStore()
-        handler, config, state = self.handler, self.config, self.state
+        (handler, state), config = self._fresh(), self.config
         for index, message in enumerate(messages):
             await handler(
                 TurnContext(
@@ -135,10 +140,12 @@ async def connected(routes: ActivityRoutes, count: int) -> None:
 
 async def main(total: int, repeat: int) -> None:
     config = parse_config(CONFIG, env={})
-    feed = ActivityFeed(MemoryStateStore())
+    store = MemoryStateStore()
+    feed = ActivityFeed(store)
     routes = ActivityRoutes(
-        AdminService(config, feed.state, recent=RecentRefusals()),
+        AdminService(config, store, recent=RecentRefusals()),
         feed,
+        store,
         AdminAccess(SecretStr(TOKEN)),
     )
     app = web.Application()

@@ -82,6 +82,7 @@ class Gateway:
         recent = RecentRefusals()
         self.handler: Handler = build_gateway_pipeline(
             config,
+            state=state,
             admin=AdminService(config, state, recent=recent),
             delivery=Delivery(Metrics()),
             recent=recent,

@@ -119,16 +119,20 @@ class Bench:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.state: MemoryStateStore = MemoryStateStore()
-        metrics = Metrics()
-        recent = RecentRefusals()
         self.connector = NullConnector()
         self.agent = EchoAgent()
         self.bot = config.bot("echo")
+        self.fresh()
+
+    def fresh(self) -> None:
+        """A fresh state, and the pipeline built on it (its stages hold their stores)."""
+        self.state = MemoryStateStore()
+        recent = RecentRefusals()
         self.handler = build_gateway_pipeline(
-            config,
-            admin=AdminService(config, self.state, recent=recent),
-            delivery=Delivery(metrics),
+            self.config,
+            state=self.state,
+            admin=AdminService(self.config, self.state, recent=recent),
+            delivery=Delivery(Metrics()),
             recent=recent,
         )
 
@@ -167,7 +171,7 @@ async def timed(
 ) -> Timing:
     """One run over fresh messages and fresh state (GC paused, as timeit does)."""
     messages = workload(rooms)
-    bench.state = MemoryStateStore()
+    bench.fresh()
     gc.collect()
     gc.disable()
     try:

@@ -59,7 +59,7 @@ from gateway.admin.views import iso_time
 from gateway.app.errors import StateError
 from gateway.observability.activity import ActivityFeed
 from gateway.state.activity import ActivityEvent, Span
-from gateway.state.base import GLOBAL_SCOPE
+from gateway.state.base import GLOBAL_SCOPE, AuditStore
 
 audit_log = logging.getLogger("loopwarden.audit")
 log = logging.getLogger("loopwarden.activity")
@@ -121,6 +121,7 @@ class ActivityRoutes:
         self,
         admin: AdminService,
         feed: ActivityFeed,
+        audit: AuditStore,
         access: AdminAccess,
         *,
         max_streams: int = 16,
@@ -130,6 +131,7 @@ class ActivityRoutes:
     ) -> None:
         self._admin = admin
         self._feed = feed
+        self._audit = audit
         self._access = access
         self._max_streams = max_streams
         self._poll = poll_seconds
@@ -140,17 +142,17 @@ class ActivityRoutes:
 
     def routes(self) -> list[web.RouteDef]:
         """`/admin/activity`, `/admin/activity/series` and `/admin/activity/stream`."""
-        state = self._feed.state
+        audit = self._audit
         return [
             admin_route(
                 self._admin,
-                state,
+                audit,
                 self._access,
                 ("GET", "/admin/activity", ActivityQuery, self._events),
             ),
             admin_route(
                 self._admin,
-                state,
+                audit,
                 self._access,
                 ("GET", "/admin/activity/series", SeriesQuery, self._series),
             ),
@@ -280,7 +282,7 @@ def _audit(request: web.Request, room: str | None, status: int) -> None:
 
 
 def activity_routes(
-    admin: AdminService, feed: ActivityFeed, access: AdminAccess
+    admin: AdminService, feed: ActivityFeed, audit: AuditStore, access: AdminAccess
 ) -> list[web.RouteDef]:
-    """The Activity feed's admin routes, for the gateway's application."""
-    return ActivityRoutes(admin, feed, access).routes()
+    """The Activity feed's admin routes, for the gateway's application (reads audited)."""
+    return ActivityRoutes(admin, feed, audit, access).routes()

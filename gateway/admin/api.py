@@ -71,7 +71,7 @@ from gateway.admin.access import (
 from gateway.admin.service import AdminAck, AdminService
 from gateway.admin.views import audit_json, audit_line
 from gateway.config.limits import Duration
-from gateway.state.base import GLOBAL_SCOPE, AuditEntry, AuditKind, StateStore
+from gateway.state.base import GLOBAL_SCOPE, AuditEntry, AuditKind, AuditStore
 
 audit_log = logging.getLogger("loopwarden.audit")
 
@@ -134,7 +134,7 @@ class CircuitBody(_Body):
 class _AdminApi:
     """The admin routes: authorisation, audit, and a thin mapping onto AdminService."""
 
-    def __init__(self, admin: AdminService, state: StateStore, access: AdminAccess) -> None:
+    def __init__(self, admin: AdminService, state: AuditStore, access: AdminAccess) -> None:
         self._admin = admin
         self._state = state
         self._access = access
@@ -296,14 +296,14 @@ def _answer(ack: AdminAck) -> web.Response:
 
 
 def circuit_admin_routes(
-    admin: AdminService, state: StateStore, access: AdminAccess
+    admin: AdminService, state: AuditStore, access: AdminAccess
 ) -> list[web.RouteDef]:
     """`GET /admin/circuits` and `POST /admin/circuits/reopen`, with auth and audit."""
     return _AdminApi(admin, state, access).circuit_routes()
 
 
 def audit_admin_routes(
-    admin: AdminService, state: StateStore, access: AdminAccess
+    admin: AdminService, state: AuditStore, access: AdminAccess
 ) -> list[web.RouteDef]:
     """`GET /admin/audit`, for the proxy's console (the gateway's API has it already)."""
     api = _AdminApi(admin, state, access)
@@ -312,7 +312,7 @@ def audit_admin_routes(
 
 def admin_route(
     admin: AdminService,
-    state: StateStore,
+    state: AuditStore,
     access: AdminAccess,
     route: tuple[str, str, type[_A], Callable[[_A], Awaitable[AdminAck]]],
 ) -> web.RouteDef:
@@ -322,7 +322,7 @@ def admin_route(
 
 
 def admin_api_routes(
-    admin: AdminService, state: StateStore, access: AdminAccess
+    admin: AdminService, state: AuditStore, access: AdminAccess
 ) -> list[web.RouteDef]:
     """The admin API's own routes (status, policy, reset, pause, resume, set, audit…)."""
     return _AdminApi(admin, state, access).routes()

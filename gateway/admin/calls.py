@@ -53,7 +53,7 @@ from gateway.calls.preview import PREVIEW_SECONDS, RulePreview, preview
 from gateway.calls.query import CallFilter, CallTotals, CostBucket, Cursor, is_sent
 from gateway.calls.store import CallStore
 from gateway.config.proxy import ProxyConfig
-from gateway.state.base import StateStore
+from gateway.state.base import AuditStore
 from guards.call_loop import UniquenessRule
 
 MAX_LIMIT = 1_000
@@ -166,7 +166,7 @@ class RulesQuery(AdminBody):
 
 def calls_admin_routes(
     admin: AdminService,
-    state: StateStore,
+    state: AuditStore,
     access: AdminAccess,
     *,
     store: CallStore,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Protocol
 
 from aiohttp import web
 from pydantic import Field
@@ -40,7 +41,7 @@ from gateway.admin.api import admin_route
 from gateway.admin.service import AdminAck, AdminService
 from gateway.admin.views import room_json
 from gateway.config import Config
-from gateway.state.base import StateStore
+from gateway.state.base import AuditStore, DecisionStore
 from guards.bot_loop import PairSnapshot
 
 MAX_ROOMS = 500
@@ -67,13 +68,17 @@ class ForgetBody(AdminBody):
     thread: str | None = Field(default=None, min_length=1, max_length=MAX_ROOM_CHARS)
 
 
+class RoomsState(DecisionStore, AuditStore, Protocol):
+    """What the Rooms page reads: the pairs held, and the rooms admins acted in."""
+
+
 class Rooms:
     """Lists the rooms seen and reads each one's view through `AdminService.room_view`."""
 
     def __init__(
         self,
         admin: AdminService,
-        state: StateStore,
+        state: RoomsState,
         config: Config,
         *,
         sources: Iterable[RoomSource] = (),
@@ -127,7 +132,7 @@ class Rooms:
 
 def room_routes(
     admin: AdminService,
-    state: StateStore,
+    state: RoomsState,
     config: Config,
     access: AdminAccess,
     *,

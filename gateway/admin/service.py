@@ -46,7 +46,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -69,7 +69,7 @@ from gateway.config.limits import parse_duration
 from gateway.config.safeyaml import YamlLimitError, load_yaml
 from gateway.observability.metrics import ReportsOutages
 from gateway.state import transcripts
-from gateway.state.base import GLOBAL_SCOPE, StateStore
+from gateway.state.base import GLOBAL_SCOPE, ControlStore, DecisionStore, TranscriptStore
 from guards.bot_loop import PairSnapshot
 from guards.lookalike import fold
 from guards.loop_guard import LoopGuardConfig
@@ -96,13 +96,17 @@ class AdminAck:
     """Structured fields answered beside `text` by the JSON admin API (the console reads them)."""
 
 
+class AdminState(DecisionStore, ControlStore, TranscriptStore, Protocol):
+    """What admin commands read and change: pairs, counters, overrides, pauses, transcripts."""
+
+
 class AdminService:
     """Runs admin commands against the state store; shared by chat and the HTTP API."""
 
     def __init__(
         self,
         config: Config,
-        state: StateStore,
+        state: AdminState,
         *,
         recent: RecentRefusals | None = None,
         calls: CallStore | None = None,

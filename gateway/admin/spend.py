@@ -7,7 +7,7 @@ from aiohttp import web
 from gateway.admin.access import AdminAccess, AdminBody, RoomKey
 from gateway.admin.api import admin_route
 from gateway.admin.service import AdminAck, AdminService
-from gateway.state.base import StateStore
+from gateway.state.base import AuditStore
 
 
 class SpendRoomQuery(AdminBody):
@@ -16,7 +16,7 @@ class SpendRoomQuery(AdminBody):
     room: RoomKey
 
 
-def spend_routes(admin: AdminService, state: StateStore, access: AdminAccess) -> list[web.RouteDef]:
+def spend_routes(admin: AdminService, state: AuditStore, access: AdminAccess) -> list[web.RouteDef]:
     """`GET /admin/spend?room=`, with the admin API's auth and audit."""
 
     async def show(query: SpendRoomQuery) -> AdminAck:

@@ -122,7 +122,7 @@ if TYPE_CHECKING:
     from gateway.agents.mcp import McpTool, McpToolbox
     from gateway.app.context import TurnContext
     from gateway.delivery.streaming import ReplyStream
-    from gateway.state.base import StateStore
+    from gateway.state.base import DecisionStore
 
 log = logging.getLogger("loopwarden.agents.openai")
 
@@ -314,7 +314,7 @@ class _TurnSpend:
 
     settings: SpendSettings
     fields: Mapping[str, str]
-    state: StateStore
+    state: DecisionStore
     room: str
     sender_is_bot: bool
     waived: list[Halt]

@@ -71,7 +71,7 @@ from gateway.proxy.messages import money
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage
-from gateway.state.base import StateStore
+from gateway.state.base import DecisionStore
 
 log = logging.getLogger("loopwarden.spend")
 
@@ -215,7 +215,7 @@ class AgentBudgets:
         group: SpendGroup,
         settings: SpendSettings,
         *,
-        state: StateStore,
+        state: DecisionStore,
         room: str,
     ) -> str | None:
         """The notice for the room's humans, the first time this period (else None)."""

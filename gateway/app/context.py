@@ -20,7 +20,7 @@ from gateway.config import BotConfig, Config, Policy
 if TYPE_CHECKING:
     from gateway.app.connector import Connector
     from gateway.delivery.streaming import ReplyStream
-    from gateway.state.base import StateStore
+    from gateway.state.base import DecisionStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,9 @@ class TurnContext:
 
     message: InboundMessage
     policy: Policy
-    state: StateStore
+    state: DecisionStore
+    """The guards' counters and claims (the bot-loop stages', the agent's spend notices);
+    every other stage is handed the store it uses when the pipeline is built."""
     config: Config
     bot: BotConfig
     connector: Connector

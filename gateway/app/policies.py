@@ -31,7 +31,7 @@ from guards.loop_guard import LoopGuardConfig
 from guards.silence import SilencePolicy
 
 if TYPE_CHECKING:
-    from gateway.state.base import StateStore
+    from gateway.state.base import ControlStore
 
 OverridesKey = tuple[tuple[str, object], ...]
 _NO_RULE = -1
@@ -82,7 +82,7 @@ class PolicyCache:
         self._sources: OrderedDict[tuple[int, OverridesKey], ResolvedPolicy] = OrderedDict()
 
     async def room(
-        self, state: StateStore, platform: str, channel: str, thread: str | None
+        self, state: ControlStore, platform: str, channel: str, thread: str | None
     ) -> ResolvedPolicy:
         """The room's effective policy under the overrides stored now (global, then room)."""
         everywhere = await state.get_overrides(GLOBAL_SCOPE)

@@ -169,7 +169,7 @@ class Gateway:
         )
         self.app.add_routes(spend_routes(admin, self.state, access))
         self.activity = ActivityFeed(self.state)
-        self.app.add_routes(activity_routes(admin, self.activity, access))
+        self.app.add_routes(activity_routes(admin, self.activity, self.state, access))
         self._http = HttpServer(self.app, config.http.host, config.http.port)
         self._agents = {
             name: build_agent(
@@ -193,6 +193,7 @@ class Gateway:
             self._hosted[bot.id] = HostedBot(bot, connector, self._agents[bot.agent])
         self._pipeline = build_gateway_pipeline(
             config,
+            state=self.state,
             admin=admin,
             delivery=Delivery(self.metrics),
             recent=recent,

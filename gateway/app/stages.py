@@ -61,11 +61,13 @@ from gateway.config import Config
 from gateway.delivery.sender import Delivery
 from gateway.observability.activity import ActivityFeed
 from gateway.observability.metrics import Metrics
+from gateway.state.base import StateStore
 
 
 def build_gateway_pipeline(
     config: Config,
     *,
+    state: StateStore,
     admin: AdminService,
     delivery: Delivery,
     recent: RecentRefusals,
@@ -74,27 +76,29 @@ def build_gateway_pipeline(
 ) -> Handler:
     """Assemble the stages (skipping those switched off in `pipeline:`) into one handler.
 
-    `metrics` defaults to the delivery's, so one registry holds every counter. The room's
-    policy comes from `admin.policies`, the cache `/loop status`, `policy` and `set` use.
+    Each stage is handed the one protocol of `state` it uses (gateway/state/base.py); the
+    bot-loop stages read the turn's decisions (`TurnContext.state`). `metrics` defaults to
+    the delivery's, so one registry holds every counter. The room's policy comes from
+    `admin.policies`, the cache `/loop status`, `policy` and `set` use.
     """
     decisions = DecisionLog(metrics or delivery.metrics, recent, activity)
     memory = config.pipeline.transcript
     inner: list[Middleware] = []
     if config.pipeline.dedupe:
-        inner.append(DedupeMiddleware(config.pipeline.dedupe_ttl_seconds, decisions))
+        inner.append(DedupeMiddleware(state, config.pipeline.dedupe_ttl_seconds, decisions))
     inner += [SelfFilterMiddleware(decisions), DeliveryMiddleware(delivery, activity)]
     if config.pipeline.admin_commands:
-        inner.append(AdminMiddleware(config, admin, decisions))
+        inner.append(AdminMiddleware(config, admin, state, decisions))
     if memory.max_messages:
-        inner.append(TranscriptMiddleware(memory, admin, decisions.metrics))
+        inner.append(TranscriptMiddleware(state, memory, admin, decisions.metrics))
     inner += [
-        ChannelPolicyMiddleware(admin.policies),
+        ChannelPolicyMiddleware(admin.policies, state),
         BotTurnsMiddleware(),
-        AdmissionMiddleware(decisions),
+        AdmissionMiddleware(state, decisions),
         BotLoopMiddleware(decisions),
         SilenceMiddleware(decisions),
     ]
     if memory.max_messages:
-        inner.append(HistoryMiddleware(admin, decisions.metrics))
+        inner.append(HistoryMiddleware(state, admin, decisions.metrics))
     inner.append(AgentDispatchMiddleware(config.pipeline, decisions))
     return build_pipeline([ErrorsMiddleware(decisions.metrics), *inner])

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Iterator
 from gateway.app.errors import StateError
 from gateway.app.types import InboundMessage
 from gateway.state.activity import ActivityEvent, Kind
-from gateway.state.base import StateStore
+from gateway.state.base import ActivityStore
 
 log = logging.getLogger("loopwarden.activity")
 
@@ -70,7 +70,7 @@ class ActivityFeed:
 
     def __init__(
         self,
-        state: StateStore,
+        state: ActivityStore,
         *,
         clock: Callable[[], float] = time.time,
         flush_interval: float = 0.25,

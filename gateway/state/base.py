@@ -4,6 +4,9 @@ Each method is one decision or one fact, so a backend can make it atomic (the Re
 backend runs each decision as one server-side script). Durations are relative seconds,
 never wall-clock instants, so replicas with skewed clocks agree: the backend owns time.
 Scopes are room keys such as `discord:1100123`; `"*"` is the global scope.
+
+The seam is six small protocols, one per kind of state (decisions, receipts, controls,
+audit, transcripts, activity); `StateStore` is all of them with `start` and `aclose`.
 """
 
 from __future__ import annotations
@@ -67,14 +70,12 @@ class Transcript:
     skipped: int = 0
 
 
-class StateStore(Protocol):
-    """Budgets, cooldowns, counters, claims, receipts, overrides, pauses, audit, transcripts."""
+class DecisionStore(Protocol):
+    """The guards' shared counters and claims: each call is one atomic decision.
 
-    async def start(self) -> None:
-        """Open connections and create schemas; called once before the first message."""
-
-    async def aclose(self) -> None:
-        """Flush and close."""
+    What the bot-loop stages, `integrations.RoomGuard` and the agents' spend notices use;
+    the turn carries it (`TurnContext.state`).
+    """
 
     async def pair_decide(
         self, *, scope: str, self_bot_id: str, sender_bot_id: str, policy: BotLoopPolicy
@@ -112,6 +113,10 @@ class StateStore(Protocol):
     async def claim(self, key: str, ttl: float) -> bool:
         """Claim a once-only key for `ttl` seconds: True for the first claimant only."""
 
+
+class ReceiptStore(Protocol):
+    """Delivery receipts (gateway/state/receipts.py): what the dedupe stage needs."""
+
     async def receive(self, key: str, ttl: float) -> bool:
         """Take a delivery's receipt in flight for `ttl` seconds; False for a duplicate.
 
@@ -121,6 +126,10 @@ class StateStore(Protocol):
 
     async def confirm(self, key: str, ttl: float) -> None:
         """Mark a received delivery answered: every delivery of it is refused for `ttl` s."""
+
+
+class ControlStore(Protocol):
+    """What admins set on a scope: runtime policy overrides and pauses."""
 
     async def get_overrides(self, scope: str) -> Mapping[str, object]:
         """Runtime policy overrides (`bot_loop.max_events_per_window` → value) for a scope."""
@@ -140,6 +149,10 @@ class StateStore(Protocol):
     async def pause_remaining(self, scope: str) -> float | None:
         """Seconds a pause has left (`inf` when indefinite), None when not paused."""
 
+
+class AuditStore(Protocol):
+    """The audit trail's two logs (gateway/state/audit.py)."""
+
     async def audit(self, entry: AuditEntry) -> None:
         """Append one entry to its log (`entry.kind`), each bounded (gateway/state/audit.py)."""
 
@@ -147,6 +160,10 @@ class StateStore(Protocol):
         self, limit: int = 20, scope: str | None = None, kind: AuditKind | None = None
     ) -> list[AuditEntry]:
         """The newest audit entries first, optionally for one room, of one log or both."""
+
+
+class TranscriptStore(Protocol):
+    """Rooms' transcripts (DESIGN.md §3, gateway/state/transcripts.py)."""
 
     async def transcript_append(
         self, scope: str, entry: TranscriptEntry, *, max_messages: int, ttl: float
@@ -162,6 +179,10 @@ class StateStore(Protocol):
 
     async def transcript_forget(self, scope: str, *, threads: bool = False) -> int:
         """Empty a transcript (with `threads`, its threads' too); returns the entries dropped."""
+
+
+class ActivityStore(Protocol):
+    """The Activity feed's events and counters (gateway/state/activity.py)."""
 
     async def activity_append(self, events: Sequence[ActivityEvent]) -> None:
         """Append a batch of feed events (ids given here) and count them: one transaction.
@@ -187,3 +208,19 @@ class StateStore(Protocol):
 
     async def activity_rooms(self) -> list[tuple[str, float]]:
         """Every room seen (at most `ROOMS_KEEP`) with when it last was, newest first."""
+
+
+class StateStore(
+    DecisionStore, ReceiptStore, ControlStore, AuditStore, TranscriptStore, ActivityStore, Protocol
+):
+    """Every store at once, as each backend (memory, sqlite, redis) implements it.
+
+    A user annotates the narrowest of the protocols above it needs, so a new backend or a
+    test double serves only that; only what opens and closes the store holds all of it.
+    """
+
+    async def start(self) -> None:
+        """Open connections and create schemas; called once before the first message."""
+
+    async def aclose(self) -> None:
+        """Flush and close."""

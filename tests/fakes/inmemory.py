@@ -232,7 +232,7 @@ class PipelineRig:
         self.waits: list[float] = []
         self.delivery = Delivery(self.metrics, sleep=self._sleep, max_attempts=max_attempts)
         self.handler = build_gateway_pipeline(
-            config, admin=self.admin, delivery=self.delivery, recent=self.recent
+            config, state=self.state, admin=self.admin, delivery=self.delivery, recent=self.recent
         )
         given = dict(agents or {})
         self.agents: dict[str, Agent] = {

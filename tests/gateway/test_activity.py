@@ -352,6 +352,7 @@ async def small() -> AsyncIterator[tuple[int, ActivityRoutes, ActivityFeed]]:
     routes = ActivityRoutes(
         AdminService(config, state, recent=RecentRefusals()),
         feed,
+        state,
         AdminAccess(SecretStr(TOKEN)),
         max_streams=2,
         poll_seconds=0.05,

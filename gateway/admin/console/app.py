@@ -61,7 +61,7 @@ from gateway.admin.console.pages import PAGES, ConsolePage, Product, shipped, st
 from gateway.admin.console.sessions import Admission, ConsoleSession
 from gateway.admin.console.signin import FORM, LINK, SignInGate
 from gateway.app.jsonbody import read_body
-from gateway.state.base import StateStore
+from gateway.state.base import AuditStore
 
 log = logging.getLogger("loopwarden.console")
 
@@ -104,7 +104,7 @@ def add_console(
     *,
     access: AdminAccess,
     product: Product,
-    state: StateStore,
+    state: AuditStore,
     trusted_proxies: Sequence[str] = (),
 ) -> None:
     """Add the console's routes to `app` (call before it starts).

@@ -38,7 +38,7 @@ from gateway.admin.access import AdminAccess
 from gateway.admin.console.clients import ClientAddresses
 from gateway.admin.console.sessions import SignInLimiter
 from gateway.app.errors import StateError
-from gateway.state.base import GLOBAL_SCOPE, AuditEntry, StateStore
+from gateway.state.base import GLOBAL_SCOPE, AuditEntry, AuditStore
 
 log = logging.getLogger("loopwarden.console")
 
@@ -54,7 +54,7 @@ class SignInGate:
     def __init__(
         self,
         access: AdminAccess,
-        state: StateStore,
+        state: AuditStore,
         clients: ClientAddresses,
         *,
         clock: Callable[[], float] = time.time,

@@ -6,7 +6,8 @@ memory (DESIGN.md §3). In a direct message the person talking to the bot may ru
 non-admin's is refused like any other and changes nothing.
 
 The stage parses, authorises, claims and audits; `AdminService` does the work. A command
-never reaches the agent. It is executed and acknowledged once per message however many
+never reaches the agent; its answer is the gateway's own (`Reply.system`), not that of
+the hosted bot that ran it. It is executed and acknowledged once per message however many
 hosted bots see it (`admin:` + message key, claimed in the state store), and that one
 execution writes the one audit entry. A bot's command is dropped unexecuted and
 unanswered (audited); a person not listed for the platform gets a short refusal that
@@ -36,7 +37,7 @@ from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import Reply
 from gateway.config import Config
-from gateway.state.base import AuditEntry
+from gateway.state.base import AuditEntry, AuditStore
 
 _PREFIXES = ("/loop", "!loop")
 _NEW = ("/new", "!new")
@@ -77,6 +78,7 @@ class AdminMiddleware:
         self,
         config: Config,
         admin: AdminService,
+        audit: AuditStore,
         decisions: DecisionLog,
         *,
         wall_clock: Callable[[], float] = time.time,
@@ -84,6 +86,7 @@ class AdminMiddleware:
         self._admins = config.admins
         self._ttl = config.pipeline.dedupe_ttl_seconds
         self._admin = admin
+        self._audit_log = audit
         self._decisions = decisions
         self._wall_clock = wall_clock
 
@@ -110,6 +113,7 @@ class AdminMiddleware:
                 thread_id=msg.thread_id,
                 reply_to=msg.message_id,
                 ephemeral_to=msg.sender_id,
+                system=True,
             )
         room = conversation_room(msg) if forget else msg.room
         ack = await self._admin.run(
@@ -123,14 +127,14 @@ class AdminMiddleware:
         self._decisions.note(
             ctx, self.name, name, f"{said} by {msg.sender_name or msg.sender_id} ({outcome})"
         )
-        return Reply(ack.text, thread_id=msg.thread_id, reply_to=msg.message_id)
+        return Reply(ack.text, thread_id=msg.thread_id, reply_to=msg.message_id, system=True)
 
     async def _audit(
         self, ctx: TurnContext, *, allowed: bool, outcome: str, by_admin: bool = False
     ) -> None:
         """One audit entry, in the admin log only for what an admin did (gateway/state/audit.py)."""
         msg = ctx.message
-        await ctx.state.audit(
+        await self._audit_log.audit(
             AuditEntry(
                 at=self._wall_clock(),
                 platform=msg.platform,

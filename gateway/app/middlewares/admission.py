@@ -22,6 +22,7 @@ from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import Reply
 from gateway.config import RespondToPolicy
+from gateway.state.base import ControlStore
 
 
 class AdmissionMiddleware:
@@ -29,12 +30,13 @@ class AdmissionMiddleware:
 
     name = "admission"
 
-    def __init__(self, decisions: DecisionLog) -> None:
+    def __init__(self, controls: ControlStore, decisions: DecisionLog) -> None:
+        self._controls = controls
         self._decisions = decisions
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         msg = ctx.message
-        paused = await ctx.state.pause_remaining(msg.room)
+        paused = await self._controls.pause_remaining(msg.room)
         if paused is not None:
             self._decisions.refuse(ctx, self.name, "paused", messages.paused_detail(paused))
             return None

@@ -12,7 +12,7 @@ from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler
 from gateway.app.policies import PolicyCache, merged
 from gateway.app.types import Reply
-from gateway.state.base import GLOBAL_SCOPE
+from gateway.state.base import GLOBAL_SCOPE, ControlStore
 
 
 class ChannelPolicyMiddleware:
@@ -20,15 +20,16 @@ class ChannelPolicyMiddleware:
 
     name = "channel_policy"
 
-    def __init__(self, policies: PolicyCache) -> None:
+    def __init__(self, policies: PolicyCache, controls: ControlStore) -> None:
         self._policies = policies
+        self._controls = controls
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         # `PolicyCache.room`, inlined: one coroutine fewer per message on the hot path.
         msg = ctx.message
-        state = ctx.state
+        controls = self._controls
         overrides = merged(
-            await state.get_overrides(GLOBAL_SCOPE), await state.get_overrides(msg.room)
+            await controls.get_overrides(GLOBAL_SCOPE), await controls.get_overrides(msg.room)
         )
         ctx.resolved = self._policies.resolve(
             msg.platform, msg.channel_id, msg.thread_id, overrides

@@ -16,6 +16,7 @@ from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import Reply
+from gateway.state.base import ReceiptStore
 
 
 class DedupeMiddleware:
@@ -23,15 +24,16 @@ class DedupeMiddleware:
 
     name = "dedupe"
 
-    def __init__(self, ttl: float, decisions: DecisionLog) -> None:
+    def __init__(self, receipts: ReceiptStore, ttl: float, decisions: DecisionLog) -> None:
+        self._receipts = receipts
         self._ttl = ttl
         self._decisions = decisions
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         key = "dedupe:" + ctx.message.delivery_key
-        if not await ctx.state.receive(key, self._ttl):
+        if not await self._receipts.receive(key, self._ttl):
             self._decisions.refuse(ctx, self.name, "duplicate", "delivered before")
             return None
         reply = await call_next(ctx)
-        await ctx.state.confirm(key, self._ttl)
+        await self._receipts.confirm(key, self._ttl)
         return reply

@@ -57,7 +57,7 @@ from gateway.app.types import HistoryEntry, InboundMessage, Reply
 from gateway.config import HistoryConfig, TranscriptConfig
 from gateway.observability.metrics import Metrics
 from gateway.state import transcripts
-from gateway.state.base import TranscriptEntry
+from gateway.state.base import TranscriptEntry, TranscriptStore
 
 log = logging.getLogger("loopwarden.transcript")
 
@@ -125,7 +125,14 @@ class TranscriptMiddleware:
 
     name = "transcript"
 
-    def __init__(self, config: TranscriptConfig, admin: AdminService, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        transcripts: TranscriptStore,
+        config: TranscriptConfig,
+        admin: AdminService,
+        metrics: Metrics,
+    ) -> None:
+        self._transcripts = transcripts
         self._max_messages = config.max_messages
         self._ttl = config.ttl
         self._admin = admin
@@ -152,7 +159,7 @@ class TranscriptMiddleware:
 
     async def _append(self, ctx: TurnContext, scope: str, entry: TranscriptEntry) -> None:
         try:
-            await ctx.state.transcript_append(
+            await self._transcripts.transcript_append(
                 scope, entry, max_messages=self._max_messages, ttl=self._ttl
             )
         except Exception as exc:  # memory is an aid: a store failure must not cost the turn
@@ -173,7 +180,8 @@ class HistoryMiddleware:
 
     name = "history"
 
-    def __init__(self, admin: AdminService, metrics: Metrics) -> None:
+    def __init__(self, transcripts: TranscriptStore, admin: AdminService, metrics: Metrics) -> None:
+        self._transcripts = transcripts
         self._admin = admin
         self._metrics = metrics
 
@@ -187,7 +195,9 @@ class HistoryMiddleware:
         msg = ctx.message
         scope = conversation(msg)
         try:
-            transcript = await ctx.state.transcript_recent(scope, limits.max_messages + _LATER)
+            transcript = await self._transcripts.transcript_recent(
+                scope, limits.max_messages + _LATER
+            )
         except Exception as exc:  # memory is an aid: a store failure must not cost the turn
             self._metrics.error(self.name)
             log.warning("%s: history not read: %s: %s", scope, type(exc).__name__, exc)

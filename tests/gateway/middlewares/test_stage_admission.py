@@ -71,8 +71,8 @@ async def test_issue10_admission_decides_and_keeps_no_bot_turn_count() -> None:
     await rig.state.pause(room, None)
     handler = build_pipeline(
         [
-            ChannelPolicyMiddleware(rig.admin.policies),
-            AdmissionMiddleware(DecisionLog(rig.metrics, rig.recent)),
+            ChannelPolicyMiddleware(rig.admin.policies, rig.state),
+            AdmissionMiddleware(rig.state, DecisionLog(rig.metrics, rig.recent)),
         ]
     )
     connector = rig.connector()

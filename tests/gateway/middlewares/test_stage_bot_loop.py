@@ -146,6 +146,7 @@ async def test_issue3_new_cooldown_announced_by_a_replica_that_did_not_see_the_r
     other = RecentRefusals(clock=rig.clock)
     rig.handler = build_gateway_pipeline(
         rig.config,
+        state=rig.state,
         admin=AdminService(rig.config, rig.state, recent=other),
         delivery=rig.delivery,
         recent=other,

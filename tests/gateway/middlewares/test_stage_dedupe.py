@@ -7,7 +7,10 @@ import asyncio
 import pytest
 
 from gateway.app.context import TurnContext
-from gateway.app.types import AgentResult
+from gateway.app.middlewares import DedupeMiddleware
+from gateway.app.pipeline import build_pipeline
+from gateway.app.refusals import DecisionLog
+from gateway.app.types import AgentResult, Reply
 from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 
 
@@ -70,3 +73,53 @@ async def test_dedupe_can_be_switched_off() -> None:
     await connector.push(message)
     await connector.push(message)
     assert len(agent.turns) == 2
+
+
+class ReceiptsOnly:
+    """A test double of `ReceiptStore` alone: nothing else of the StateStore seam."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}
+
+    async def receive(self, key: str, ttl: float) -> bool:
+        if key in self.held:
+            return False
+        self.held[key] = "in flight"
+        return True
+
+    async def confirm(self, key: str, ttl: float) -> None:
+        self.held[key] = "answered"
+
+
+async def test_issue21_dedupe_stage_runs_on_a_store_of_receipts_only() -> None:
+    # mypy strict checks this file: DedupeMiddleware accepts a double with two methods.
+    rig = PipelineRig(rig_config())
+    receipts = ReceiptsOnly()
+    answered: list[str] = []
+
+    async def answer(ctx: TurnContext) -> Reply | None:
+        answered.append(ctx.message.text)
+        return Reply("hi")
+
+    stage = DedupeMiddleware(receipts, 60, DecisionLog(rig.metrics, rig.recent))
+    handler = build_pipeline([stage], innermost=answer)
+    connector = rig.connector()
+
+    def turn(text: str, event_id: str) -> TurnContext:
+        return TurnContext(
+            message=connector.message(text, event_id=event_id),
+            policy=rig.config.policy,
+            state=rig.state,
+            config=rig.config,
+            bot=rig.config.bot("parrot"),
+            connector=connector,
+            agent=rig.agents["parrot"],
+        )
+
+    receipts.held["dedupe:" + turn("x", "evt-old").message.delivery_key] = "answered"
+    assert await handler(turn("again", "evt-old")) is None
+    assert await handler(turn("new", "evt-new")) == Reply("hi")
+    assert answered == ["new"]
+    new_key = "dedupe:" + turn("x", "evt-new").message.delivery_key
+    assert receipts.held[new_key] == "answered"
+    assert rig.metrics.value("refusals_total", stage="dedupe", reason="duplicate") == 1

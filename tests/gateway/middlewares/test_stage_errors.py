@@ -12,7 +12,7 @@ from gateway.app.middlewares import AdmissionMiddleware, ErrorsMiddleware
 from gateway.app.pipeline import Handler, build_pipeline
 from gateway.app.types import AgentResult, Reply
 from gateway.state.memory import MemoryStateStore
-from tests.fakes.inmemory import ConstantAgent
+from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 from tests.gateway.middlewares.stage_rig import rig_with
 
 
@@ -82,8 +82,9 @@ class PausedStateFails(MemoryStateStore):
 
 
 async def test_issue10_a_gateway_stage_failure_is_counted_under_its_name() -> None:
-    rig, agent = await rig_with()
-    rig.state = PausedStateFails()
+    agent = ConstantAgent("hi")
+    rig = PipelineRig(rig_config(), {"parrot": agent}, state=PausedStateFails())
+    await rig.start()
     connector = rig.connector()
     await connector.push(connector.message("hello"))
     assert agent.turns == []
