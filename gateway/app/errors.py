@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class LoopwardenError(Exception):
     """Root of every loopwarden error."""
@@ -14,6 +16,26 @@ class ConfigError(LoopwardenError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}" if path else reason)
+
+    @property
+    def errors(self) -> tuple[ConfigError, ...]:
+        """Every error found: this one (`ConfigErrors` holds several)."""
+        return (self,)
+
+
+class ConfigErrors(ConfigError):
+    """Several errors found in one config, each naming its field; `path` and `reason` are
+    the first's, so a caller that reports one error reports that one."""
+
+    def __init__(self, errors: Sequence[ConfigError]) -> None:
+        self._errors = tuple(errors)
+        super().__init__(self._errors[0].path, self._errors[0].reason)
+        self.args = ("\n".join(str(error) for error in self._errors),)
+
+    @property
+    def errors(self) -> tuple[ConfigError, ...]:
+        """Every error found, each naming its field."""
+        return self._errors
 
 
 class ConnectorError(LoopwardenError):

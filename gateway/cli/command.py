@@ -7,6 +7,8 @@ Decisions where DESIGN.md is silent:
 - Every option's `--help` line ends with its default (`(default: 7d)`) when it has one; a
   flag's default (off) and an option without a default say nothing, and an option whose
   default comes from elsewhere (`--log-level`) says where in its own words.
+- A config with several errors (unset variables, refused fields) gets all of them in one
+  run, a line each, so a newcomer fixes them together rather than one per run.
 """
 
 from __future__ import annotations
@@ -46,8 +48,9 @@ def add_parser(
 
 
 def print_config_error(exc: ConfigError) -> None:
-    """`config error: path: reason` on stderr."""
-    print(f"config error: {exc}", file=sys.stderr)
+    """Each error `exc` holds on stderr, a `config error: path: reason` line each."""
+    for error in exc.errors:
+        print(f"config error: {error}", file=sys.stderr)
 
 
 def load(path: str) -> Config | None:

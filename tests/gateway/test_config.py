@@ -216,7 +216,7 @@ def test_check_config_ok(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         "  - {id: b, platform: room, agent: parrot}\n",
     )
     assert main(["check-config", str(path)]) == 0
-    assert capsys.readouterr().out.strip() == "ok: 2 bots (room), 1 agents, state=memory"
+    assert capsys.readouterr().out.strip() == "ok: 2 bots (room), 1 agent, state=memory"
 
 
 def test_check_config_invalid(
@@ -245,7 +245,7 @@ def test_check_config_as_a_process(tmp_path: Path) -> None:
     )
     assert (done.returncode, done.stdout.strip()) == (
         0,
-        "ok: 0 bots (none), 1 agents, state=memory",
+        "ok: 0 bots (none), 1 agent, state=memory",
     )
     bad = tmp_path / "bad.yaml"
     bad.write_text("bots:\n  - {id: a, platform: discord, agent: parrot}\n", encoding="utf-8")
