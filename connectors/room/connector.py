@@ -10,6 +10,9 @@ Decisions where DESIGN.md is silent:
   room once the bot has handled what it held (`after_handled`); a closed bot holds none.
 - `Reply.ephemeral_to` is not supported: refusals and acks are posted to the whole room,
   where the demo's watcher can see them.
+- A `Reply.system` (the answer to a `/loop` command) is posted by the room's system
+  sender, `loopwarden` (`RoomHub.post_system`), not by this bot: the room is the one
+  platform where the gateway may speak as someone other than a hosted bot.
 """
 
 from __future__ import annotations
@@ -176,6 +179,8 @@ class RoomConnector:
         """Post a reply into the room; returns its message id."""
         if self._closed:
             raise DeliveryError("room connector is closed")
+        if reply.system:
+            return platform_message_id(self._hub.post_system(channel_id, reply.text))
         message = self._hub.post(
             channel_id,
             sender_id=self.user_id,

@@ -36,6 +36,15 @@ Decisions where DESIGN.md is silent:
 - A room's own history (what joiners and `/room/history` get) keeps its newest
   `HISTORY_LIMIT` messages within `HISTORY_BYTES` of text and names (the memory they
   hold, `sys.getsizeof`), the newest message always: the hub holds at most 65 of these.
+  A notice posted with `keep=True` (the demo's scenario notices) joins that history, so
+  whoever opens the room later reads it too; joins and leaves do not.
+- The gateway's own answers (`Reply.system`: `/loop` commands) are posted by
+  `SYSTEM_NAME`, not by the hosted bot that ran the command: `system: true` on the wire,
+  never handed to the bots (they are the gateway talking to people), and no human may
+  join under that name.
+- `offer(label, text)` puts a button on the room page that says `text` as the person who
+  presses it (the demo's "Run the scenarios again", `/demo`): the `joined` event lists
+  these as `actions`; the hub gives the text no meaning of its own.
 """
 
 from __future__ import annotations
@@ -61,6 +70,8 @@ from gateway.app.jsonbody import JsonBodyError, parse_json
 log = logging.getLogger("loopwarden.room")
 
 DEFAULT_ROOM = "lobby"
+SYSTEM_NAME = "loopwarden"
+"""The sender of the gateway's own answers in the room."""
 MAX_TEXT = 4000
 HISTORY_LIMIT = 500
 HISTORY_BYTES = 256 * 1024
@@ -93,6 +104,7 @@ class RoomMessage:
     is_bot: bool
     text: str
     ts: float
+    system: bool = False
 
     def to_wire(self) -> dict[str, object]:
         """The `message` event sent to websocket clients and the history endpoint."""
@@ -103,6 +115,7 @@ class RoomMessage:
             "sender_id": self.sender_id,
             "sender_name": self.sender_name,
             "is_bot": self.is_bot,
+            "system": self.system,
             "text": self.text,
             "thread_id": None,
             "ts": self.ts,
@@ -142,14 +155,14 @@ class RoomMember(Protocol):
 
 @dataclass(slots=True)
 class _Room:
-    """One room's transcript (bounded in messages and bytes), id counter and clients."""
+    """One room's transcript (bounded in entries and bytes), id counter and clients."""
 
     next_id: int
-    transcript: deque[RoomMessage] = field(default_factory=deque)
+    transcript: deque[RoomEvent] = field(default_factory=deque)
     size: int = 0
     clients: set[RoomClient] = field(default_factory=set)
 
-    def keep(self, message: RoomMessage) -> None:
+    def keep(self, message: RoomEvent) -> None:
         """Append to the transcript; the oldest go past `HISTORY_LIMIT` or `HISTORY_BYTES`."""
         transcript = self.transcript
         transcript.append(message)
@@ -180,6 +193,7 @@ class RoomHub:
         self._issued = 0
         self._members: dict[str, RoomMember] = {}
         self._listeners: list[Listener] = []
+        self._actions: list[dict[str, str]] = []
         self._reclaimed = None if forget is None else Reclaimed(forget, self._seated)
         self._assets = {
             name: resources.files("connectors.room").joinpath("static", name).read_bytes()
@@ -250,6 +264,10 @@ class RoomHub:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
+    def offer(self, label: str, text: str) -> None:
+        """Show a button labelled `label` on the room page that says `text` when pressed."""
+        self._actions.append({"label": label, "say": text})
+
     def _seated(self) -> list[RoomMember]:
         return list(self._members.values())
 
@@ -264,9 +282,19 @@ class RoomHub:
         return self.post(room, sender_id=name, sender_name=name, is_bot=False, text=text)
 
     def post(
-        self, room: str, *, sender_id: str, sender_name: str, is_bot: bool, text: str
+        self,
+        room: str,
+        *,
+        sender_id: str,
+        sender_name: str,
+        is_bot: bool,
+        text: str,
+        system: bool = False,
     ) -> RoomMessage:
-        """Append a message to the room and hand it to every client and every other bot."""
+        """Append a message to the room and hand it to every client and every other bot.
+
+        A `system` message (the gateway's own answer) reaches the clients, not the bots.
+        """
         state = self._room(room)
         message = RoomMessage(
             id=state.next_id,
@@ -276,21 +304,41 @@ class RoomHub:
             is_bot=is_bot,
             text=text,
             ts=self._clock(),
+            system=system,
         )
         state.next_id += 1
         self._issued = max(self._issued, message.id)
         state.keep(message)
         self._broadcast(state, message.to_wire())
         self._tell_listeners(message)
+        if system:
+            return message
         for member in list(self._members.values()):
             if member.user_id != sender_id:
                 member.deliver(message)
         return message
 
-    def notice(self, room: str, text: str) -> RoomNotice:
-        """Post a notice from the room itself (not part of the chat, not seen by bots)."""
+    def post_system(self, room: str, text: str) -> RoomMessage:
+        """Post the gateway's own answer (to a `/loop` command) as `SYSTEM_NAME`."""
+        return self.post(
+            room,
+            sender_id=SYSTEM_NAME,
+            sender_name=SYSTEM_NAME,
+            is_bot=False,
+            text=text,
+            system=True,
+        )
+
+    def notice(self, room: str, text: str, *, keep: bool = False) -> RoomNotice:
+        """Post a notice from the room itself (not part of the chat, not seen by bots).
+
+        With `keep`, the notice joins the room's history, for whoever joins later.
+        """
         notice = RoomNotice(room=room, text=text, ts=self._clock())
-        self._broadcast(self._room(room), notice.to_wire())
+        state = self._room(room)
+        if keep:
+            state.keep(notice)
+        self._broadcast(state, notice.to_wire())
         self._tell_listeners(notice)
         return notice
 
@@ -305,7 +353,12 @@ class RoomHub:
         self._broadcast(self._room(room), event)
 
     def history(self, room: str, limit: int = HISTORY_LIMIT) -> list[RoomMessage]:
-        """The newest `limit` messages of a room, oldest first."""
+        """The newest `limit` messages of a room, oldest first (kept notices left out)."""
+        messages = [e for e in self.events(room) if isinstance(e, RoomMessage)]
+        return messages[-limit:] if limit > 0 else []
+
+    def events(self, room: str, limit: int = HISTORY_LIMIT) -> list[RoomEvent]:
+        """The newest `limit` entries of a room's history, kept notices too, oldest first."""
         state = self._rooms.get(room)
         if state is None or limit <= 0:
             return []
@@ -378,7 +431,7 @@ class RoomHub:
         limit = request.query.get("limit", str(HISTORY_LIMIT))
         if not _LIMIT.fullmatch(limit) or not 1 <= int(limit) <= HISTORY_LIMIT:
             raise web.HTTPBadRequest(text=f"limit must be a whole number from 1 to {HISTORY_LIMIT}")
-        messages = [m.to_wire() for m in self.history(room, int(limit))]
+        messages = [m.to_wire() for m in self.events(room, int(limit))]
         return web.json_response({"room": room, "messages": messages})
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
@@ -443,7 +496,9 @@ class RoomHub:
         client.name, client.room = name, room
         state = self._room(room)
         bots = [{"id": bot_id, "name": bot_name} for bot_id, bot_name in self.bot_names()]
-        client.push_event({"type": "joined", "room": room, "name": name, "bots": bots})
+        client.push_event(
+            {"type": "joined", "room": room, "name": name, "bots": bots, "actions": self._actions}
+        )
         client.push_event({"type": "history", "room": room, "messages": self._recent(room)})
         state.clients.add(client)
         joined = f"{previous} is now {name}" if previous and previous != name else f"{name} joined"
@@ -452,6 +507,8 @@ class RoomHub:
     def _unavailable(self, client: RoomClient, name: str, room: str) -> str | None:
         """Why a well-formed join is refused (the name passes for another, no room left)."""
         key = name_key(name)
+        if key == name_key(SYSTEM_NAME):
+            return f"{name} is, or looks like, the gateway's own name here; pick another"
         if key in {name_key(part) for pair in self.bot_names() for part in pair}:
             return f"{name} is, or looks like, a bot's name here; pick another"
         for other in self._clients:
@@ -467,7 +524,7 @@ class RoomHub:
         """A joiner's history: the newest `JOIN_HISTORY` messages that fit `JOIN_HISTORY_BYTES`."""
         picked: list[dict[str, object]] = []
         size = 0
-        for message in reversed(self.history(room, JOIN_HISTORY)):
+        for message in reversed(self.events(room, JOIN_HISTORY)):
             wire = message.to_wire()
             size += len(json.dumps(wire))
             if size > JOIN_HISTORY_BYTES:
@@ -508,9 +565,11 @@ class RoomHub:
             await self._reclaimed.aclose()
 
 
-def _held(message: RoomMessage) -> int:
-    """The memory a message's text and sender name hold."""
-    return sys.getsizeof(message.text) + sys.getsizeof(message.sender_name)
+def _held(entry: RoomEvent) -> int:
+    """The memory an entry's text (and a message's sender name) hold."""
+    if isinstance(entry, RoomNotice):
+        return sys.getsizeof(entry.text)
+    return sys.getsizeof(entry.text) + sys.getsizeof(entry.sender_name)
 
 
 def _error(text: str) -> dict[str, object]:

@@ -218,6 +218,11 @@ class Gateway:
         """The configured bots by id, with their connectors and agents."""
         return self._hosted
 
+    @property
+    def admin(self) -> AdminService:
+        """What `/loop` commands and the admin API run (the demo's rerun resets through it)."""
+        return self._admin
+
     def readiness(self) -> Readiness:
         """Which bots are not connected, and whether the gateway is stopping."""
         return Readiness(

@@ -59,13 +59,17 @@ class Reply:
     """A reply to send into a room.
 
     `ephemeral_to` asks for a message only that user sees (Slack), where the platform
-    supports it; other connectors post it normally.
+    supports it; other connectors post it normally. `system` marks the gateway's own
+    answer (to a `/loop` command): a platform where the gateway may post as someone other
+    than the bot (the web room) shows it from loopwarden itself; on the others a bot can
+    only post as itself, and does.
     """
 
     text: str
     thread_id: str | None = None
     reply_to: str | None = None
     ephemeral_to: str | None = None
+    system: bool = False
 
 
 @dataclass(frozen=True, slots=True)

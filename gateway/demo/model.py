@@ -25,11 +25,16 @@ Decisions where DESIGN.md is silent:
   every answer as a provider's are (the call guard drops ids from its fingerprint).
 - Repeats are tracked for the scripted models only, so a client sending endless model
   names cannot grow the table.
+- Every answer reports `usage` as a provider's does: the request's bytes and the answer
+  message's bytes counted as tokens the way the call guard estimates a refused call's
+  (`BYTES_PER_TOKEN`), so the demo's Calls page shows tokens, and with demo.yaml's demo
+  price, a cost and the cost its refusals saved.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.app.jsonbody import JsonBodyError, parse_json
 from gateway.config import first_error
+from gateway.proxy.pricing import BYTES_PER_TOKEN
 from guards.call_loop import fingerprint_call
 
 HOST = "127.0.0.1"
@@ -129,8 +135,9 @@ class DemoModel:
 
     async def _chat(self, request: web.Request) -> web.Response:
         """One chat completion: the script's tool call, or the text for an unknown model."""
+        body = await request.read()
         try:
-            chat = _ChatRequest.model_validate(parse_json(await request.read()))
+            chat = _ChatRequest.model_validate(parse_json(body))
         except JsonBodyError as exc:
             return _error(f"the body must be a JSON object: {exc}")
         except ValidationError as exc:
@@ -140,8 +147,10 @@ class DemoModel:
             return _error("stream: the demo model does not stream")
         self._served += 1
         script = SCRIPTS.get(chat.model)
+        prompt_tokens = _tokens(len(body))
         if script is None:
-            return _completion(chat.model, {"role": "assistant", "content": UNKNOWN_MODEL})
+            answer: Message = {"role": "assistant", "content": UNKNOWN_MODEL}
+            return _completion(chat.model, answer, prompt_tokens)
         self._tell(chat.model, chat.messages)
         arguments = script.arguments(_request_text(chat.messages))
         call = {
@@ -149,7 +158,8 @@ class DemoModel:
             "type": "function",
             "function": {"name": script.tool, "arguments": json.dumps(arguments)},
         }
-        return _completion(chat.model, {"role": "assistant", "content": None, "tool_calls": [call]})
+        answer = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return _completion(chat.model, answer, prompt_tokens)
 
     def _tell(self, model: str, messages: Sequence[Message]) -> None:
         """Report the guard's note in the last tool result, and a request sent again."""
@@ -201,9 +211,15 @@ def _first_clause(text: object) -> str:
     return str(text).removeprefix("[loop-guard] ").split(";")[0]
 
 
-def _completion(model: str, message: Message) -> web.Response:
-    """A chat-completions answer with one choice (no usage to bill: the model is free)."""
+def _tokens(size: int) -> int:
+    """The tokens `size` bytes count as (at least 1)."""
+    return max(1, math.ceil(size / BYTES_PER_TOKEN))
+
+
+def _completion(model: str, message: Message, prompt_tokens: int) -> web.Response:
+    """A chat-completions answer with one choice and its usage (the answer's size in tokens)."""
     finish = "tool_calls" if message.get("tool_calls") else "stop"
+    completion_tokens = _tokens(len(json.dumps(message)))
     return web.json_response(
         {
             "id": "chatcmpl-demo",
@@ -211,7 +227,11 @@ def _completion(model: str, message: Message) -> web.Response:
             "created": 0,
             "model": model,
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
         }
     )
 

@@ -15,7 +15,13 @@ Decisions where DESIGN.md is silent:
   user `demo` says `@ping start`, `@finder find the invoice`, `@echo @quiet are you
   there?` (echo's repeat addresses quiet as a bot) and `@oracle did the auditors
   answer?` in the lobby, each after a room notice saying what to watch, so a newcomer
-  sees every guard act without typing (`--no-kickoff` leaves the room quiet).
+  sees every guard act without typing (`--no-kickoff` leaves the room quiet). The notices
+  stay in the room's history, so a browser opened later reads them too.
+- The scenarios run again on demand: anyone in a room may type `/demo` (or press the
+  room page's "Run the scenarios again" button, which says it), and they run in that
+  room after a fresh start: the room's bot pairs reset and every paused circuit reopened,
+  so each guard acts again (and the console's Rooms and Calls pages fill again). One run
+  at a time: a `/demo` during a run gets a notice saying so.
 - A browser is opened only when one can be shown (a desktop session, or macOS/Windows)
   and `--no-browser` is not given; otherwise the URL is printed for you to open.
 - Terminal lines: `[lobby] ping (bot): …` for messages, `[lobby] * …` for room notices,
@@ -48,6 +54,7 @@ from typing import TextIO
 
 from pydantic import SecretStr
 
+from connectors.room.connector import PLATFORM
 from connectors.room.hub import DEFAULT_ROOM, RoomHub, RoomMessage, RoomNotice
 from gateway.app import eventloop
 from gateway.app.runtime import Gateway
@@ -60,6 +67,10 @@ from gateway.state.activity import ROUTINE_CODES
 DECISION_LOGGER = "loopwarden.decision"
 KICKOFF_USER = "demo"
 KICKOFF_TEXT = "@ping start"
+RERUN_COMMAND = "/demo"
+RERUN_LABEL = "Run the scenarios again"
+RERUN_NOTICE = "{name} asked for the demo again: bot pairs reset, paused circuits reopened"
+RERUN_BUSY = "the demo's scenarios are running already; /demo again once they are done"
 QUIET_STAGES_SHOWN = frozenset({"silence"})
 """Stages whose admitted verdicts (logged at DEBUG) the terminal shows: the silence guard's."""
 
@@ -311,12 +322,15 @@ async def run_demo(
             report.line(f"console: {console}  (sign-in link: valid once, for five minutes)")
             if options.open_browser and _can_show_browser():
                 await asyncio.to_thread(webbrowser.open, url)
-            steps = KICKOFF if options.kickoff else ()
-            kickoff = asyncio.create_task(_kick_off(hub, steps, options.kickoff_gap))
+            scenarios = Scenarios(hub, gateway, KICKOFF, options.kickoff_gap)
+            stop_listening = hub.subscribe(scenarios.on_event)
+            hub.offer(RERUN_LABEL, RERUN_COMMAND)
+            if options.kickoff:
+                scenarios.start(DEFAULT_ROOM)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), options.exit_after)
-            kickoff.cancel()
-            await asyncio.wait([kickoff])
+            stop_listening()
+            await scenarios.aclose()
             report.line("stopping: finishing turns in flight…")
             await gateway.stop(config.pipeline.drain_seconds)
     finally:
@@ -328,13 +342,65 @@ async def run_demo(
     return 0
 
 
-async def _kick_off(hub: RoomHub, steps: Sequence[KickoffStep], gap: float) -> None:
-    """Start each scenario in the lobby as the user `demo`, `gap` seconds apart."""
-    for index, step in enumerate(steps):
-        if index:
-            await asyncio.sleep(gap)
-        hub.notice(DEFAULT_ROOM, step.watch)
-        hub.say(DEFAULT_ROOM, KICKOFF_USER, step.text)
+class Scenarios:
+    """The kickoff's scenarios: run at start, and again in a room where someone says `/demo`."""
+
+    def __init__(
+        self,
+        hub: RoomHub,
+        gateway: Gateway,
+        steps: Sequence[KickoffStep] = KICKOFF,
+        gap: float = 4.0,
+    ) -> None:
+        self._hub = hub
+        self._gateway = gateway
+        self._steps = steps
+        self._gap = gap
+        self._run: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while a run is posting its scenarios."""
+        return self._run is not None and not self._run.done()
+
+    def on_event(self, event: RoomMessage | RoomNotice) -> None:
+        """A hub listener: a person's `/demo` runs the scenarios again in that room."""
+        if not isinstance(event, RoomMessage) or event.is_bot or event.system:
+            return
+        if event.text.strip().lower() != RERUN_COMMAND:
+            return
+        if self.running:
+            self._hub.notice(event.room, RERUN_BUSY)
+            return
+        self._run = asyncio.create_task(self._again(event.room, event.sender_name))
+
+    def start(self, room: str) -> None:
+        """Run the scenarios in `room` now (the first run: nothing to reset)."""
+        if not self.running:
+            self._run = asyncio.create_task(self._kick_off(room))
+
+    async def aclose(self) -> None:
+        """Stop a run in progress."""
+        if self._run is not None:
+            self._run.cancel()
+            await asyncio.wait([self._run])
+
+    async def _again(self, room: str, name: str) -> None:
+        """Reset the room's pairs and reopen every paused circuit, then run the scenarios."""
+        admin = self._gateway.admin
+        await admin.reset(f"{PLATFORM}:{room}")
+        for paused in await self._gateway.calls.paused():
+            await admin.reopen_circuit(paused.circuit)
+        self._hub.notice(room, RERUN_NOTICE.format(name=name), keep=True)
+        await self._kick_off(room)
+
+    async def _kick_off(self, room: str) -> None:
+        """Start each scenario as the user `demo`, `gap` seconds apart, after its notice."""
+        for index, step in enumerate(self._steps):
+            if index:
+                await asyncio.sleep(self._gap)
+            self._hub.notice(room, step.watch, keep=True)
+            self._hub.say(room, KICKOFF_USER, step.text)
 
 
 def _with_admin_token(config: Config) -> Config:
@@ -356,7 +422,7 @@ def _banner(report: TerminalReport, url: str, config: Config) -> None:
     )
     report.line(
         f"join as {admins} (the admin) and type '/loop status' or '/loop reset'; "
-        f"'{KICKOFF_TEXT}' starts another round"
+        f"'{RERUN_COMMAND}' runs every scenario again"
     )
     report.line(
         "finder, quiet and oracle show the loop guard, the silence notice and the call guard "

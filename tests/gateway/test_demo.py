@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import json
 import logging
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -23,7 +24,10 @@ from gateway.demo.model import DemoModel
 from gateway.demo.room import (
     DECISION_LOGGER,
     KICKOFF,
+    RERUN_BUSY,
+    RERUN_NOTICE,
     DemoOptions,
+    Scenarios,
     demo_config,
     parse_args,
     run_demo,
@@ -276,8 +280,9 @@ async def demo_room() -> AsyncIterator[DemoRoom]:
             await gateway.stop(5.0)
 
 
-def _bot(event: Event) -> bool:
-    return event.get("is_bot") is True
+def _system(event: Event) -> bool:
+    """The gateway's own answer (to a `/loop` command), posted as `loopwarden`."""
+    return event.get("system") is True
 
 
 async def test_issue12_oracles_circuit_pauses_at_the_6th_call_and_reopen_lifts_it() -> None:
@@ -288,7 +293,7 @@ async def test_issue12_oracles_circuit_pauses_at_the_6th_call_and_reopen_lifts_i
         assert room.model_lines[-1] == FIFTH_REPEAT
         assert await room.circuits() == [CIRCUIT]
         await say(alice, "/loop circuits")
-        listing = str((await next_event(alice, "message", _bot))["text"])
+        listing = str((await next_event(alice, "message", _system))["text"])
         assert listing.startswith("Paused LLM-call circuits:")
         assert f"{CIRCUIT}: 5 min left, loop_detected" in listing
         # While paused, nothing reaches the model: a person gets a short notice.
@@ -299,7 +304,7 @@ async def test_issue12_oracles_circuit_pauses_at_the_6th_call_and_reopen_lifts_i
         assert len(room.model_lines) == served
         room.clock.now += 1
         await say(alice, f"/loop reopen {CIRCUIT}")
-        ack = str((await next_event(alice, "message", _bot))["text"])
+        ack = str((await next_event(alice, "message", _system))["text"])
         assert CIRCUIT in ack
         assert await room.circuits() == []
         # Reopened: oracle's requests reach the model again, five of them, until it loops again.
@@ -350,11 +355,131 @@ async def test_issue12_the_admin_api_lists_oracles_and_finders_model_calls() -> 
     assert [call["outcome"] for call in oracle] == ["loop_detected"] + ["forwarded"] * 6
     refused = oracle[0]
     assert (refused["circuit"], refused["estimated"], refused["refused"]) == (CIRCUIT, True, True)
-    # The demo's model is priced at zero (demo.yaml's proxy.prices): priced, costing nothing.
+    # The demo's model has a demo price (demo.yaml's proxy.prices): issue 22's test reads it.
     assert refused["priced"] is True
     assert totals["refused"] == 1
     assert totals["unpriced"] == 0
-    assert totals["cost"] == totals["cost_saved"] == 0
     # finder: its first request and one per tool result until the loop guard halted it.
     assert [call["outcome"] for call in finder] == ["forwarded"] * 9
     assert {call["model"] for call in finder} == {"demo-finder"}
+
+
+def _notice(text: str) -> Callable[[Event], bool]:
+    return lambda event: event.get("text") == text
+
+
+async def _pair_cut(ws: aiohttp.ClientWebSocketResponse) -> Event:
+    """Wait for the ping-pong's cooldown notice (the bot-loop guard's cut)."""
+    return await next_event(
+        ws, "message", lambda e: str(e.get("text")).startswith("Loop guard: pausing replies")
+    )
+
+
+async def test_issue22_the_demo_models_calls_show_tokens_a_demo_cost_and_the_cost_saved() -> None:
+    async with demo_room() as room, room.http.ws_connect(room.url("/room/ws")) as alice:
+        await join(alice, "alice")
+        await say(alice, ORACLE_ASKS)
+        assert (await next_event(alice, "message", from_sender("oracle")))["text"] == ORACLE_STOP
+        await room.gateway.request_log.settle()
+        oracle, totals = await room.calls(agent="oracle")
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        url = room.url("/admin/calls/series")
+        async with room.http.get(url, params={"span": "day"}, headers=headers) as response:
+            series = await response.json()
+    answered = oracle[-1]
+    assert isinstance(answered["input_tokens"], int)
+    assert isinstance(answered["output_tokens"], int)
+    assert answered["input_tokens"] > 0
+    assert answered["output_tokens"] > 0
+    assert isinstance(totals["input_tokens"], int)
+    assert isinstance(totals["cost"], float)
+    assert isinstance(totals["cost_saved"], float)
+    assert totals["input_tokens"] > 0
+    assert totals["cost"] > 0
+    assert totals["cost_saved"] > 0  # the refused 6th request, at the demo price
+    costs = [bucket["cost"] for bucket in series["buckets"]]
+    assert max(costs) > 0  # the cost chart is not flat
+
+
+async def test_issue22_the_demo_model_reports_usage_from_the_request_and_answer_sizes() -> None:
+    body = {"model": "demo-oracle", "messages": [{"role": "user", "content": "alice: hi"}]}
+    async with (
+        DemoModel() as model,
+        aiohttp.ClientSession() as http,
+        http.post(f"{model.url}/chat/completions", json=body) as response,
+    ):
+        answer = await response.json()
+    usage = answer["usage"]
+    sent = len(json.dumps(body).encode())
+    assert usage["prompt_tokens"] == -(-sent // 4)
+    reply = len(json.dumps(answer["choices"][0]["message"]))
+    assert usage["completion_tokens"] == -(-reply // 4)
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+async def test_issue22_scenario_notices_stay_in_the_history_a_late_joiner_reads() -> None:
+    async with demo_room() as room:
+        hub = RoomHub.for_app(room.gateway.app)
+        scenarios = Scenarios(hub, room.gateway, KICKOFF[:1], gap=0)
+        async with room.http.ws_connect(room.url("/room/ws")) as early:
+            await join(early, "early")
+            scenarios.start("lobby")
+            await _pair_cut(early)
+        await scenarios.aclose()
+        async with room.http.ws_connect(room.url("/room/ws")) as late:
+            history = await join(late, "late")
+        async with room.http.get(room.url("/room/history")) as response:
+            kept = (await response.json())["messages"]
+    entries = history["messages"]
+    assert isinstance(entries, list)
+    assert {k: v for k, v in entries[0].items() if k != "ts"} == {
+        "type": "notice",
+        "room": "lobby",
+        "text": KICKOFF[0].watch,
+    }
+    assert entries[1]["text"] == KICKOFF[0].text
+    assert kept[0]["text"] == KICKOFF[0].watch
+    # Joins and leaves stay out of the history.
+    assert not [e for e in entries if e["type"] == "notice" and "joined" in str(e["text"])]
+
+
+async def test_issue22_slash_demo_by_anyone_reruns_the_scenarios_after_a_fresh_start() -> None:
+    steps = (KICKOFF[0], KICKOFF[3])
+    async with demo_room() as room, room.http.ws_connect(room.url("/room/ws")) as bob:
+        hub = RoomHub.for_app(room.gateway.app)
+        scenarios = Scenarios(hub, room.gateway, steps, gap=0)
+        stop_listening = hub.subscribe(scenarios.on_event)
+        await join(bob, "bob")  # not an admin
+        scenarios.start("lobby")
+        await _pair_cut(bob)
+        assert (await next_event(bob, "message", from_sender("oracle")))["text"] == ORACLE_STOP
+        assert await room.circuits() == [CIRCUIT]
+        # A second later the pair's 20 s cooldown and oracle's 5 min pause still run:
+        # without the fresh start nothing would happen again.
+        room.clock.now += 1
+        await say(bob, "/demo")
+        await next_event(bob, "notice", _notice(RERUN_NOTICE.format(name="bob")))
+        again = await _pair_cut(bob)
+        answer = await next_event(bob, "message", from_sender("oracle"))
+        await scenarios.aclose()
+        stop_listening()
+    assert answer["text"] == ORACLE_STOP  # oracle reached its model again, and looped again
+    assert str(again["text"]).startswith("Loop guard: pausing replies")
+    assert room.said_by("demo") == [KICKOFF[0].text, KICKOFF[3].text] * 2
+    assert room.said_by("ping").count("@pong ping") == 8  # four in each round
+
+
+async def test_issue22_a_slash_demo_while_the_scenarios_run_is_told_to_wait() -> None:
+    async with demo_room() as room, room.http.ws_connect(room.url("/room/ws")) as bob:
+        hub = RoomHub.for_app(room.gateway.app)
+        # A gap no test waits out: the run is still on when bob asks again.
+        scenarios = Scenarios(hub, room.gateway, KICKOFF[:2], gap=3600)
+        stop_listening = hub.subscribe(scenarios.on_event)
+        await join(bob, "bob")
+        scenarios.start("lobby")
+        await say(bob, "/demo")
+        await next_event(bob, "notice", _notice(RERUN_BUSY))
+        assert scenarios.running
+        await scenarios.aclose()
+        stop_listening()
+    assert room.said_by("demo") == [KICKOFF[0].text]

@@ -8,6 +8,7 @@
   const typingLine = document.getElementById("typing");
   const nameBox = document.getElementById("name");
   const textBox = document.getElementById("text");
+  const actions = document.getElementById("actions");
   const typing = new Map();
   let socket = null;
   let attempt = 0;
@@ -49,13 +50,31 @@
 
   function renderMessage(m) {
     const parts = [["time", "ts", clock(m.ts)], ["span", "sender", m.sender_name]];
-    if (m.is_bot) parts.push(["span", "badge", "bot"]);
+    if (m.system) parts.push(["span", "badge", "system"]);
+    else if (m.is_bot) parts.push(["span", "badge", "bot"]);
     parts.push(["span", "text", m.text]);
-    // The gateway's own notices (cooldown announced, commands acknowledged) stand out.
-    const guard = m.is_bot && /^Loop (guard|status)\b/.test(m.text) ? " guard" : "";
-    const item = line(m.is_bot ? `message bot${guard}` : "message human", parts);
+    // The gateway's own answers (commands) and a bot's cooldown notice stand out.
+    const guard = m.is_bot && /^Loop guard\b/.test(m.text) ? " guard" : "";
+    const kind = m.system ? "message system" : m.is_bot ? `message bot${guard}` : "message human";
+    const item = line(kind, parts);
     item.dataset.id = String(m.id);
     return item;
+  }
+
+  function renderEntry(entry) {
+    return entry.type === "notice" ? renderNotice(entry) : renderMessage(entry);
+  }
+
+  function showActions(offered) {
+    actions.replaceChildren(
+      ...(offered || []).map((action) => {
+        const button = document.createElement("button");
+        button.type = "button";
+        button.textContent = action.label;
+        button.addEventListener("click", () => send({ type: "say", text: action.say }));
+        return button;
+      })
+    );
   }
 
   function renderNotice(n) {
@@ -90,9 +109,10 @@
     switch (event.type) {
       case "joined":
         setStatus("joined", `connected as ${event.name}`);
+        showActions(event.actions);
         break;
       case "history":
-        list.replaceChildren(...event.messages.map(renderMessage));
+        list.replaceChildren(...event.messages.map(renderEntry));
         scroller.scrollTop = scroller.scrollHeight;
         break;
       case "message":

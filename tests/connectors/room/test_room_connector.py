@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 
-from connectors.room.hub import ROOM_HUB, RoomHub
+from connectors.room.hub import ROOM_HUB, SYSTEM_NAME, RoomHub
 from gateway.app.runtime import Gateway
 from tests.connectors.room.room_helpers import (
     WAIT_SECONDS,
@@ -107,6 +107,11 @@ def _bot(event: Event) -> bool:
     return event.get("is_bot") is True
 
 
+def _system(event: Event) -> bool:
+    """The gateway's own answer (to a `/loop` command), posted as `loopwarden`."""
+    return event.get("system") is True
+
+
 async def _cut_ping_pong(ws: aiohttp.ClientWebSocketResponse) -> list[Event]:
     """Start the ping-pong and read it up to the guard's notice; return the bot messages."""
     await say(ws, "@ping start")
@@ -157,14 +162,14 @@ async def test_loop_status_and_reset_as_the_admin(demo: Demo, decisions: Decisio
         await join(alice, "alice")
         await _cut_ping_pong(alice)
         await say(alice, "/loop status")
-        status = str((await next_event(alice, "message", _bot))["text"])
+        status = str((await next_event(alice, "message", _system))["text"])
         assert status.startswith("Loop status for room:lobby")
         assert "cooling down, 20 s left" in status
         # Six bots see every message: the five newest refusals listed are routine
         # not_addressed ones by now, so the cut is checked in the decision log.
         assert "budget_exceeded" in decisions.codes("bot_loop")
         await say(alice, "/loop reset")
-        ack = await next_event(alice, "message", _bot)
+        ack = await next_event(alice, "message", _system)
         assert ack["text"] == (
             "Loop guard reset for this room: 1 bot pair cleared, bot-turn count back to 0."
         )
@@ -191,7 +196,7 @@ async def test_reset_by_anyone_else_is_refused(demo: Demo, decisions: DecisionRe
         await _cut_ping_pong(alice)
         await join(mallory, "mallory")
         await say(mallory, "/loop reset")
-        refusal = str((await next_event(mallory, "message", _bot))["text"])
+        refusal = str((await next_event(mallory, "message", _system))["text"])
         assert refusal == "Sorry, you can't run loop commands here."
         assert not {"admin", "config", "alice"} & set(refusal.lower().replace(".", " ").split())
         # The pair is still cooling down: mallory's start gets one ping, and pong is refused.
@@ -211,3 +216,40 @@ async def test_history_endpoint_shows_the_transcript_in_order(demo: Demo) -> Non
     assert [m["id"] for m in messages] == [7, 8, 9]
     assert [m["sender_name"] for m in messages] == ["pong", "ping", "pong"]
     assert messages[-1]["text"].startswith(NOTICE)
+
+
+async def test_issue22_loop_answers_come_from_the_system_sender_not_a_hosted_bot(
+    demo: Demo, decisions: DecisionRecorder
+) -> None:
+    async with demo.http.ws_connect(demo.url("/room/ws")) as alice:
+        await join(alice, "alice")
+        await say(alice, "/loop status")
+        answer = await next_event(alice, "message", lambda e: e.get("sender_id") != "alice")
+        await say(alice, "@echo after the status")
+        echoed = await next_event(alice, "message", from_sender("echo"))
+    assert (answer["sender_id"], answer["sender_name"]) == (SYSTEM_NAME, "loopwarden")
+    assert (answer["system"], answer["is_bot"]) == (True, False)
+    assert str(answer["text"]).startswith("Loop status for room:lobby")
+    # The bots were not handed the gateway's answer: echo's next turn is alice's message,
+    # and no bot refused (or answered) a message from `loopwarden`.
+    assert echoed["text"] == "alice said: @echo after the status"
+    assert all(r.__dict__.get("sender") != SYSTEM_NAME for r in decisions.records)
+    assert [sender for sender, _ in demo.texts()] == [
+        "alice",
+        SYSTEM_NAME,
+        "alice",
+        "echo",
+    ]
+
+
+async def test_issue22_no_one_joins_under_the_system_senders_name(demo: Demo) -> None:
+    refusals = []
+    async with demo.http.ws_connect(demo.url("/room/ws")) as ws:
+        for name in ("loopwarden", "LoopWarden", "l\u043eopwarden"):  # Cyrillic o
+            await ws.send_json({"type": "join", "name": name})
+            refusal = await next_event(ws, "notice", lambda e: e.get("level") == "error")
+            refusals.append(refusal["text"])
+    assert refusals == [
+        f"{name} is, or looks like, the gateway's own name here; pick another"
+        for name in ("loopwarden", "LoopWarden", "l\u043eopwarden")
+    ]

@@ -104,6 +104,7 @@ async def test_human_message_reaches_every_client_and_every_bot(room: Room) -> N
                 "sender_id": "alice",
                 "sender_name": "alice",
                 "is_bot": False,
+                "system": False,
                 "text": "hello @ping",
                 "thread_id": None,
                 "ts": event["ts"],
