@@ -1,7 +1,7 @@
 """BotLoopGuard speed and memory, beside praisonaiagents' BotLoopGuard in the same run.
 
-Three workloads, deterministic because time is injected (`now=` from a fake clock that
-advances a fixed step per call):
+Four workloads, deterministic because time is injected (`now=`) and any randomness is
+seeded:
 - hot pairs: 1,000,000 `observe()` calls round-robin over 10,000 pairs (each pair sees
   an event every 10 s, well under the default budget of 20 per 60 s); best of 5 runs.
 - churn: the same calls, but each pair sees one event every 120 s, so with the default
@@ -14,7 +14,7 @@ advances a fixed step per call):
   so neither inherits the other's heap.
 
 Targets: observe <= 1 us/call and no slower than praisonaiagents on hot pairs and on
-churn; idle million < 50 MB.
+both churns; idle million < 50 MB.
 The per-call figures are CPU time of this process (other load on a shared machine does
 not count) and include the driving loop, whose cost alone is printed too. Both sides are
 driven by the same loop with the same keyword call, and take turns run by run, so a
@@ -30,10 +30,13 @@ import gc
 import math
 import os
 import platform
+import random
+import string
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing import get_context
 from typing import Protocol
 
@@ -100,6 +103,42 @@ HOT_PERIOD = 10.0
 CHURN_PERIOD = 120.0
 
 
+# The random-gap churn: events over an hour, each of a pair drawn at random.
+RANDOM_EVENTS = 300_000
+RANDOM_PAIRS = 10_000
+RANDOM_SPAN = 3600.0
+ID_LENGTH = 15
+_ID_CHARS = string.ascii_lowercase + string.digits
+
+Event = tuple[str, str, float]
+# Microseconds per call of one guard's `observe` over one workload.
+Workload = Callable[[_Observer], float]
+
+
+def random_gap_events(events: int, pairs: int, span: float, *, seed: int = 24) -> list[Event]:
+    """`events` (self id, sender id, time) in time order over `span` seconds, pairs at random.
+
+    A pair's events are then `span * pairs / events` seconds apart on average, at random
+    (exponential-like) gaps. The ids are random strings of `ID_LENGTH` characters.
+    """
+    rng = random.Random(seed)
+
+    def bot_id() -> str:
+        return "".join(rng.choices(_ID_CHARS, k=ID_LENGTH))
+
+    ids = [(bot_id(), bot_id()) for _ in range(pairs)]
+    times = sorted(rng.uniform(0.0, span) for _ in range(events))
+    return [(*ids[rng.randrange(pairs)], at) for at in times]
+
+
+def _events_per_call_us(observe: _Observer, events: Sequence[Event]) -> float:
+    """Microseconds per call of `observe` over the given events, in order."""
+    start = time.process_time()
+    for self_bot_id, sender_bot_id, now in events:
+        observe(self_bot_id=self_bot_id, sender_bot_id=sender_bot_id, now=now)
+    return (time.process_time() - start) / len(events) * 1e6
+
+
 def _per_call_us(observe: _Observer, calls: int, pairs: int, period: float) -> float:
     """Microseconds per call of `observe` driven round-robin over `pairs` pairs."""
     ids = [(f"bot{i}", f"peer{i}") for i in range(pairs)]
@@ -119,7 +158,7 @@ def _no_op(*, self_bot_id: str, sender_bot_id: str, now: float) -> bool:
 
 
 def _best_per_call_us(
-    makers: Sequence[Callable[[], _Guard]], calls: int, pairs: int, runs: int, period: float
+    makers: Sequence[Callable[[], _Guard]], workload: Workload, runs: int
 ) -> list[float]:
     """Each side's best of `runs` fresh-guard runs, the sides taking turns run by run.
 
@@ -129,7 +168,7 @@ def _best_per_call_us(
     best = [math.inf] * len(makers)
     for _ in range(runs):
         for side, make in enumerate(makers):
-            best[side] = min(best[side], _per_call_us(make().observe, calls, pairs, period))
+            best[side] = min(best[side], workload(make().observe))
     return best
 
 
@@ -170,12 +209,12 @@ def _verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def _compare(calls: int, pairs: int, runs: int, period: float, *, theirs_ok: bool) -> None:
+def _compare(workload: Workload, runs: int, *, theirs_ok: bool) -> None:
     """Print one workload's per-call figures, ours beside theirs, with the ratio."""
-    loop_us = _per_call_us(_no_op, calls, pairs, period)
+    loop_us = workload(_no_op)
     print(f"  driving loop alone          {loop_us:6.3f} us/call")
     makers: list[Callable[[], _Guard]] = [_ours, _theirs] if theirs_ok else [_ours]
-    ours_us, *theirs = _best_per_call_us(makers, calls, pairs, runs, period)
+    ours_us, *theirs = _best_per_call_us(makers, workload, runs)
     print(
         f"  loopwarden                  {ours_us:6.3f} us/call   "
         f"target <= {OBSERVE_TARGET_US:g} us: {_verdict(ours_us <= OBSERVE_TARGET_US)}"
@@ -204,7 +243,19 @@ def main(argv: list[str] | None = None) -> None:
             f"\nobserve(), {title}: {calls:,} calls over {pairs:,} pairs, one event per pair "
             f"every {period:g} s, best of {runs}"
         )
-        _compare(calls, pairs, runs, period, theirs_ok=theirs_ok)
+        _compare(
+            partial(_per_call_us, calls=calls, pairs=pairs, period=period),
+            runs,
+            theirs_ok=theirs_ok,
+        )
+
+    events = random_gap_events(RANDOM_EVENTS // scale, RANDOM_PAIRS // scale, RANDOM_SPAN)
+    print(
+        f"\nobserve(), random-gap churn: {len(events):,} events over {RANDOM_SPAN:g} s, each of "
+        f"one of {RANDOM_PAIRS // scale:,} pairs drawn at random (ids of {ID_LENGTH} characters), "
+        f"best of {runs}"
+    )
+    _compare(lambda observe: _events_per_call_us(observe, events), runs, theirs_ok=theirs_ok)
 
     print(f"\nidle pairs: {idle_pairs:,} distinct pairs, then idle and {idle_pairs:,} live calls")
     ours_mem = _in_fresh_process("ours", idle_pairs)
