@@ -104,12 +104,14 @@ def parse_config(
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError("", "the config file must be a YAML mapping at the top level")
+    env = os.environ if env is None else env
     missing: list[ConfigError] = []
-    resolved = interpolate(data, os.environ if env is None else env, refs, missing)
+    resolved = interpolate(data, env, refs, missing)
     try:
         config = Config.model_validate(resolved)
     except ValidationError as exc:
-        refused = [ConfigError(path, reason) for path, reason in field_errors(exc)]
+        filled = {env[ref.group(1)] for ref in refs if env.get(ref.group(1))}
+        refused = [ConfigError(path, _masked(reason, filled)) for path, reason in field_errors(exc)]
     else:
         refused = []
     errors = missing + [error for error in refused if not _explained(error.path, missing)]
@@ -118,6 +120,25 @@ def parse_config(
     if errors:
         raise errors[0]
     return config
+
+
+_MASK_FROM = 4
+"""Values from the environment this long or longer are masked in errors (shorter: no secret)."""
+
+
+def _masked(reason: str, filled: set[str]) -> str:
+    """`reason` with every environment value it quotes masked: whole, as repr, or the start
+    of its repr that a validator cut short (a mode or a union tag read from a secret)."""
+    for value in sorted(filled, key=len, reverse=True):
+        if len(value) < _MASK_FROM:
+            continue
+        reason = reason.replace(value, "***")
+        shown = repr(value)
+        for end in range(len(shown), _MASK_FROM, -1):
+            if shown[:end] in reason:
+                reason = reason.replace(shown[:end], "'***'")
+                break
+    return reason
 
 
 def _explained(path: str, missing: list[ConfigError]) -> bool:
