@@ -8,22 +8,22 @@ same `StateStore` (built by `gateway.state.factory.build_state`), in the pipelin
 - self: a message whose sender id is `bot_id` is refused (`self`), counted nowhere.
 - duplicate: with a `message_id`, a second admission of the same message by this bot is
   refused (`duplicate`), through `state.claim`: a platform's redelivery is charged once.
-- bot turns: `state.bot_turn(room, is_bot=..., message_key=...)` exactly as the `bot_turns`
-  stage calls it, so a human message resets the count even when it is turned away.
-- respond_to: `gateway.app.middlewares.admission.turned_away`, the admission stage's rule.
-- the bot-loop stage (gateway/app/middlewares/bot_loop.py), calling the store as it does:
-  bot messages beyond `max_consecutive_bot_turns` are refused (`bot_turn_cap`) without
-  charging the pair; otherwise `state.pair_decide` records the exchange between `bot_id`
-  and the sender and decides it atomically. The one exchange that exceeds the budget
-  (`budget_exceeded`) opens the cooldown and carries the notice to post (when
-  `announce_cooldown` is on and the cooldown is longer than 0); later exchanges of the pair
-  are refused `cooldown`, silently. Every bot process guarding the room on one sqlite
-  file or one Redis shares that pair budget, so the pair gets one notice per cooldown.
-  A bot message its pair admitted is then charged to the room budget (guards/room_budget.py,
-  `state.room_decide` with the sender's name and the message's key, as the stage does):
-  all the room's bot messages, whatever the pair, so a ring of three or more bots is cut
-  as a pair is (`room_budget_exceeded`, with a notice naming the bots; then
-  `room_cooldown`, silently). Guards of several bots on one store count a message once.
+- bot turns, respond_to, bot loop and notice: the pipeline's own steps, called in the
+  pipeline's order with the same arguments, so the decision is written once and a guarded
+  bot is cut where a hosted one is (tests/integrations/test_room_guard_conformance.py
+  holds the two to each other on every backend):
+  `gateway.app.middlewares.bot_loop.count_bot_turn` (the `bot_turns` stage: a human
+  message resets the count even when it is turned away), `turned_away` (the admission
+  stage's `respond_to` rule), `decide_bot_message` (the `bot_loop` stage: bot messages
+  beyond `max_consecutive_bot_turns` are refused `bot_turn_cap` without charging the
+  pair; otherwise `state.pair_decide` records the exchange between `bot_id` and the
+  sender, and a message its pair admitted is charged to the room budget, whatever the
+  pair, so a ring of three or more bots is cut as a pair is), and `claim_notice` with
+  `notice_text`: the refusal that opens a cooldown (`budget_exceeded`,
+  `room_budget_exceeded`) carries the notice to post, when `announce_cooldown` is on and
+  the cooldown is longer than 0, and later refusals of it (`cooldown`, `room_cooldown`)
+  are silent. The notice is claimed in state as the gateway claims it, so every bot
+  process and gateway on one sqlite file or one Redis posts one notice per cooldown.
   In shadow mode (`bot_loop.mode: shadow`) the decision is taken the same way and the
   message is admitted anyway, with `shadow` set on what would have been refused.
 - `outgoing` is the silence stage's `apply_silence` (reasoning blocks removed, NO_REPLY
@@ -44,11 +44,8 @@ Decisions where DESIGN.md is silent:
 - `policy` is a `gateway.config.Policy` or a mapping shaped like the config file's
   `policy:` section, validated the same way (errors name `policy.<field>`). Pauses and
   runtime overrides set on a gateway are not read: the guard's policy is the one given.
-- The cooldown notice names no admin command (a guarded bot has none):
-  `messages.pair_cooldown_notice`. The gateway also claims a pair's notice in state so a
-  cooldown opened in shadow mode gets its notice at the first enforced refusal; a guard's
-  shadow mode is fixed at construction, so it never has that case and posts only with
-  `budget_exceeded`.
+- The notices name no admin command (a guarded bot has none): `notice_text` with no
+  prefix, the gateway's text without its last sentence.
 - Two faces: `await admit(...)` in async code, `admit_sync(...)` in threads (slack-bolt's
   `App`). The store lives on one event loop, its home: the loop of the first `admit`, or
   a private loop thread for the first `admit_sync`. Calls from other loops or threads are
@@ -69,14 +66,18 @@ from typing import TypeVar
 
 from pydantic import SecretStr, ValidationError
 
-from gateway.app import messages
 from gateway.app.errors import ConfigError, LoopwardenError
 from gateway.app.middlewares.admission import turned_away
+from gateway.app.middlewares.bot_loop import (
+    claim_notice,
+    count_bot_turn,
+    decide_bot_message,
+    notice_text,
+)
 from gateway.app.types import InboundMessage
 from gateway.config import Policy, StateConfig, first_error
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
-from guards.room_budget import RoomDecision
 from guards.silence import apply_silence
 
 log = logging.getLogger("loopwarden.integrations")
@@ -91,8 +92,6 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 # A Python caller can hand the policy any int; the Redis backend's Lua script reads numbers
 # as doubles (a 5,000-digit one cannot even be written out), so counts stay below 2**53.
 _COUNTS = ("max_events_per_window", "max_consecutive_bot_turns", "room_max_events_per_window")
-# A sender's name as the room budget keeps it (and its notice shows it), as the gateway cuts it.
-_LABEL_CHARS = 64
 _MAX_COUNT = 2**53
 
 
@@ -283,9 +282,9 @@ class RoomGuard:
         ):
             return _DUPLICATE
         settings = self._settings
-        turns = 0
-        if settings.enabled:
-            turns = await state.bot_turn(room, is_bot=sender_is_bot, message_key=message_key)
+        turns = await count_bot_turn(
+            state, settings, room, is_bot=sender_is_bot, message_key=message_key
+        )
         refusal = turned_away(
             self.policy.respond_to,
             sender_is_bot=sender_is_bot,
@@ -299,69 +298,30 @@ class RoomGuard:
             return _HUMAN
         if not settings.enabled:
             return _DISABLED
-        cap = settings.max_consecutive_bot_turns
-        if cap and turns > cap:
-            return self._refused("bot_turn_cap", count=turns)
-        decision = await state.pair_decide(
-            scope=room,
+        name = sender_name or sender_id
+        verdict = await decide_bot_message(
+            state,
+            settings,
+            self._pair_policy,
+            room=room,
             self_bot_id=self.bot_id,
-            sender_bot_id=sender_id,
-            policy=self._pair_policy,
+            sender_id=sender_id,
+            sender_name=name,
+            message_key=message_key,
+            turns=turns,
         )
-        if decision.allowed:
-            room_decision = await state.room_decide(
-                scope=room,
-                bot=(sender_name or sender_id)[:_LABEL_CHARS],
-                message_key=message_key,
-                policy=self._pair_policy,
-            )
-            if room_decision.allowed:
-                return Decision(True, decision.reason, count=decision.count)
-            return self._room_refused(room_decision)
-        notice = None
-        if (
-            decision.reason == "budget_exceeded"
-            and settings.announce_cooldown
-            and settings.cooldown_seconds > 0
-        ):
-            notice = messages.pair_cooldown_notice(
-                self.bot_name,
-                sender_name or sender_id,
-                cooldown=settings.cooldown_seconds,
-                budget=settings.max_events_per_window,
-                window=settings.window_seconds,
-            )
-        return self._refused(
-            decision.reason, count=decision.count, retry_after=decision.retry_after, notice=notice
-        )
-
-    def _room_refused(self, decision: RoomDecision) -> Decision:
-        """A refusal of the room budget, with its notice when it opened the cooldown."""
-        settings = self._settings
-        notice = None
-        if (
-            decision.reason == "room_budget_exceeded"
-            and settings.announce_cooldown
-            and settings.cooldown_seconds > 0
-        ):
-            notice = messages.room_cooldown_notice(
-                decision.bots,
-                cooldown=decision.retry_after,
-                budget=settings.room_max_events_per_window,
-                window=settings.room_window_seconds,
-                prefix=None,
-            )
-        return self._refused(
-            decision.reason, count=decision.count, retry_after=decision.retry_after, notice=notice
-        )
-
-    def _refused(
-        self, reason: str, *, count: int, retry_after: float = 0.0, notice: str | None = None
-    ) -> Decision:
-        """A bot-loop refusal, or in shadow mode the admission it becomes (no notice)."""
+        if verdict.allowed:
+            return Decision(True, verdict.reason, count=verdict.count)
         if self._shadow:
-            return Decision(True, reason, retry_after, count, shadow=True)
-        return Decision(False, reason, retry_after, count, notice)
+            return Decision(True, verdict.reason, verdict.retry_after, verdict.count, shadow=True)
+        notice = None
+        if await claim_notice(
+            state, settings, verdict, room=room, self_bot_id=self.bot_id, sender_id=sender_id
+        ):
+            notice = notice_text(
+                settings, verdict, bot_name=self.bot_name, sender_name=name, prefix=None
+            )
+        return Decision(False, verdict.reason, verdict.retry_after, verdict.count, notice)
 
     async def _ready(self) -> None:
         """Start the store once, on the home loop; every caller waits for the same start."""

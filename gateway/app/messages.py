@@ -57,15 +57,18 @@ def format_duration(seconds: float) -> str:
 
 
 def cooldown_notice(
-    a: str, b: str, *, cooldown: float, budget: int, window: float, prefix: str
+    a: str, b: str, *, cooldown: float, budget: int, window: float, prefix: str | None
 ) -> str:
-    """Posted once per cooldown when a bot pair goes quiet."""
+    """Posted once per cooldown when a bot pair goes quiet.
+
+    `prefix` None leaves out the admin command (what `integrations.RoomGuard` posts).
+    """
     pause = pair_cooldown_notice(a, b, cooldown=cooldown, budget=budget, window=window)
-    return f"{pause} An admin can {prefix} reset."
+    return pause if prefix is None else f"{pause} An admin can {prefix} reset."
 
 
 def pair_cooldown_notice(a: str, b: str, *, cooldown: float, budget: int, window: float) -> str:
-    """The cooldown notice without an admin command: what `integrations.RoomGuard` posts."""
+    """The cooldown notice without an admin command (`cooldown_notice` without a prefix)."""
     return (
         f"Loop guard: pausing replies between {a} and {b} for {format_duration(cooldown)} "
         f"({budget} bot messages in {format_duration(window)})."

@@ -22,16 +22,24 @@ _BACKEND_EXTRAS = {"redis": "redis"}
 
 
 def build_state(config: StateConfig, *, clock: Callable[[], float] | None = None) -> StateStore:
-    """The StateStore for `config.backend`; `clock` drives the in-memory backend's time."""
+    """The StateStore for `config.backend`; `clock`, when given, drives its time (any backend).
+
+    `integrations.RoomGuard(clock=...)` relies on it: a guard on sqlite or Redis decides on
+    the injected clock, as one on memory does.
+    """
     if config.backend == "memory":
         return MemoryStateStore(clock=clock, max_transcript_bytes=config.max_transcript_bytes)
     module = _backend_module(config.backend)
+    timed = {} if clock is None else {"clock": clock}
     if config.backend == "sqlite":
-        return cast(StateStore, module.SqliteStateStore(config.path))
+        return cast(StateStore, module.SqliteStateStore(config.path, **timed))
     return cast(
         StateStore,
         module.RedisStateStore(
-            config.url.get_secret_value(), on_error=config.on_error, key_prefix=config.key_prefix
+            config.url.get_secret_value(),
+            on_error=config.on_error,
+            key_prefix=config.key_prefix,
+            **timed,
         ),
     )
 

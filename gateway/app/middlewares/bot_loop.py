@@ -50,22 +50,162 @@ A switch to enforce takes effect on the next message, with the state built in sh
 pair in a cooldown opened in shadow is refused at once, and that refusal posts the notice.
 A reset ends a cooldown: the pair's next cooldown is another one, with a notice of its
 own.
+
+The decisions are written once, as steps both stages and `integrations.RoomGuard` call
+(issue 21): `count_bot_turn`, `decide_bot_message`, `claim_notice` and `notice_text`.
+The stages add what only a hosted bot has: the decision log, metrics, `status` and the
+admin command the notice names.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from gateway.app import messages
 from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
-from gateway.app.types import InboundMessage, Reply
+from gateway.app.types import Reply
 from gateway.config import BotLoopSettings
-from guards.bot_loop import PairDecision, pair_key
-from guards.room_budget import RoomDecision
+from gateway.state.base import DecisionStore
+from guards.bot_loop import BotLoopPolicy, pair_key
 
 _GUARD = "bot_loop"
 # A sender's name as the room budget keeps it (and its notice shows it) is cut to this.
 _LABEL_CHARS = 64
+_ROOM_REASONS = frozenset({"room_budget_exceeded", "room_cooldown"})
+
+
+@dataclass(frozen=True, slots=True)
+class LoopVerdict:
+    """The bot-loop guard's verdict on one admitted bot message (`decide_bot_message`).
+
+    `reason`: `ok` (or the pair's allowing reason), `bot_turn_cap`, `budget_exceeded`,
+    `cooldown`, `room_budget_exceeded` or `room_cooldown`. `count` is the bot-turn count
+    for the cap, the pair's or the room's events in the window otherwise; `retry_after`
+    the cooldown seconds left and `until` its end (as the state reads it, the notice
+    claim's key); `bots` the names the room budget's window holds (its notice names them).
+    """
+
+    allowed: bool
+    reason: str
+    count: int = 0
+    retry_after: float = 0.0
+    until: float | None = None
+    bots: tuple[str, ...] = ()
+
+    @property
+    def room_budget(self) -> bool:
+        """True when the room budget refused the message (its notice is the room's)."""
+        return self.reason in _ROOM_REASONS
+
+
+async def count_bot_turn(
+    state: DecisionStore,
+    settings: BotLoopSettings,
+    room: str,
+    *,
+    is_bot: bool,
+    message_key: str | None,
+) -> int:
+    """The `bot_turns` step: the room's consecutive bot turns after this message (0 if off)."""
+    if not settings.enabled:
+        return 0
+    return await state.bot_turn(room, is_bot=is_bot, message_key=message_key)
+
+
+async def decide_bot_message(
+    state: DecisionStore,
+    settings: BotLoopSettings,
+    policy: BotLoopPolicy,
+    *,
+    room: str,
+    self_bot_id: str,
+    sender_id: str,
+    sender_name: str,
+    message_key: str | None,
+    turns: int,
+) -> LoopVerdict:
+    """The `bot_loop` step for one bot message: bot-turn cap, then pair, then room budget.
+
+    `settings` gives the cap, `policy` the budgets (a room's runtime overrides included).
+    Shared with `integrations.RoomGuard`, so a guarded bot is cut where a hosted one is.
+    """
+    cap = settings.max_consecutive_bot_turns
+    if cap and turns > cap:
+        return LoopVerdict(False, "bot_turn_cap", turns)
+    pair = await state.pair_decide(
+        scope=room, self_bot_id=self_bot_id, sender_bot_id=sender_id, policy=policy
+    )
+    if not pair.allowed:
+        return LoopVerdict(False, pair.reason, pair.count, pair.retry_after, pair.until)
+    budget = await state.room_decide(
+        scope=room, bot=sender_name[:_LABEL_CHARS], message_key=message_key, policy=policy
+    )
+    if not budget.allowed:
+        return LoopVerdict(
+            False,
+            budget.reason,
+            budget.count,
+            budget.retry_after,
+            budget.until,
+            tuple(budget.bots),
+        )
+    return LoopVerdict(True, pair.reason, pair.count)
+
+
+async def claim_notice(
+    state: DecisionStore,
+    settings: BotLoopSettings,
+    verdict: LoopVerdict,
+    *,
+    room: str,
+    self_bot_id: str,
+    sender_id: str,
+) -> bool:
+    """True when this enforced refusal posts its cooldown's notice (it won the claim).
+
+    Only a pair's or the room's cooldown has a notice, when `announce_cooldown` is on and
+    the cooldown is longer than 0; the claim makes it one per cooldown across replicas,
+    hosted bots and guarded bots sharing the state.
+    """
+    if verdict.allowed or verdict.reason == "bot_turn_cap":
+        return False
+    if not (settings.announce_cooldown and settings.cooldown_seconds > 0):
+        return False
+    if verdict.room_budget:
+        end = "unknown" if verdict.until is None else repr(verdict.until)
+        key = f"room-notice:{room}:{end}"
+    else:
+        key = _notice_key(room, self_bot_id, sender_id, verdict.until)
+    return await state.claim(key, verdict.retry_after)
+
+
+def notice_text(
+    settings: BotLoopSettings,
+    verdict: LoopVerdict,
+    *,
+    bot_name: str,
+    sender_name: str,
+    prefix: str | None,
+) -> str:
+    """The notice of the cooldown `verdict` refused in; `prefix` None names no admin command."""
+    if verdict.room_budget:
+        return messages.room_cooldown_notice(
+            verdict.bots,
+            cooldown=verdict.retry_after,
+            budget=settings.room_max_events_per_window,
+            window=settings.room_window_seconds,
+            prefix=prefix,
+        )
+    return messages.cooldown_notice(
+        bot_name,
+        sender_name,
+        cooldown=verdict.retry_after,
+        budget=settings.max_events_per_window,
+        window=settings.window_seconds,
+        prefix=prefix,
+    )
 
 
 class BotTurnsMiddleware:
@@ -74,11 +214,14 @@ class BotTurnsMiddleware:
     name = "bot_turns"
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
-        if ctx.policy.bot_loop.enabled:
-            msg = ctx.message
-            ctx.bot_turns = await ctx.state.bot_turn(
-                msg.room, is_bot=msg.sender_is_bot, message_key=msg.message_key
-            )
+        msg = ctx.message
+        ctx.bot_turns = await count_bot_turn(
+            ctx.state,
+            ctx.policy.bot_loop,
+            msg.room,
+            is_bot=msg.sender_is_bot,
+            message_key=msg.message_key,
+        )
         return await call_next(ctx)
 
 
@@ -97,168 +240,98 @@ class BotLoopMiddleware:
             return await call_next(ctx)
         resolved = ctx.resolved
         shadow = resolved.bot_loop_shadow
-        cap = settings.max_consecutive_bot_turns
-        turns = ctx.bot_turns
-        if cap and turns > cap:
-            detail = messages.bot_turn_cap_detail(turns, cap)
-            if shadow:
-                self._decisions.shadow(
-                    ctx, _GUARD, "bot_turn_cap", detail, who=_pair(ctx), count=turns
-                )
-                return await call_next(ctx)
-            self._refuse(ctx, "bot_turn_cap", detail, count=turns)
-            return None
         self_bot_id = msg.bot_user_id or ctx.connector.bot_user_id
-        decision = await ctx.state.pair_decide(
-            scope=msg.room,
+        sender_name = msg.sender_name or msg.sender_id
+        verdict = await decide_bot_message(
+            ctx.state,
+            settings,
+            resolved.bot_loop,
+            room=msg.room,
             self_bot_id=self_bot_id,
-            sender_bot_id=msg.sender_id,
-            policy=resolved.bot_loop,
+            sender_id=msg.sender_id,
+            sender_name=sender_name,
+            message_key=msg.message_key,
+            turns=ctx.bot_turns,
         )
-        if decision.allowed:
-            room = await ctx.state.room_decide(
-                scope=msg.room,
-                bot=_label(msg),
-                message_key=msg.message_key,
-                policy=resolved.bot_loop,
-            )
-            if not room.allowed:
-                return await self._room_refused(ctx, call_next, room, settings, shadow=shadow)
+        if verdict.allowed:
             self._decisions.guard(
                 ctx,
                 _GUARD,
-                decision.reason,
+                verdict.reason,
                 "within the pair budget",
-                count=decision.count,
+                count=verdict.count,
                 shadow=shadow,
             )
             return await call_next(ctx)
-        detail = _detail(decision, settings)
+        detail = _detail(verdict, settings)
         if shadow:
             self._decisions.shadow(
                 ctx,
                 _GUARD,
-                decision.reason,
+                verdict.reason,
                 detail,
                 who=_pair(ctx),
-                retry_after=decision.retry_after,
-                count=decision.count,
+                retry_after=verdict.retry_after,
+                count=verdict.count,
             )
             return await call_next(ctx)
-        self._refuse(
-            ctx, decision.reason, detail, retry_after=decision.retry_after, count=decision.count
-        )
-        if settings.announce_cooldown and settings.cooldown_seconds > 0:
-            key = _notice_key(msg.room, self_bot_id, msg.sender_id, decision.until)
-            if await ctx.state.claim(key, decision.retry_after):
-                return self._notice(ctx, settings, decision.retry_after)
-        return None
-
-    async def _room_refused(
-        self,
-        ctx: TurnContext,
-        call_next: Handler,
-        room: RoomDecision,
-        settings: BotLoopSettings,
-        *,
-        shadow: bool,
-    ) -> Reply | None:
-        """A bot message over the room budget: refused (or, in shadow, logged and handed on)."""
-        if room.reason == "room_budget_exceeded":
-            detail = messages.room_budget_exceeded_detail(
-                room.count + 1,
-                settings.room_max_events_per_window,
-                window=settings.room_window_seconds,
-                cooldown=room.retry_after,
-                bots=room.bots,
-            )
-        else:
-            detail = messages.room_cooling_down_detail(room.retry_after)
-        if shadow:
-            self._decisions.shadow(
-                ctx,
-                _GUARD,
-                room.reason,
-                detail,
-                who=_pair(ctx),
-                retry_after=room.retry_after,
-                count=room.count,
-            )
-            return await call_next(ctx)
-        self._refuse(ctx, room.reason, detail, retry_after=room.retry_after, count=room.count)
-        if not (settings.announce_cooldown and settings.cooldown_seconds > 0):
-            return None
-        end = "unknown" if room.until is None else repr(room.until)
-        if not await ctx.state.claim(f"room-notice:{ctx.message.room}:{end}", room.retry_after):
-            return None
-        names = messages.bot_names(room.bots)
-        self._decisions.note(
-            ctx,
-            self.name,
-            "room_cooldown_notice",
-            f"room cooldown opened for {messages.format_duration(room.retry_after)}, "
-            f"notice posted, bots={names}",
-        )
-        text = messages.room_cooldown_notice(
-            room.bots,
-            cooldown=room.retry_after,
-            budget=settings.room_max_events_per_window,
-            window=settings.room_window_seconds,
-            prefix=ctx.connector.capabilities.command_prefix,
-        )
-        return Reply(text, thread_id=ctx.message.thread_id)
-
-    def _refuse(
-        self, ctx: TurnContext, code: str, detail: str, *, retry_after: float = 0.0, count: int
-    ) -> None:
-        """A refusal of this stage: a guard verdict, a refusal, and one of `status`'s lines."""
-        self._decisions.metrics.guard_decision(_GUARD, code)
+        self._decisions.metrics.guard_decision(_GUARD, verdict.reason)
         self._decisions.refuse(
             ctx,
             self.name,
-            code,
+            verdict.reason,
             detail,
             who=_pair(ctx),
-            retry_after=retry_after,
-            count=count,
+            retry_after=verdict.retry_after,
+            count=verdict.count,
             remember=True,
         )
-
-    def _notice(self, ctx: TurnContext, settings: BotLoopSettings, cooldown: float) -> Reply:
-        """The one notice of the pair's cooldown, which has `cooldown` seconds left."""
-        msg = ctx.message
-        self._decisions.note(
-            ctx,
-            self.name,
-            "cooldown_notice",
-            f"cooldown opened for {messages.format_duration(cooldown)}, notice posted "
-            + _pair(ctx),
-        )
-        text = messages.cooldown_notice(
-            ctx.bot.display_name,
-            msg.sender_name or msg.sender_id,
-            cooldown=cooldown,
-            budget=settings.max_events_per_window,
-            window=settings.window_seconds,
+        if not await claim_notice(
+            ctx.state,
+            settings,
+            verdict,
+            room=msg.room,
+            self_bot_id=self_bot_id,
+            sender_id=msg.sender_id,
+        ):
+            return None
+        self._decisions.note(ctx, self.name, *_noted(verdict, ctx))
+        text = notice_text(
+            settings,
+            verdict,
+            bot_name=ctx.bot.display_name,
+            sender_name=sender_name,
             prefix=ctx.connector.capabilities.command_prefix,
         )
         return Reply(text, thread_id=msg.thread_id)
 
 
-def _detail(decision: PairDecision, settings: BotLoopSettings) -> str:
-    """Why the pair was refused, in words, for the decision log and `status`."""
-    if decision.reason == "budget_exceeded":
+def _detail(verdict: LoopVerdict, settings: BotLoopSettings) -> str:
+    """Why the message was refused, in words, for the decision log and `status`."""
+    if verdict.reason == "bot_turn_cap":
+        return messages.bot_turn_cap_detail(verdict.count, settings.max_consecutive_bot_turns)
+    if verdict.reason == "budget_exceeded":
         return messages.budget_exceeded_detail(
-            decision.count + 1,
+            verdict.count + 1,
             settings.max_events_per_window,
             window=settings.window_seconds,
-            cooldown=decision.retry_after,
+            cooldown=verdict.retry_after,
         )
-    return messages.cooling_down_detail(decision.retry_after)
+    if verdict.reason == "room_budget_exceeded":
+        return messages.room_budget_exceeded_detail(
+            verdict.count + 1,
+            settings.room_max_events_per_window,
+            window=settings.room_window_seconds,
+            cooldown=verdict.retry_after,
+            bots=verdict.bots,
+        )
+    if verdict.room_budget:
+        return messages.room_cooling_down_detail(verdict.retry_after)
+    return messages.cooling_down_detail(verdict.retry_after)
 
 
 def _notice_key(room: str, self_bot_id: str, sender_bot_id: str, until: float | None) -> str:
-    """The claim of one cooldown's notice: the pair (direction-independent) and its end.
+    """The claim of one pair cooldown's notice: the pair (direction-independent) and its end.
 
     The end is read from the state, so it is the same on every replica. Two cooldowns of
     a pair ending at the same instant (a reset and a new cooldown with no time passing,
@@ -269,9 +342,16 @@ def _notice_key(room: str, self_bot_id: str, sender_bot_id: str, until: float | 
     return f"cooldown-notice:{room}:{a}:{b}:{end}"
 
 
-def _label(msg: InboundMessage) -> str:
-    """How the room budget records a sender, for its notice: the name, at most 64 characters."""
-    return (msg.sender_name or msg.sender_id)[:_LABEL_CHARS]
+def _noted(verdict: LoopVerdict, ctx: TurnContext) -> tuple[str, str]:
+    """The decision log's (code, text) for a notice being posted."""
+    cooldown = messages.format_duration(verdict.retry_after)
+    if verdict.room_budget:
+        names = messages.bot_names(verdict.bots)
+        return (
+            "room_cooldown_notice",
+            f"room cooldown opened for {cooldown}, notice posted, bots={names}",
+        )
+    return "cooldown_notice", f"cooldown opened for {cooldown}, notice posted " + _pair(ctx)
 
 
 def _pair(ctx: TurnContext) -> str:
