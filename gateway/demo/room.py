@@ -47,7 +47,7 @@ import secrets
 import signal
 import sys
 import webbrowser
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import TextIO
@@ -323,8 +323,7 @@ async def run_demo(
             if options.open_browser and _can_show_browser():
                 await asyncio.to_thread(webbrowser.open, url)
             scenarios = Scenarios(hub, gateway, KICKOFF, options.kickoff_gap)
-            stop_listening = hub.subscribe(scenarios.on_event)
-            hub.offer(RERUN_LABEL, RERUN_COMMAND)
+            stop_listening = scenarios.listen()
             if options.kickoff:
                 scenarios.start(DEFAULT_ROOM)
             with contextlib.suppress(TimeoutError):
@@ -362,6 +361,11 @@ class Scenarios:
     def running(self) -> bool:
         """True while a run is posting its scenarios."""
         return self._run is not None and not self._run.done()
+
+    def listen(self) -> Callable[[], None]:
+        """Put the rerun button on the room page and hear `/demo`; returns how to stop hearing."""
+        self._hub.offer(RERUN_LABEL, RERUN_COMMAND)
+        return self._hub.subscribe(self.on_event)
 
     def on_event(self, event: RoomMessage | RoomNotice) -> None:
         """A hub listener: a person's `/demo` runs the scenarios again in that room."""

@@ -24,6 +24,10 @@ Decisions where DESIGN.md is silent:
   even while its address is locked out: that is the way back in. Wrong codes count with
   wrong tokens in the limiter.
 - A page asked for without a live session 303s to `/console/`, which shows the form.
+- Any other `GET /console/...` (a page this product does not list, a mistyped address)
+  answers 404 in the console's own frame, with its bar of pages and a line saying there
+  is no such page; without a session it 303s to the form like a page. Static files that
+  do not exist stay a bare 404: they are not pages.
 - `POST /console/logout` is a plain form (no script needed) carrying the CSRF token as
   the field `csrf`; it ends the session server-side, clears the cookie and 303s to
   `/console/`. Without the session or the token it is a 403 and nothing ends. Its
@@ -57,7 +61,14 @@ from gateway.admin.access import SESSION_COOKIE, AdminAccess
 from gateway.admin.console import messages
 from gateway.admin.console.clients import ClientAddresses
 from gateway.admin.console.links import LinkFolderError
-from gateway.admin.console.pages import PAGES, ConsolePage, Product, shipped, static_files
+from gateway.admin.console.pages import (
+    NOT_FOUND,
+    PAGES,
+    ConsolePage,
+    Product,
+    shipped,
+    static_files,
+)
 from gateway.admin.console.sessions import Admission, ConsoleSession
 from gateway.admin.console.signin import FORM, LINK, SignInGate
 from gateway.app.jsonbody import read_body
@@ -139,6 +150,7 @@ def add_console(
     app.router.add_get("/console/static/{path:.*}", _static(_static_table()))
     for page in console.pages:
         app.router.add_get(f"/console/{page.slug}", console.page_handler(page))
+    app.router.add_get("/console/{tail:.*}", console.not_found)
 
 
 class _Console:
@@ -170,6 +182,21 @@ class _Console:
             return _frame(request, self.pages, page, session)
 
         return handle
+
+    async def not_found(self, request: web.Request) -> web.StreamResponse:
+        """A 404 in the console's frame for an address that is not one of its pages."""
+        session = self._access.session(request)
+        if session is None:
+            return _see_other()
+        context = {
+            "pages": self.pages,
+            "page": NOT_FOUND,
+            "csrf": session.csrf,
+            "path": request.path,
+        }
+        return aiohttp_jinja2.render_template(
+            "notfound.html", request, context, app_key=_TEMPLATES, status=404
+        )
 
     async def login_page(self, request: web.Request) -> web.StreamResponse:
         """The form; with `?code=` the one-time code's redemption."""

@@ -6,7 +6,9 @@ Decisions where DESIGN.md is silent:
   empty frame. The console's first listed page is what `/console/` shows.
 - The gateway lists Rooms, Activity, Circuits, Calls, Rules and Audit; the proxy
   Circuits, Calls, Rules, Spend and Audit. Spend is the proxy's (DESIGN.md §6 budgets
-  live in `proxy.budgets`); the gateway gets it once its admin API answers `/admin/spend`.
+  live in `proxy.budgets`, read by `GET /admin/spend?by=&period=`); the gateway's
+  `policy.spend` budgets are per room and shown on each room's card on Rooms, so the
+  gateway does not link Spend, and `/console/spend` there is the console's 404 page.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ CALLS = ConsolePage("calls", "Calls")
 RULES = ConsolePage("rules", "Rules")
 SPEND = ConsolePage("spend", "Spend")
 AUDIT = ConsolePage("audit", "Audit")
+NOT_FOUND = ConsolePage("not-found", "Page not found")
+"""What an address that is no page of the console shows (in the frame, with a 404)."""
 
 PAGES: dict[Product, tuple[ConsolePage, ...]] = {
     "gateway": (ROOMS, ACTIVITY, CIRCUITS, CALLS, RULES, AUDIT),

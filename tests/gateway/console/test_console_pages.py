@@ -208,3 +208,36 @@ async def test_issue12_a_hostile_room_name_reaches_the_audit_page_only_as_json_d
             assert answer["entries"][0]["outcome"] == "signed_in"
             assert answer["entries"][1]["room"] == HOSTILE_ROOM
             assert answer["entries"][1]["user_name"] == HOSTILE_NAME
+
+
+async def test_issue22_an_address_that_is_no_page_answers_404_in_the_consoles_frame() -> None:
+    async with console_gateway() as (_, browser):
+        cookie, csrf = await browser.sign_in()
+        _, first = await browser.request("GET", "/console/", cookie=cookie)
+        answers = {
+            path: await browser.request("GET", path, cookie=cookie)
+            for path in ("/console/spend", "/console/nothing/at/all", "/console/logout")
+        }
+        anonymous, _ = await browser.request("GET", "/console/spend")
+    nav = re.findall(r'<a href="/console/[a-z]+"', first)
+    for path, (response, page) in answers.items():
+        assert response.status == 404, path
+        assert response.headers["Content-Type"].startswith("text/html"), path
+        assert "<h1>Page not found</h1>" in page, path
+        assert f"<code>{path}</code>" in page, path
+        assert re.findall(r'<a href="/console/[a-z]+"', page) == nav, path  # the console's bar
+        assert f'<meta name="csrf-token" content="{csrf}">' in page, path  # sign-out works
+        assert "aria-current" not in page, path
+        assert "<script" not in page, path  # no page script to load, none that would 404
+        assert markup_problems(page) == [], path
+    assert (anonymous.status, anonymous.headers["Location"]) == (303, "/console/")
+
+
+async def test_issue22_every_page_a_console_links_answers_its_page() -> None:
+    async with console_gateway() as (_, browser):
+        cookie, _ = await browser.sign_in()
+        _, first = await browser.request("GET", "/console/", cookie=cookie)
+        links = re.findall(r'<a href="(/console/[a-z]+)"', first)
+        statuses = [(await browser.request("GET", link, cookie=cookie))[0].status for link in links]
+    assert "/console/spend" not in links  # the gateway's budgets are per room, on Rooms
+    assert statuses == [200] * len(links)

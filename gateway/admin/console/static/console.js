@@ -109,7 +109,12 @@
     const opts = options || {};
     const head = el("tr", {}, columns.map((c) => el("th", { scope: "col" }, c.title)));
     const body = rows.map((row) =>
-      el("tr", {}, columns.map((c) => el("td", {}, c.format ? c.format(row) : row[c.key])))
+      el(
+        "tr",
+        {},
+        // data-label: on a phone each row is a card, each cell headed by its column's title.
+        columns.map((c) => el("td", { "data-label": c.title }, c.format ? c.format(row) : row[c.key]))
+      )
     );
     if (rows.length === 0) {
       body.push(el("tr", {}, el("td", { colspan: columns.length, class: "muted" }, opts.empty || "Nothing yet.")));
@@ -299,7 +304,32 @@
     return params;
   }
 
+  // Each guard's colour in the charts, fixed by its name (not by the order guards first
+  // appear in), so a chart drawn again with another guard added keeps every colour.
+  const GUARD_COLORS = {
+    admission: "#8e44ad",
+    bot_loop: "#b3261e",
+    bot_turns: "#d35400",
+    silence: "#16a085",
+    admin: "#2c3e50",
+    agent_dispatch: "#7f8c8d",
+    self_filter: "#27ae60",
+    dedupe: "#5b3cc4",
+  };
+  const OTHER_COLORS = ["#c0392b", "#1f77b4", "#9c6b00", "#006d77", "#6a3d9a", "#b15928"];
+  function guardColor(name) {
+    if (Object.prototype.hasOwnProperty.call(GUARD_COLORS, name)) {
+      return GUARD_COLORS[name];
+    }
+    let hash = 0;
+    for (const char of String(name)) {
+      hash = (hash * 31 + char.codePointAt(0)) >>> 0;
+    }
+    return OTHER_COLORS[hash % OTHER_COLORS.length];
+  }
+
   window.lw = Object.freeze({
+    guardColor: guardColor,
     api: api,
     el: el,
     table: table,

@@ -11,7 +11,6 @@
   const CHART_MS = 10000;
   const CHART_HEIGHT = 200;
   const NO_POINTS = { show: false };
-  const COLORS = ["#b3261e", "#8e44ad", "#d35400", "#16a085", "#2c3e50", "#c0392b", "#7f8c8d", "#27ae60"];
   const SPANS = { hour: "Last hour, per minute", day: "Last day, per hour" };
 
   let room = "";
@@ -158,9 +157,9 @@
     if (names.length > 0) {
       refusalsChart = lw.chart(refusalsBox, {
         title: "Refusals by guard",
-        series: names.map((name, i) => ({
+        series: names.map((name) => ({
           label: name,
-          stroke: COLORS[i % COLORS.length],
+          stroke: lw.guardColor(name),
           width: 1.5,
           points: NO_POINTS,
         })),
