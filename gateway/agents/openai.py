@@ -49,7 +49,9 @@ Decisions where DESIGN.md is silent:
   same LoopGuard and its verdict is on the `ToolCall` (`shadow=True`), but nothing is
   blocked, annotated or halted; with `call_loop.mode: shadow` a model call the CallStore
   refuses is sent anyway (the store's state is what enforce mode would leave: the
-  refused call is not counted, a pause opens) and the refusal is in `AgentResult.shadowed`.
+  refused call is not counted, a pause opens) and the refusal is in `AgentResult.shadowed`;
+  under `policy.spend` such a call holds its estimate like an admitted one, so a guard in
+  shadow never lets calls past a budget (issue 20).
 - `stream: true` asks for a streamed completion (`gateway.agents.completion_stream`)
   where the platform edits messages (`turn.stream`, gateway.delivery.streaming; elsewhere the
   request is not streamed and the reply is sent whole). Every round is streamed and its
@@ -59,7 +61,8 @@ Decisions where DESIGN.md is silent:
   message. A stream is bounded by `timeout` between two reads, not in total (the turn
   timeout bounds the whole turn); a stream cut short is retried like a dropped connection.
 - Spend (`policy.spend`, `gateway.agents.spend`): each request is admitted by the room's budget
-  and the call guard in one step (`CallStore.admit`); a refused one is never sent and
+  and the call guard in one step (`CallStore.admit`), through the guarded call's admission
+  the proxy uses too (`gateway.proxy.guarded`); a refused one is never sent and
   ends the turn with `halt=Halt("spend", "budget_exceeded")`, the room's humans getting
   one notice per period and bots nothing. A sent request is charged what its usage block
   says (streams ask for it), a failed one nothing.
@@ -101,11 +104,10 @@ from gateway.app.errors import ConfigError, LoopwardenError
 from gateway.app.jsonbody import JsonBodyError, parse_json
 from gateway.app.types import AgentResult, Halt, HistoryEntry, ToolCall
 from gateway.calls.budgets import Amount, SpendHold
-from gateway.calls.entry import CallOutcome
-from gateway.calls.store import CallStore, MemoryCallStore
+from gateway.calls.store import ENFORCED, CallStore, MemoryCallStore, ShadowGuards
 from gateway.config import OpenAIAgentConfig, SpendSettings
+from gateway.proxy.guarded import Admitted, GuardedCalls, OverBudget
 from gateway.proxy.provider import Usage
-from gateway.proxy.refusal import refusal_outcome
 from gateway.proxy.request_log import RequestLog
 from guards.call_loop import (
     CallDecision,
@@ -144,6 +146,8 @@ _JSON_TYPES: Mapping[type, str] = {
 }
 _ERROR_DETAIL_MAX = 300
 _NOTHING_USED = Usage(0, 0)
+_NO_RULE_FIELDS: Mapping[str, str] = {}  # the agents' calls meet the circuit alone, no rules
+_CALL_LOOP_SHADOW = ShadowGuards(circuit=True)
 
 
 class _WireModel(BaseModel):
@@ -380,7 +384,8 @@ class OpenAIAgent:
         self._secret = config.api_key.get_secret_value() if config.api_key else ""
         self._mcp = mcp if mcp is not None else mcp_toolbox(name, config)
         self._budgets = budgets if budgets is not None else AgentBudgets()
-        self.request_log = request_log  # None: the agent's calls are not logged
+        # Admission, the shadow waiver and the request log, as in the proxy (None: no log).
+        self._guarded = GuardedCalls(self.calls, request_log, log=log)
 
     @property
     def tools(self) -> Mapping[str, ToolSpec]:
@@ -624,87 +629,79 @@ class OpenAIAgent:
 
         Every attempt is logged, sent or refused.
         """
-        if self.request_log is not None:
-            call = replace(call, started=self.request_log.started())
-        decision, charge = await self._admit(call, policy, spend)
-        if not decision.allowed:
-            if shadowed is None:
-                self._log(call, refusal_outcome(decision), None, None, rule=decision.rule)
-                raise self._refused(decision, sender_is_bot=sender_is_bot)
-            log.info(
-                "agent %s: shadow: would have refused the model call (%s) on %s",
-                self.name,
-                decision.code,
-                decision.circuit,
-                extra={"decision": decision.code, "shadow": "true"},
-            )
+        guarded = self._guarded
+        if guarded.request_log is not None:
+            call = replace(call, started=guarded.request_log.started())
+        admitted, charge = await self._admit(call, policy, spend, shadow=shadowed is not None)
+        decision = admitted.decision
+        if not admitted.sent:
+            guarded.refused(call, decision)
+            raise self._refused(decision, sender_is_bot=sender_is_bot)
+        if shadowed is not None and admitted.waived:
             shadowed.append(Halt("call_loop", decision.code))
         try:
             completion, status = await self._post(payload, stream)
         except _ProviderError as exc:
-            self._log(call, "upstream_error", exc.status, _NOTHING_USED)
+            guarded.record(call, "upstream_error", exc.status, _NOTHING_USED)
             await self.calls.record_outcome(decision, exc.status, exc.reason)
             if charge is not None:
                 await self.calls.charge(charge.hold, None)
             raise
-        self._log(call, "forwarded", status, reported_usage(completion.usage))
+        guarded.record(call, "forwarded", status, reported_usage(completion.usage))
         if charge is not None:
             await self.calls.charge(charge.hold, self._budgets.used(charge, completion.usage))
         return completion
 
     async def _admit(
-        self, call: _ModelCall, policy: CallLoopPolicy, spend: _TurnSpend | None
-    ) -> tuple[CallDecision, CallCharge | None]:
-        """The call guard's decision and, under a budget, what the call holds.
+        self, call: _ModelCall, policy: CallLoopPolicy, spend: _TurnSpend | None, *, shadow: bool
+    ) -> tuple[Admitted, CallCharge | None]:
+        """The guarded call's admission and, under a budget, what the call holds.
 
         A call the budget refuses ends the turn (in shadow mode it goes on, holding
-        nothing); one the call guard refuses holds nothing either (the store gave it back).
+        nothing). One the call guard refuses holds nothing either (the store gave it
+        back), unless its shadow mode (`shadow`) waives the refusal: then it is sent,
+        holding its estimate like an admitted call (issue 20).
         """
-        circuit, fingerprint = call.circuit, call.fingerprint
+        guards = _CALL_LOOP_SHADOW if shadow else ENFORCED
         if spend is None:
-            return await self.calls.decide(circuit, fingerprint, policy=policy), None
-        event, charge = self._budgets.event(
-            spend.settings, spend.fields, call.model, call.request_bytes
-        )
-        admission = await self.calls.admit(circuit, fingerprint, {}, event, policy=policy)
-        unheld = replace(charge, hold=SpendHold(event.groups, Amount()))
-        verdict = admission.spend
-        if admission.call is None:
-            group = verdict.refused or event.groups[0]  # the call's one group
-            halt = self._budgets.refusal(verdict, group, spend.settings)
-            if spend.settings.mode == "enforce":
-                self._log(call, "budget_exceeded", None, None)
-                notice = (
-                    None
-                    if spend.sender_is_bot
-                    else await self._budgets.notice(
-                        verdict, group, spend.settings, state=spend.state, room=spend.room
-                    )
-                )
-                raise _TurnEnded(notice, halt=halt)
-            log.info(
-                "agent %s: shadow: would have refused the model call (%s) on %s",
-                self.name,
-                halt.code,
-                circuit,
-                extra={"decision": halt.code, "shadow": "true"},
+            admitted = await self._guarded.decide(
+                call, rule_fields=_NO_RULE_FIELDS, policy=policy, shadow=guards
             )
-            spend.waived.append(halt)
-            return await self.calls.decide(circuit, fingerprint, policy=policy), unheld
-        return admission.call, charge if admission.call.allowed else unheld
-
-    def _log(
-        self,
-        call: _ModelCall,
-        outcome: CallOutcome,
-        status: int | None,
-        usage: Usage | None,
-        *,
-        rule: str | None = None,
-    ) -> None:
-        """Queue the call's request-log entry, when the agent has a request log."""
-        if self.request_log is not None:
-            self.request_log.record(call, outcome, status, usage, rule=rule)
+            return admitted, None
+        settings = spend.settings
+        event, charge = self._budgets.event(settings, spend.fields, call.model, call.request_bytes)
+        admission = await self._guarded.admit(
+            call,
+            event,
+            rule_fields=_NO_RULE_FIELDS,
+            policy=policy,
+            shadow=guards,
+            budget_shadow=settings.mode == "shadow",
+        )
+        verdict = admission.spend
+        if isinstance(admission, Admitted) and verdict.allowed:
+            return admission, charge
+        group = verdict.refused or event.groups[0]  # the call's one group
+        halt = self._budgets.refusal(verdict, group, settings)
+        if isinstance(admission, OverBudget):
+            self._guarded.refused(call, None)
+            notice = (
+                None
+                if spend.sender_is_bot
+                else await self._budgets.notice(
+                    verdict, group, settings, state=spend.state, room=spend.room
+                )
+            )
+            raise _TurnEnded(notice, halt=halt)
+        log.info(
+            "agent %s: shadow: would have refused the model call (%s) on %s",
+            self.name,
+            halt.code,
+            call.circuit,
+            extra={"decision": halt.code, "shadow": "true"},
+        )
+        spend.waived.append(halt)
+        return admission, replace(charge, hold=SpendHold(event.groups, Amount()))
 
     def _refused(self, decision: CallDecision, *, sender_is_bot: bool) -> _TurnEnded:
         """The turn's end when the call guard refuses a model call."""

@@ -37,7 +37,8 @@ Decisions the design left open:
   which no circuit key can be: a circuit's first part is percent-quoted) in the call
   store's holds, so `/admin/circuits` and `loopwarden circuits` list it and reopen lifts
   it. The pause has no end of its own ("until reopened"): it lasts `PAUSE_SECONDS`, the
-  longest duration loopwarden stores. A paused agent's calls are refused `loop_paused`.
+  longest duration loopwarden stores. A paused agent's calls are refused `loop_paused`
+  (`AgentPaused`), also when the call guard runs in shadow mode (issue 20).
 """
 
 from __future__ import annotations
@@ -226,10 +227,19 @@ def anomaly_pause(earlier: Hold | None, now: float) -> Hold:
     return pause_hold(live, now, PAUSE_SECONDS, reason=PAUSE_REASON, rule=None)
 
 
-def agent_paused(key: str, circuit: str, remaining: float, count: int) -> CallDecision:
+@dataclass(frozen=True, slots=True)
+class AgentPaused(CallDecision):
+    """The refusal of a call of an agent the detector paused: a spend decision, not a guard's.
+
+    It reads as any `loop_paused` (the same answer, log entry and listing), but no call
+    guard gave it, so no call guard's shadow mode waives it (`ShadowGuards.covers`).
+    """
+
+
+def agent_paused(key: str, circuit: str, remaining: float, count: int) -> AgentPaused:
     """The verdict on a call of a paused agent (`count`: the calls its pause has refused)."""
     message = MSG_AGENT_PAUSED.format(key=key)
-    return CallDecision(False, "loop_paused", remaining, count, circuit, message)
+    return AgentPaused(False, "loop_paused", remaining, count, circuit, message)
 
 
 def step_agent_hold(

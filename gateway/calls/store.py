@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol
 
 from gateway.calls.anomaly import (
     ANOMALY_PREFIX,
+    AgentPaused,
     AgentSpend,
     AnomalyAlert,
     AnomalyCharge,
@@ -46,7 +47,7 @@ from gateway.calls.budgets import (
     step_spend,
 )
 from gateway.calls.budgets_memory import SpendTable
-from gateway.calls.entry import _NO_FIELDS, CallLogEntry, CallOutcome
+from gateway.calls.entry import _NO_FIELDS, CallLogEntry
 from gateway.calls.query import (
     CallFilter,
     CallPage,
@@ -67,14 +68,6 @@ from guards.call_loop import (
     step_reopen,
 )
 
-OUTCOMES: tuple[CallOutcome, ...] = (
-    "forwarded",
-    "loop_detected",
-    "loop_paused",
-    "duplicate_call",
-    "budget_exceeded",
-    "upstream_error",
-)
 LOG_KEEP = 100_000
 
 
@@ -84,7 +77,8 @@ class ShadowGuards:
 
     A call one of them refuses is forwarded anyway (DESIGN.md §5), so admission keeps
     its budget hold as for an admitted call: shadow mode changes what is enforced, never
-    what is counted.
+    what is counted. The pause of an agent the anomaly detector stopped (`AgentPaused`)
+    is a spend decision: no call guard's shadow mode waives it (issue 20).
     """
 
     circuit: bool = False
@@ -92,6 +86,8 @@ class ShadowGuards:
 
     def covers(self, refused: CallDecision) -> bool:
         """True when the guard that gave this refusal runs in shadow mode."""
+        if isinstance(refused, AgentPaused):
+            return False
         return self.circuit if refused.rule is None else refused.rule in self.rules
 
     def flags(self, rules: Sequence[UniquenessRule]) -> str:

@@ -14,7 +14,9 @@ conversation), `calls` (circuit, rule fields, fingerprint), the CallStore's deci
 with the budgets (`budgets`: a `budget_exceeded` refusal, the charge after the call),
 then `refusal` (the answer to a refused call, and its alert) or `upstream` (forwarding,
 relaying with `relay`), and `request_log` (the entry, written after the response). A
-refusal of a guard in shadow mode is forwarded instead, marked (`shadow`).
+refusal of a guard in shadow mode is forwarded instead, marked (`shadow`). Admission,
+the shadow waiver and the refusal's log entry are the guarded call's (`guarded`), the
+same steps the gateway's `openai` agents take.
 
 Decisions where DESIGN.md is silent:
 - A request without a known proxy key is a 401, before anything else is read. A path
@@ -60,13 +62,14 @@ from gateway.proxy.auth import Authenticator
 from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import CallFieldError, build_call
 from gateway.proxy.gemini import GeminiProvider
+from gateway.proxy.guarded import GuardedCalls, OverBudget, shadow_code
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.paths import PathError, canonical_path
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Provider, error_response
-from gateway.proxy.refusal import Refusals, refusal_outcome
+from gateway.proxy.refusal import Refusals
 from gateway.proxy.request_log import RequestLog
-from gateway.proxy.shadow import SHADOW_CODE, ShadowModes, add_shadow_header
+from gateway.proxy.shadow import SHADOW_CODE, add_shadow_header, shadow_guards
 from gateway.proxy.spend import spend_admin_routes
 from gateway.proxy.upstream import Upstreams
 from gateway.state.base import StateStore
@@ -108,13 +111,14 @@ class ProxyServer:
         prices = PriceTable(proxy.prices, proxy.default_output_tokens)
         self._log = RequestLog(self.store, prices, wall_clock=wall_clock)
         self._refusals = Refusals(self.alerter, clock=clock)
-        self._shadow = ShadowModes(proxy)
+        self._guarded = GuardedCalls(self.store, self._log, log=log)
         self._budgets = ProxyBudgets(
             proxy,
             self.store,
             prices,
             self.alerter,
-            shadow=self._shadow.guards,
+            guarded=self._guarded,
+            shadow=shadow_guards(proxy),
             wall_clock=wall_clock,
         )
         self._upstreams = Upstreams(proxy, self.store, self._log, self._budgets)
@@ -235,18 +239,17 @@ class ProxyServer:
         except CallFieldError as exc:
             text = messages.BAD_FIELD.format(reason=exc)
             return error_response(provider, "bad_request", "invalid_field", text)
-        admission = await self._budgets.admit(call)
-        decision = call.decision = admission.call
-        if decision is None:
-            self._log.record(call, "budget_exceeded", None, None)
-            return self._budgets.refusal(call, admission.spend)
-        if not decision.allowed:
-            shadow = self._shadow.waived(call, decision)
-            if shadow is None:
-                response, answered = self._refusals.answer(call, decision)
-                self._log.record(call, refusal_outcome(answered), None, None, rule=answered.rule)
-                return response
-            request[SHADOW_CODE] = shadow
+        admitted = await self._budgets.admit(call)
+        if isinstance(admitted, OverBudget):
+            self._guarded.refused(call, None)
+            return self._budgets.refusal(call, admitted.spend)
+        decision = call.decision = admitted.decision
+        if not admitted.sent:
+            response, answered = self._refusals.answer(call, decision)
+            self._guarded.refused(call, answered)
+            return response
+        if admitted.waived:
+            request[SHADOW_CODE] = shadow_code(decision)
         return await self._upstreams.forward(
             request, provider, upstream, tail=tail, body=body, call=call
         )

@@ -3,7 +3,8 @@
 Before forwarding, `ProxyBudgets.admit` builds the call's `SpendEvent` (every budget of
 `proxy.budgets` whose filters it passes, in the group of its `per` values, a missing one
 `(none)`; its estimated cost from `pricing`) and has the call store decide it with the
-repeat guard in one atomic step (`CallStore.admit`: one script call on Redis). A refusal
+repeat guard in one atomic step (`CallStore.admit`: one script call on Redis), through
+the guarded call's admission (`gateway.proxy.guarded`, the gateway's agents' too). A refusal
 is `budget_exceeded` in the provider's own error format (429; on the Gemini routes 400
 `FAILED_PRECONDITION`, as every other refusal there, since Google's clients retry a 429
 whatever the body says), with `Retry-After` to the period's end, `x-should-retry: false`,
@@ -53,7 +54,6 @@ from aiohttp import web
 
 from gateway.calls.anomaly import AnomalyAlert, AnomalyCharge, AnomalyEvent, anomaly_key
 from gateway.calls.budgets import (
-    ADMITTED_FREE,
     Amount,
     Budget,
     Period,
@@ -69,11 +69,12 @@ from gateway.calls.budgets import (
     period_span,
 )
 from gateway.calls.entry import CallLogEntry
-from gateway.calls.store import ENFORCED, Admission, CallStore, ShadowGuards
+from gateway.calls.store import ENFORCED, CallStore, ShadowGuards
 from gateway.config.proxy import ProxyConfig
 from gateway.proxy import background, messages
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.calls import ProxiedCall
+from gateway.proxy.guarded import Admitted, GuardedCalls, OverBudget
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage, error_response
 from gateway.proxy.refusal import retry_headers
@@ -116,6 +117,7 @@ class ProxyBudgets:
         prices: PriceTable,
         alerter: Alerter,
         *,
+        guarded: GuardedCalls,
         shadow: ShadowGuards = ENFORCED,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -126,6 +128,7 @@ class ProxyBudgets:
         self.periods = Periods(ZoneInfo(config.budget_timezone))
         self._refuse_unpriced = config.unpriced == "refuse"
         self._store = store
+        self._guarded = guarded
         self._prices = prices
         self._alerter = alerter
         self._wall_clock = wall_clock
@@ -159,12 +162,11 @@ class ProxyBudgets:
             tuple(groups), Amount(nano(cost or 0.0), tokens_in + tokens_out), agent_hold
         )
 
-    async def admit(self, call: ProxiedCall) -> Admission:
+    async def admit(self, call: ProxiedCall) -> Admitted | OverBudget:
         """The agent's pause, the budgets' and the repeat guard's verdicts, decided together."""
-        store = self._store
+        guarded = self._guarded
         if not self.budgets and not self._pauses:
-            decision = await store.decide(call.circuit, call.fingerprint, call.fields)
-            return Admission(decision, ADMITTED_FREE)
+            return await guarded.decide(call, rule_fields=call.fields, shadow=self._shadow)
         now = self._wall_clock()
         event = self.event(call, now)
         unpriced = self._unpriced(call, event)
@@ -173,14 +175,12 @@ class ProxyBudgets:
                 False, refused=unpriced, limits=unpriced.limits, retry_after=unpriced.ends_at - now
             )
             call.spend = verdict
-            return Admission(None, verdict)
-        admission = await store.admit(
-            call.circuit, call.fingerprint, call.fields, event, shadow=self._shadow
-        )
-        call.spend = admission.spend
-        if admission.spend.alert is not None:
-            self._alert(call, admission.spend.alert)
-        return admission
+            return OverBudget(verdict)
+        admitted = await guarded.admit(call, event, rule_fields=call.fields, shadow=self._shadow)
+        call.spend = admitted.spend
+        if admitted.spend.alert is not None:
+            self._alert(call, admitted.spend.alert)
+        return admitted
 
     def _unpriced(self, call: ProxiedCall, event: SpendEvent) -> SpendGroup | None:
         """With `unpriced: refuse`, the dollar budget group a call to an unpriced model is in."""

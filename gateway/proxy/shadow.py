@@ -12,6 +12,9 @@ sent; the verdict is logged at INFO with `shadow: "true"` among the structured f
 The budgets count the call as any forwarded one: the store's admission keeps its
 estimate held (`ShadowGuards`), so a guard in shadow never lets calls pass a budget
 (issue 20: before, such a call held nothing and concurrent repeats all went through).
+The waiver is the guarded call's (`gateway.proxy.guarded`), as for the gateway's agents.
+An agent the anomaly detector paused (`proxy.anomaly.action: pause`) is refused
+`loop_paused` whatever `call_loop.mode` says: that pause is a spend decision (issue 20).
 
 Decisions where DESIGN.md is silent: the first refusing check settles a call, as in
 enforce mode (the circuit's pause, the rule groups' pauses, the circuit's repeats, then
@@ -23,16 +26,10 @@ could mask in shadow too, or accept that.
 
 from __future__ import annotations
 
-import logging
-
 from aiohttp import web
 
 from gateway.calls.store import ShadowGuards
 from gateway.config.proxy import ProxyConfig
-from gateway.proxy.calls import ProxiedCall
-from guards.call_loop import CallDecision
-
-log = logging.getLogger("loopwarden.proxy")
 
 SHADOW_HEADER = "x-loopwarden-shadow"
 SHADOW_CODE = web.RequestKey("loopwarden_shadow", str)
@@ -45,29 +42,6 @@ def shadow_guards(config: ProxyConfig) -> ShadowGuards:
         config.call_loop.mode == "shadow",
         frozenset(rule.name for rule in config.rules if rule.mode == "shadow"),
     )
-
-
-class ShadowModes:
-    """Which of the proxy's call guards run in shadow mode, and what a waived refusal says."""
-
-    def __init__(self, config: ProxyConfig) -> None:
-        self.guards = shadow_guards(config)
-
-    def waived(self, call: ProxiedCall, refused: CallDecision) -> str | None:
-        """The header value when a guard in shadow mode gave this refusal (logged); else None."""
-        if not self.guards.covers(refused):
-            return None
-        code = (
-            f"duplicate_call:{refused.rule}" if refused.code == "duplicate_call" else refused.code
-        )
-        log.info(
-            "agent %s: shadow: would have refused %s on %s; forwarded",
-            call.client.agent,
-            code,
-            refused.circuit,
-            extra={"decision": refused.code, "shadow": "true"},
-        )
-        return code
 
 
 async def add_shadow_header(request: web.Request, response: web.StreamResponse) -> None:

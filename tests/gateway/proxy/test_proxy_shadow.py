@@ -179,3 +179,24 @@ async def test_issue20_a_shadow_circuit_does_not_unlock_spend(state: str) -> Non
     [(_, spend)] = rows
     assert spend.held.nano_usd == 0
     assert spend.spent.nano_usd <= 1_000_000_000
+
+
+async def test_issue20_a_shadow_circuit_does_not_waive_the_anomaly_pause(state: str) -> None:
+    pausing = """
+    call_loop: {mode: shadow}
+    anomaly: {window: 60m, factor: 3, min_usd: 0.04, action: pause}
+    """
+    async with running_proxy(pausing, state=state) as rig, client(rig) as sdk:
+        # A new agent is judged by min_usd alone: the 2nd $0.025 call passes $0.04 and pauses it.
+        assert await shadow_codes(sdk, ["first question", "second question"]) == [None, None]
+        await rig.proxy.settle()
+        with pytest.raises(openai.RateLimitError) as caught:
+            await sdk.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "third question"}]
+            )
+        assert caught.value.code == "loop_paused"
+        assert "spend anomaly" in caught.value.message
+        assert SHADOW_HEADER not in caught.value.response.headers
+        assert len(rig.upstream.calls(COMPLETIONS)) == 2
+        logged = await rig.logged()
+    assert [entry.outcome for entry in logged] == ["forwarded", "forwarded", "loop_paused"]
