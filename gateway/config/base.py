@@ -98,6 +98,6 @@ def _described(error: ErrorDetails) -> tuple[str, str]:
 
 
 _UNIONS = {
-    "bots": "'discord', 'telegram', 'slack', 'room'",
+    "bots": "'discord', 'telegram', 'slack', 'mattermost', 'room'",
     "agents": "'scripted', 'python', 'openai', 'http'",
 }

@@ -7,12 +7,17 @@ needs `signing_secret` unless `app_token` (Socket Mode) is set.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from gateway.config.base import ChosenSecret, FieldError, Frozen, OptionalSecret, Token
 from gateway.config.limits import Duration
+
+# A scheme, a host (name, IPv4 or [IPv6], optional port) and an optional path: no user
+# info, query, fragment, spaces or control characters (printed in logs, joined to paths).
+_SERVER_URL = re.compile(r"^https?://[A-Za-z0-9.\-\[\]:]+(?:/[A-Za-z0-9._~%!$&'()*+,;=:@/-]*)?$")
 
 
 class _BotBase(Frozen):
@@ -77,6 +82,24 @@ class SlackBotConfig(_BotBase):
         return self
 
 
+class MattermostBotConfig(_BotBase):
+    """A Mattermost bot account: the server's URL and the bot's access token (REST v4)."""
+
+    platform: Literal["mattermost"]
+    url: str
+    token: Token
+
+    @field_validator("url")
+    @classmethod
+    def _server_url(cls, value: str) -> str:
+        if not _SERVER_URL.match(value):
+            raise ValueError(
+                "must be the server's http(s) address without query or spaces, "
+                "e.g. https://chat.example.org (the API is under /api/v4)"
+            )
+        return value.rstrip("/")
+
+
 class RoomBotConfig(_BotBase):
     """A bot in the embedded local web room (the demo platform)."""
 
@@ -90,7 +113,7 @@ class RoomBotConfig(_BotBase):
 
 
 BotConfig = Annotated[
-    DiscordBotConfig | TelegramBotConfig | SlackBotConfig | RoomBotConfig,
+    DiscordBotConfig | TelegramBotConfig | SlackBotConfig | MattermostBotConfig | RoomBotConfig,
     Field(discriminator="platform"),
 ]
 
@@ -101,9 +124,10 @@ class AdminsConfig(Frozen):
     discord: tuple[str, ...] = ()
     telegram: tuple[str, ...] = ()
     slack: tuple[str, ...] = ()
+    mattermost: tuple[str, ...] = ()
     room: tuple[str, ...] = ()
 
-    @field_validator("discord", "telegram", "slack", "room", mode="before")
+    @field_validator("discord", "telegram", "slack", "mattermost", "room", mode="before")
     @classmethod
     def _ids_as_text(cls, value: object) -> object:
         if isinstance(value, list | tuple):
