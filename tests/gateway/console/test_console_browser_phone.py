@@ -92,6 +92,8 @@ async def test_issue22_every_gateway_console_page_fits_a_390_px_phone(page: Page
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     await page.set_viewport_size(PHONE)
     async with demo_after_its_scenarios() as base:
+        await page.goto(f"{base}/console/")
+        signin = await layout_problems(page)
         links = await sign_in(page, base, TOKEN)
         found = await check_pages(page, base, links, "gateway")
         missing = await page.goto(f"{base}/console/spend")
@@ -102,6 +104,7 @@ async def test_issue22_every_gateway_console_page_fits_a_390_px_phone(page: Page
         f"/console/{slug}" for slug in ("rooms", "activity", "circuits", "calls", "rules", "audit")
     ]
     assert missing.status == 404
+    assert signin == []
     assert found == {link: [] for link in found}
     assert errors == []
 
