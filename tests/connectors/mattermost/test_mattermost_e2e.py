@@ -1,0 +1,274 @@
+"""End to end: a YAML config in, the real gateway pipeline and connector, the fake Mattermost out.
+
+The gateway is built as `loopwarden run` builds it (`load_config` of a file, then `Gateway`);
+the fake (tests/fakes/mattermost_server.py) speaks REST v4 and the websocket over loopback.
+The outside bot is a bot account of the fake that answers the hosted bot's posts (its posts
+carry `props.from_bot`, as on a real server). Every wait is a bounded poll, never a sleep
+that a test's outcome depends on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from connectors.mattermost import MattermostConnector
+from gateway.app.messages import REFUSAL
+from gateway.app.runtime import Gateway
+from tests.connectors import connector_helpers
+from tests.connectors.connector_helpers import BUDGET, NOTICE, wait_for, write_e2e_config
+from tests.fakes.mattermost_server import FakeChannel, FakeUser, MattermostFake
+
+HOSTED = """  - id: {id}
+    platform: mattermost
+    url: "{url}"
+    token: "{token}"
+    agent: parrot
+"""
+TURN_CAP = 3
+
+
+class Clock:
+    """The fake server's clock, moved by hand: its rate limit never depends on wall time."""
+
+    def __init__(self) -> None:
+        self.now = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class World:
+    """The fake server, its clock and who is in it."""
+
+    fake: MattermostFake
+    clock: Clock
+    helper: FakeUser  # hosted
+    echo: FakeUser  # hosted, in the pair channel only
+    outsider: FakeUser  # a bot account not hosted here
+    alice: FakeUser  # an admin
+    mallory: FakeUser  # not an admin
+    lobby: FakeChannel
+    pair: FakeChannel
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    clock = Clock()
+    async with MattermostFake(clock=clock) as fake:
+        helper = fake.add_user("helper", is_bot=True)
+        echo = fake.add_user("echo", is_bot=True)
+        outsider = fake.add_user("outside-echo", is_bot=True)
+        alice = fake.add_user("alice")
+        mallory = fake.add_user("mallory")
+        lobby = fake.add_channel("lobby", [helper, outsider, alice, mallory])
+        pair = fake.add_channel("pair", [helper, echo, alice])
+        yield World(fake, clock, helper, echo, outsider, alice, mallory, lobby, pair)
+
+
+def write_config(tmp_path: Path, world: World, *hosted: FakeUser, extra: str = "") -> Path:
+    bots = "".join(
+        HOSTED.format(id=f"{user.username}-mm", url=world.fake.url, token=user.token)
+        for user in hosted
+    )
+    return write_e2e_config(
+        tmp_path, platform="mattermost", admin=world.alice.id, bots=bots, extra=extra
+    )
+
+
+@asynccontextmanager
+async def running(path: Path) -> AsyncIterator[Gateway]:
+    async with connector_helpers.running(path) as gateway:
+        yield gateway
+
+
+def texts(world: World, user: FakeUser) -> list[str]:
+    return world.fake.texts(user)
+
+
+async def say(world: World, text: str, sender: FakeUser, channel: FakeChannel) -> dict[str, Any]:
+    """A post in a channel; waits for and returns the next post of a hosted bot."""
+    before = len(world.fake.posts)
+    world.fake.post_as(sender, channel.id, text)
+    hosted = {world.helper.id, world.echo.id}
+    await wait_for(lambda: any(p["user_id"] in hosted for p in world.fake.posts[before + 1 :]))
+    return next(p for p in world.fake.posts[before + 1 :] if p["user_id"] in hosted)
+
+
+@contextmanager
+def outside_bot_answers(world: World) -> Iterator[None]:
+    """The outside bot answers every post of the hosted bot in the lobby, while in the block."""
+
+    async def answer() -> None:
+        seen = len(world.fake.posts)
+        while True:
+            posts = world.fake.posts
+            for post in posts[seen:]:
+                if post["user_id"] == world.helper.id and post["channel_id"] == world.lobby.id:
+                    world.fake.post_as(world.outsider, world.lobby.id, f"ping {post['id'][:6]}")
+            seen = len(posts)
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(answer())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+async def settled(world: World) -> None:
+    """Wait until the posts stop changing for a few polls (every hand-over has been decided)."""
+    last = -1
+    still = 0
+    async with asyncio.timeout(connector_helpers.WAIT_SECONDS):
+        while still < 20:
+            still = still + 1 if len(world.fake.posts) == last else 0
+            last = len(world.fake.posts)
+            await asyncio.sleep(0.01)
+
+
+def notices(world: World) -> list[str]:
+    return [t for t in world.fake.texts() if t.startswith(NOTICE)]
+
+
+async def test_issue23_a_human_gets_the_agents_reply_in_the_channel_and_the_thread(
+    tmp_path: Path, world: World
+) -> None:
+    async with running(write_config(tmp_path, world, world.helper)):
+        reply = await say(world, "hello there", world.alice, world.lobby)
+        assert (reply["channel_id"], reply["message"], reply["root_id"]) == (
+            world.lobby.id,
+            "echo: hello there",
+            "",
+        )
+        before = len(world.fake.posts)
+        world.fake.post_as(world.alice, world.lobby.id, "in a thread", root_id=reply["id"])
+        await wait_for(lambda: len(world.fake.posts) == before + 2)
+        threaded = world.fake.posts[-1]
+        assert (threaded["message"], threaded["root_id"]) == ("echo: in a thread", reply["id"])
+
+
+async def test_issue23_outside_bot_ping_pong_is_cut_at_the_pair_budget_with_one_notice(
+    tmp_path: Path, world: World
+) -> None:
+    async with running(write_config(tmp_path, world, world.helper)):
+        with outside_bot_answers(world):
+            await say(world, "start the ping-pong", world.alice, world.lobby)
+            await wait_for(lambda: bool(notices(world)))
+            await settled(world)
+        answers = [t for t in texts(world, world.helper) if t.startswith("echo: ping")]
+        assert len(answers) == BUDGET
+        assert len(notices(world)) == 1
+        assert "!loop reset" in notices(world)[0]
+        assert all("NO_REPLY" not in t for t in world.fake.texts())
+
+
+async def test_issue23_two_hosted_bots_answering_each_other_are_cut_at_the_budget(
+    tmp_path: Path, world: World
+) -> None:
+    async with running(write_config(tmp_path, world, world.helper, world.echo)):
+        world.fake.post_as(world.alice, world.pair.id, "hi bots")
+        await wait_for(lambda: bool(notices(world)))
+        await settled(world)
+        bot_to_bot = [t for t in world.fake.texts() if t.startswith("echo: echo:")]
+        assert len(bot_to_bot) == BUDGET
+        assert len(notices(world)) == 1
+        assert texts(world, world.helper)[0] == texts(world, world.echo)[0] == "echo: hi bots"
+
+
+async def test_issue23_a_slow_loop_under_the_budget_is_cut_at_the_bot_turn_cap(
+    tmp_path: Path, world: World
+) -> None:
+    rule = f"""channels:
+  - match: {{platform: mattermost, channel: "{world.lobby.id}"}}
+    policy: {{bot_loop: {{max_events_per_window: 1000, max_consecutive_bot_turns: {TURN_CAP}}}}}
+"""
+    async with running(write_config(tmp_path, world, world.helper, extra=rule)):
+        with outside_bot_answers(world):
+            await say(world, "start a slow loop", world.alice, world.lobby)
+            await wait_for(lambda: len(world.fake.texts(world.outsider)) > TURN_CAP)
+            await settled(world)
+        answers = [t for t in texts(world, world.helper) if t.startswith("echo: ping")]
+        assert len(answers) == TURN_CAP
+        assert notices(world) == []  # the cap drops quietly until a human speaks
+        reply = await say(world, "a human again", world.alice, world.lobby)
+        assert reply["message"] == "echo: a human again"
+
+
+async def test_issue23_no_reply_is_never_posted(tmp_path: Path, world: World) -> None:
+    async with running(write_config(tmp_path, world, world.helper)):
+        world.fake.post_as(world.alice, world.lobby.id, "quiet please")
+        reply = await say(world, "after the silence", world.alice, world.lobby)
+        assert reply["message"] == "echo: after the silence"
+        assert texts(world, world.helper) == ["echo: after the silence"]
+
+
+async def test_issue23_loop_reset_works_for_an_admin_and_is_refused_to_anyone_else(
+    tmp_path: Path, world: World
+) -> None:
+    async with running(write_config(tmp_path, world, world.helper)):
+        with outside_bot_answers(world):
+            await say(world, "start the ping-pong", world.alice, world.lobby)
+            await wait_for(lambda: bool(notices(world)))
+            await settled(world)
+
+        refusal = await say(world, "@helper !loop reset", world.mallory, world.lobby)
+        assert refusal["message"] == REFUSAL
+        world.fake.post_as(world.outsider, world.lobby.id, "ping while paused")
+        ack = await say(world, "@helper !loop reset", world.alice, world.lobby)
+        assert "reset" in ack["message"].lower()
+        assert "echo: ping while paused" not in texts(world, world.helper)
+
+        resumed = await say(world, "ping again", world.outsider, world.lobby)
+        assert resumed["message"] == "echo: ping again"
+        assert len(notices(world)) == 1
+
+
+async def test_issue23_a_429_is_waited_out_and_the_reply_posted_once(
+    tmp_path: Path, world: World
+) -> None:
+    async with running(write_config(tmp_path, world, world.helper)):
+        await say(world, "warm up", world.alice, world.lobby)  # alice's lookup is cached now
+        world.fake.set_rate_limit(1, per_second=1)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(
+                f"{world.fake.url}/api/v4/users/me",
+                headers={"Authorization": f"Bearer {world.helper.token}"},
+            ) as drained,  # the bot's one request of this second is spent
+        ):
+            assert drained.status == 200
+        limited = ("POST", "/api/v4/posts", None)
+        world.fake.post_as(world.alice, world.lobby.id, "through the flood")
+        await wait_for(lambda: limited in world.fake.calls)
+        world.clock.now += 1  # the second the server's Retry-After asked for has passed
+        await wait_for(lambda: len(texts(world, world.helper)) == 2)
+        attempts = [c for c in world.fake.calls if c[:2] == ("POST", "/api/v4/posts")]
+        assert attempts[-1] == ("POST", "/api/v4/posts", world.helper.id)
+        await settled(world)
+        assert texts(world, world.helper) == ["echo: warm up", "echo: through the flood"]
+
+
+async def test_issue23_a_dropped_websocket_reconnects_and_answers_again(
+    tmp_path: Path, world: World
+) -> None:
+    async with running(write_config(tmp_path, world, world.helper)) as gateway:
+        connector = gateway.hosted["helper-mm"].connector
+        assert isinstance(connector, MattermostConnector)
+        for abrupt in (False, True):
+            await world.fake.drop_connections(world.helper, abrupt=abrupt)
+            await wait_for(lambda: not connector.connected)
+            await wait_for(
+                lambda: connector.connected and world.fake.connections(world.helper) == 1
+            )
+            reply = await say(world, f"still there? {abrupt}", world.alice, world.lobby)
+            assert reply["message"] == f"echo: still there? {abrupt}"
+        assert gateway.ready
