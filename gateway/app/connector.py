@@ -11,6 +11,7 @@ from aiohttp import web
 from gateway.app.types import InboundMessage, Reply
 from gateway.delivery.chunking import LengthUnit
 from gateway.observability.metrics import Metrics
+from gateway.state.base import CursorStore
 
 Sink = Callable[[InboundMessage], Awaitable[object]]
 """Where a connector hands each inbound message: the pipeline's entry point."""
@@ -134,6 +135,8 @@ class ConnectorServices:
     `http_host` is the address that server binds (`http.host`): the web room accepts it as
     a Host besides loopback. `forget_room` empties the gateway's memory (the transcript) of
     a room, given its room key (`room:lobby`): the web room calls it for a room it reclaims.
+    `cursors` is the state backend's place for where a connector resumes reading (Matrix
+    keeps its sync token there); None keeps it in the connector's memory only.
     """
 
     http: web.Application
@@ -141,3 +144,4 @@ class ConnectorServices:
     metrics: Metrics = field(default_factory=Metrics)
     http_host: str = "127.0.0.1"
     forget_room: Callable[[str], Awaitable[object]] | None = None
+    cursors: CursorStore | None = None

@@ -82,7 +82,7 @@ log = logging.getLogger("loopwarden.runtime")
 ConnectorFactory = Callable[[BotConfig, ConnectorServices], Connector]
 """Creates the connector of one bot; it may add webhook routes to `services.http`."""
 
-PLATFORM_EXTRAS = frozenset({"discord", "telegram", "slack"})
+PLATFORM_EXTRAS = frozenset({"discord", "telegram", "slack", "matrix"})
 """Platforms whose SDK comes with the extra of the same name (`loopwarden[discord]`)."""
 
 
@@ -183,6 +183,7 @@ class Gateway:
             metrics=self.metrics,
             http_host=config.http.host,
             forget_room=admin.forget,  # the web room forgets the rooms it reclaims
+            cursors=self.state,  # Matrix resumes its sync where the last run left off
         )
         self._hosted: dict[str, HostedBot] = {}
         for index, bot in enumerate(config.bots):

@@ -2,7 +2,10 @@
 
 Decisions where DESIGN.md is silent: a Telegram `webhook_secret` is at least 16
 characters (`gateway.config.limits`) and required with `mode: webhook`; a Slack bot
-needs `signing_secret` unless `app_token` (Socket Mode) is set.
+needs `signing_secret` unless `app_token` (Socket Mode) is set. A Matrix bot's
+`user_id` is a full Matrix id (`@name:server`), its `homeserver` an http(s) URL, and its
+`bot_users` are ids or globs (`@telegram_*:example.org`) matched case-sensitively, as
+Matrix ids are.
 """
 
 from __future__ import annotations
@@ -100,6 +103,28 @@ class MattermostBotConfig(_BotBase):
         return value.rstrip("/")
 
 
+class MatrixBotConfig(_BotBase):
+    """A Matrix bot: a user's access token on a homeserver, syncing its joined rooms."""
+
+    platform: Literal["matrix"]
+    homeserver: str = Field(max_length=2048)
+    user_id: str = Field(pattern=r"^@[^:\s]+:[^\s]+$", max_length=255)
+    access_token: Token
+    bot_users: tuple[Annotated[str, Field(min_length=1, max_length=255)], ...] = ()
+    reply_msgtype: Literal["m.notice", "m.text"] = "m.notice"
+    sync_timeout: Duration = Field(default=30.0, ge=0, le=300)
+
+    @field_validator("homeserver")
+    @classmethod
+    def _homeserver_url(cls, value: str) -> str:
+        if not _SERVER_URL.match(value):
+            raise ValueError(
+                "must be the homeserver's http(s) address without query or spaces, "
+                "e.g. https://matrix.example.org (the client API is under /_matrix)"
+            )
+        return value.rstrip("/")
+
+
 class RoomBotConfig(_BotBase):
     """A bot in the embedded local web room (the demo platform)."""
 
@@ -113,7 +138,12 @@ class RoomBotConfig(_BotBase):
 
 
 BotConfig = Annotated[
-    DiscordBotConfig | TelegramBotConfig | SlackBotConfig | MattermostBotConfig | RoomBotConfig,
+    DiscordBotConfig
+    | TelegramBotConfig
+    | SlackBotConfig
+    | MattermostBotConfig
+    | MatrixBotConfig
+    | RoomBotConfig,
     Field(discriminator="platform"),
 ]
 
@@ -125,9 +155,10 @@ class AdminsConfig(Frozen):
     telegram: tuple[str, ...] = ()
     slack: tuple[str, ...] = ()
     mattermost: tuple[str, ...] = ()
+    matrix: tuple[str, ...] = ()
     room: tuple[str, ...] = ()
 
-    @field_validator("discord", "telegram", "slack", "mattermost", "room", mode="before")
+    @field_validator("discord", "telegram", "slack", "mattermost", "matrix", "room", mode="before")
     @classmethod
     def _ids_as_text(cls, value: object) -> object:
         if isinstance(value, list | tuple):

@@ -5,8 +5,8 @@ backend runs each decision as one server-side script). Durations are relative se
 never wall-clock instants, so replicas with skewed clocks agree: the backend owns time.
 Scopes are room keys such as `discord:1100123`; `"*"` is the global scope.
 
-The seam is six small protocols, one per kind of state (decisions, receipts, controls,
-audit, transcripts, activity); `StateStore` is all of them with `start` and `aclose`.
+The seam is seven small protocols, one per kind of state (decisions, receipts, controls,
+audit, transcripts, activity, cursors); `StateStore` is all of them with `start` and `aclose`.
 """
 
 from __future__ import annotations
@@ -210,8 +210,25 @@ class ActivityStore(Protocol):
         """Every room seen (at most `ROOMS_KEEP`) with when it last was, newest first."""
 
 
+class CursorStore(Protocol):
+    """Where a connector resumes reading its platform (a Matrix sync token), by key."""
+
+    async def cursor_get(self, key: str) -> str | None:
+        """The position saved under `key`, None when none was."""
+
+    async def cursor_set(self, key: str, value: str) -> None:
+        """Save a position under `key` (replacing the one before)."""
+
+
 class StateStore(
-    DecisionStore, ReceiptStore, ControlStore, AuditStore, TranscriptStore, ActivityStore, Protocol
+    DecisionStore,
+    ReceiptStore,
+    ControlStore,
+    AuditStore,
+    TranscriptStore,
+    ActivityStore,
+    CursorStore,
+    Protocol,
 ):
     """Every store at once, as each backend (memory, sqlite, redis) implements it.
 

@@ -57,6 +57,7 @@ class MemoryStateStore:
         self._claims: dict[str, Receipt] = {}
         self._claim_order: deque[tuple[float, str]] = deque()
         self._overrides: dict[str, dict[str, object]] = {}
+        self._cursors: dict[str, str] = {}
         self._pauses: dict[str, float] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=_AUDIT_KEEP)
         # The `others` log (gateway/state/audit.py) and how many entries each sender has in it.
@@ -174,6 +175,14 @@ class MemoryStateStore:
     async def clear_overrides(self, scope: str) -> None:
         """Drop a scope's overrides."""
         self._overrides.pop(scope, None)
+
+    async def cursor_get(self, key: str) -> str | None:
+        """The position saved under `key`."""
+        return self._cursors.get(key)
+
+    async def cursor_set(self, key: str, value: str) -> None:
+        """Save a position."""
+        self._cursors[key] = value
 
     async def pause(self, scope: str, seconds: float | None) -> None:
         """Pause until now + seconds, or forever."""

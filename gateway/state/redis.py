@@ -23,6 +23,7 @@ Keys, under `key_prefix` (default `lw:`):
 - `receipt:<key>`: a dedupe receipt, a hash of owner, confirmed (0 while in flight) and
   until; `owner:<id>`: a replica's liveness key, refreshed every few seconds while its
   store runs and deleted by `aclose` (gateway/state/receipts.py says how they decide).
+- `cursor:<key>`: where a connector resumes reading its platform (a Matrix sync token).
 - `ovr:<room>`: a hash of runtime overrides (JSON values); `pause:<room>`; `audit`: the
   audit trail's admin log, a list of JSON entries, newest first, capped at AUDIT_KEEP;
   `audit:others` and `audit:others:senders`: its `others` log (gateway/state/audit.py),
@@ -780,6 +781,24 @@ class RedisStateStore(RedisLinked):
     async def clear_overrides(self, scope: str) -> None:
         """Delete the scope's override hash."""
         await self._link.guarded(lambda: self._link.client.delete(f"{self._prefix}ovr:{scope}"))
+
+    async def cursor_get(self, key: str) -> str | None:
+        """The position saved under `key` (GET); None while Redis is down."""
+        try:
+            value = await self._link.guarded(
+                lambda: cast(
+                    Awaitable[str | None], self._link.client.get(f"{self._prefix}cursor:{key}")
+                )
+            )
+        except StateError:
+            return None
+        return value
+
+    async def cursor_set(self, key: str, value: str) -> None:
+        """SET the position."""
+        await self._link.guarded(
+            lambda: self._link.client.set(f"{self._prefix}cursor:{key}", value)
+        )
 
     async def pause(self, scope: str, seconds: float | None) -> None:
         """Pause the room: a key expiring with the pause, or without expiry until resumed."""

@@ -98,6 +98,8 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS overrides (
         scope TEXT NOT NULL, field TEXT NOT NULL, value TEXT NOT NULL,
         PRIMARY KEY (scope, field))""",
+    # Where connectors resume reading their platform (a Matrix sync token).
+    "CREATE TABLE IF NOT EXISTS cursors (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # until: NULL pauses until resumed.
     "CREATE TABLE IF NOT EXISTS pauses (scope TEXT PRIMARY KEY, until REAL)",
     """CREATE TABLE IF NOT EXISTS audit (
@@ -337,6 +339,23 @@ class SqliteStateStore:
         """Drop a scope's overrides."""
         await self._sqlite.write(
             lambda db, now: db.execute("DELETE FROM overrides WHERE scope = ?", (scope,))
+        )
+
+    async def cursor_get(self, key: str) -> str | None:
+        """The position saved under `key`."""
+
+        def cursor(db: sqlite3.Connection, now: float) -> str | None:
+            row = db.execute("SELECT value FROM cursors WHERE key = ?", (key,)).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._sqlite.read(cursor)
+
+    async def cursor_set(self, key: str, value: str) -> None:
+        """Save a position (one row per key)."""
+        await self._sqlite.write(
+            lambda db, now: db.execute(
+                "INSERT OR REPLACE INTO cursors (key, value) VALUES (?, ?)", (key, value)
+            )
         )
 
     async def pause(self, scope: str, seconds: float | None) -> None:
