@@ -30,8 +30,8 @@ from telegram import Update
 from telegram.ext import Application, ContextTypes, ExtBot, MessageHandler, filters
 
 from bench.telegram_bench import POLL_TIMEOUT, TOKEN, Run, measure
-from integrations import RoomGuard
-from integrations.telegram_ptb import GuardedBot, LoopwardenHandler
+from loopwarden_integrations import RoomGuard
+from loopwarden_integrations.telegram_ptb import GuardedBot, LoopwardenHandler
 from tests.fakes.redis_server import RedisServer
 from tests.fakes.telegram_server import TelegramFake
 

@@ -1,10 +1,21 @@
-"""The guards inside bots and agents loopwarden does not host (DESIGN.md §7).
+"""Deprecated: the integrations moved to `loopwarden_integrations` (issue 22).
 
-`RoomGuard` is platform-free; each adapter module (`integrations.discord_py`,
-`integrations.telegram_ptb`, `integrations.aiogram`, `integrations.slack_bolt`) imports its
-library and, without it, raises an ImportError naming the extra to install.
+`integrations` is a name Django projects and other applications use for their own code,
+so loopwarden no longer claims it. For one release this shim keeps the old imports
+working: `from integrations import RoomGuard` and `import integrations.discord_py` (each
+adapter module) give the very objects of `loopwarden_integrations`, after a
+DeprecationWarning on the first import. It goes in the next release.
 """
 
-from integrations.room_guard import Decision, RoomGuard, RoomGuardError
+import warnings
+
+from loopwarden_integrations import Decision, RoomGuard, RoomGuardError
+
+warnings.warn(
+    "the 'integrations' package is deprecated and goes in the next release: "
+    "import loopwarden_integrations instead (same names)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["Decision", "RoomGuard", "RoomGuardError"]

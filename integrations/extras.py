@@ -1,16 +1,11 @@
-"""The ImportError an adapter raises when its library (its loopwarden extra) is missing."""
+"""Deprecated alias of `loopwarden_integrations.extras` (issue 22): the same module object."""
 
-from __future__ import annotations
+import sys
+from typing import TYPE_CHECKING
 
-from gateway.app.errors import LoopwardenError
+from loopwarden_integrations import extras
 
+if TYPE_CHECKING:  # the names, for type checkers reading the old path
+    from loopwarden_integrations.extras import *  # noqa: F403
 
-class MissingExtraError(LoopwardenError, ImportError):
-    """An integration was imported without the library it adapts."""
-
-
-def missing_extra(module: str, package: str, extra: str) -> MissingExtraError:
-    """The error for `module` needing `package`, naming the extra that installs it."""
-    return MissingExtraError(
-        f"{module} needs {package}, which is not installed: pip install 'loopwarden[{extra}]'"
-    )
+sys.modules[__name__] = extras

@@ -17,7 +17,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("gateway", "guards", "connectors", "integrations")
+PACKAGES = ("gateway", "guards", "connectors", "loopwarden_integrations", "integrations")
 MAX_GATEWAY_TOP = 12
 
 

@@ -61,7 +61,7 @@ def cooldown_notice(
 ) -> str:
     """Posted once per cooldown when a bot pair goes quiet.
 
-    `prefix` None leaves out the admin command (what `integrations.RoomGuard` posts).
+    `prefix` None leaves out the admin command (what `loopwarden_integrations.RoomGuard` posts).
     """
     pause = pair_cooldown_notice(a, b, cooldown=cooldown, budget=budget, window=window)
     return pause if prefix is None else f"{pause} An admin can {prefix} reset."
@@ -95,7 +95,7 @@ def room_cooldown_notice(
 ) -> str:
     """Posted once per room cooldown (issue 20): the bots whose messages filled the budget.
 
-    `prefix` None leaves out the admin command (what `integrations.RoomGuard` posts).
+    `prefix` None leaves out the admin command (what `loopwarden_integrations.RoomGuard` posts).
     """
     text = (
         f"Loop guard: pausing replies to bots in this room for {format_duration(cooldown)} "

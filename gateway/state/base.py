@@ -73,7 +73,7 @@ class Transcript:
 class DecisionStore(Protocol):
     """The guards' shared counters and claims: each call is one atomic decision.
 
-    What the bot-loop stages, `integrations.RoomGuard` and the agents' spend notices use;
+    What the bot-loop stages, `loopwarden_integrations.RoomGuard` and the agents' spend notices use;
     the turn carries it (`TurnContext.state`).
     """
 

@@ -24,8 +24,8 @@ _BACKEND_EXTRAS = {"redis": "redis"}
 def build_state(config: StateConfig, *, clock: Callable[[], float] | None = None) -> StateStore:
     """The StateStore for `config.backend`; `clock`, when given, drives its time (any backend).
 
-    `integrations.RoomGuard(clock=...)` relies on it: a guard on sqlite or Redis decides on
-    the injected clock, as one on memory does.
+    `loopwarden_integrations.RoomGuard(clock=...)` relies on it: a guard on sqlite or Redis
+    decides on the injected clock, as one on memory does.
     """
     if config.backend == "memory":
         return MemoryStateStore(clock=clock, max_transcript_bytes=config.max_transcript_bytes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from integrations import Decision, RoomGuard
+from loopwarden_integrations import Decision, RoomGuard
 
 
 class RecordingGuard(RoomGuard):

@@ -23,9 +23,9 @@ from aiogram.types import Message
 from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
 
-from integrations import RoomGuard
-from integrations.aiogram import LoopwardenMiddleware, ReplyFilter
-from integrations.telegram_ptb import GuardedBot, LoopwardenHandler
+from loopwarden_integrations import RoomGuard
+from loopwarden_integrations.aiogram import LoopwardenMiddleware, ReplyFilter
+from loopwarden_integrations.telegram_ptb import GuardedBot, LoopwardenHandler
 
 POLICY: Mapping[str, object] = {
     "bot_loop": {"max_events_per_window": 4, "window_seconds": 300, "cooldown_seconds": 300}

@@ -19,8 +19,8 @@ import pytest
 import yarl
 
 from connectors.discord.connector import RoutedHTTPClient
-from integrations import RoomGuard
-from integrations.discord_py import guard_bot
+from loopwarden_integrations import RoomGuard
+from loopwarden_integrations.discord_py import guard_bot
 from tests.connectors.connector_helpers import wait_for
 from tests.fakes.discord_server import DiscordFake, FakeUser
 from tests.integrations.recording_guard import RecordingGuard

@@ -11,10 +11,10 @@ import pytest
 from gateway.app.errors import LoopwardenError
 
 ADAPTERS = [
-    ("integrations.discord_py", "discord", "loopwarden[discord]"),
-    ("integrations.telegram_ptb", "telegram", "loopwarden[telegram]"),
-    ("integrations.aiogram", "aiogram", "loopwarden[aiogram]"),
-    ("integrations.slack_bolt", "slack_bolt", "loopwarden[slack]"),
+    ("loopwarden_integrations.discord_py", "discord", "loopwarden[discord]"),
+    ("loopwarden_integrations.telegram_ptb", "telegram", "loopwarden[telegram]"),
+    ("loopwarden_integrations.aiogram", "aiogram", "loopwarden[aiogram]"),
+    ("loopwarden_integrations.slack_bolt", "slack_bolt", "loopwarden[slack]"),
 ]
 
 
@@ -36,7 +36,7 @@ def test_issue15_room_guard_imports_without_any_chat_library() -> None:
     blocked = ["discord", "telegram", "aiogram", "slack_bolt", "slack_sdk"]
     code = (
         f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"
-        "from integrations import RoomGuard\n"
+        "from loopwarden_integrations import RoomGuard\n"
         "print(RoomGuard(bot_id='b').outgoing('r', 'NO_REPLY'))\n"
     )
     done = subprocess.run(

@@ -1,4 +1,4 @@
-"""integrations.langchain with a real LangChain agent (`create_agent`) and the fake model server."""
+"""loopwarden_integrations.langchain with a real LangChain agent (`create_agent`), fake model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from langchain_core.tools import BaseTool, tool
 from langchain_openai import ChatOpenAI
 
 from guards import LoopGuard, ToolExecutionError
-from integrations.langchain import guard_tools
+from loopwarden_integrations.langchain import guard_tools
 from tests.fakes.llm_upstream import FakeLLM, text_response, tool_call_response
 from tests.integrations.missing_library import import_without
 
@@ -163,4 +163,4 @@ def test_issue15_import_without_langchain_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with pytest.raises(ImportError, match=r"pip install 'loopwarden\[langchain\]'"):
-        import_without(monkeypatch, "integrations.langchain", "langchain_core")
+        import_without(monkeypatch, "loopwarden_integrations.langchain", "langchain_core")

@@ -1,4 +1,4 @@
-"""integrations.openai_agents with a real OpenAI Agents SDK run against the fake model server.
+"""loopwarden_integrations.openai_agents: a real OpenAI Agents SDK run against the fake model.
 
 The SDK's chat-completions model (`OpenAIChatCompletionsModel`) talks to the fake's
 `/v1/chat/completions`; tracing is off, so nothing leaves loopback.
@@ -26,7 +26,7 @@ from agents.tool_context import ToolContext
 from openai import AsyncOpenAI
 
 from guards import LoopGuard, ToolExecutionError
-from integrations.openai_agents import guard_tools
+from loopwarden_integrations.openai_agents import guard_tools
 from tests.fakes.llm_upstream import FakeLLM, text_response, tool_call_response
 from tests.integrations.missing_library import import_without
 
@@ -174,4 +174,4 @@ def test_issue15_import_without_openai_agents_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with pytest.raises(ImportError, match=r"pip install 'loopwarden\[openai-agents\]'"):
-        import_without(monkeypatch, "integrations.openai_agents", "agents")
+        import_without(monkeypatch, "loopwarden_integrations.openai_agents", "agents")

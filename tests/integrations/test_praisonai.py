@@ -1,4 +1,4 @@
-"""integrations.praisonai against a real praisonaiagents Agent and the fake chat-completions server.
+"""loopwarden_integrations.praisonai: a real praisonaiagents Agent, fake chat-completions server.
 
 The model is scripted to alternate between two stuck tools (the same arguments, the same
 result every time): PraisonAI's own guard lets that run 19 times without a HALT; under
@@ -30,7 +30,7 @@ with process_state_kept():
     from praisonaiagents.escalation import loop_guard as praison_guard
     from praisonaiagents.llm import openai_client as praison_openai
 
-    from integrations.praisonai import AgentGuard, TurnGuard, guard_agent
+    from loopwarden_integrations.praisonai import AgentGuard, TurnGuard, guard_agent
 
 from guards import GuardAction, LoopGuard, LoopGuardConfig
 from tests.fakes.llm_upstream import (
@@ -258,4 +258,4 @@ def test_issue15_import_without_praisonai_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with pytest.raises(ImportError, match=r"pip install 'loopwarden\[praisonai\]'"):
-        import_without(monkeypatch, "integrations.praisonai", "praisonaiagents")
+        import_without(monkeypatch, "loopwarden_integrations.praisonai", "praisonaiagents")

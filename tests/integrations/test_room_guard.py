@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gateway.app.errors import ConfigError
-from integrations import Decision, RoomGuard, RoomGuardError
+from loopwarden_integrations import Decision, RoomGuard, RoomGuardError
 from tests.fakes.inmemory import FakeClock
 
 ROOM = "discord:1100"

@@ -28,7 +28,7 @@ from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
-from integrations import Decision, RoomGuard
+from loopwarden_integrations import Decision, RoomGuard
 from tests.fakes.inmemory import ConstantAgent, FakeClock, PipelineRig, rig_config
 
 BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]

@@ -1,4 +1,4 @@
-"""integrations.run_guards: one LoopGuard turn per agent run, from a guard or a factory."""
+"""loopwarden_integrations.run_guards: one LoopGuard turn per agent run, from guard or factory."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import gc
 import pytest
 
 from guards import LoopGuard
-from integrations.run_guards import RunGuards
+from loopwarden_integrations.run_guards import RunGuards
 
 
 class Run:

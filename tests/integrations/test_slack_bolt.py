@@ -23,8 +23,8 @@ from slack_bolt.async_app import AsyncApp, AsyncSay
 from slack_sdk.web import WebClient
 from slack_sdk.web.async_client import AsyncWebClient
 
-from integrations import RoomGuard
-from integrations.slack_bolt import loopwarden_middleware
+from loopwarden_integrations import RoomGuard
+from loopwarden_integrations.slack_bolt import loopwarden_middleware
 from tests.connectors.connector_helpers import wait_for
 from tests.fakes.slack_server import FakeUser, SlackFake
 from tests.integrations.recording_guard import RecordingGuard

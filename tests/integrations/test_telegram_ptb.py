@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from integrations import RoomGuard
+from loopwarden_integrations import RoomGuard
 from tests.connectors.connector_helpers import wait_for
 from tests.fakes.telegram_server import TelegramFake
 from tests.integrations import telegram_room as room

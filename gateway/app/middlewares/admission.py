@@ -66,7 +66,8 @@ def turned_away(
 ) -> tuple[str, str] | None:
     """(code, detail) when `respond_to` does not answer this sender, None when it does.
 
-    Shared with `integrations.RoomGuard`, so a guarded bot answers whom a hosted one would.
+    Shared with `loopwarden_integrations.RoomGuard`, so a guarded bot answers whom a hosted
+    one would.
     """
     if sender_is_bot:
         mode = respond.bots

@@ -51,7 +51,7 @@ pair in a cooldown opened in shadow is refused at once, and that refusal posts t
 A reset ends a cooldown: the pair's next cooldown is another one, with a notice of its
 own.
 
-The decisions are written once, as steps both stages and `integrations.RoomGuard` call
+The decisions are written once, as steps both stages and `loopwarden_integrations.RoomGuard` call
 (issue 21): `count_bot_turn`, `decide_bot_message`, `claim_notice` and `notice_text`.
 The stages add what only a hosted bot has: the decision log, metrics, `status` and the
 admin command the notice names.
@@ -129,7 +129,7 @@ async def decide_bot_message(
     """The `bot_loop` step for one bot message: bot-turn cap, then pair, then room budget.
 
     `settings` gives the cap, `policy` the budgets (a room's runtime overrides included).
-    Shared with `integrations.RoomGuard`, so a guarded bot is cut where a hosted one is.
+    Shared with `loopwarden_integrations.RoomGuard`, so a guarded bot is cut where a hosted one is.
     """
     cap = settings.max_consecutive_bot_turns
     if cap and turns > cap:
@@ -276,6 +276,7 @@ class BotLoopMiddleware:
             )
             return await call_next(ctx)
         self._decisions.metrics.guard_decision(_GUARD, verdict.reason)
+        self._decisions.metrics.loop_cut(_GUARD, msg.room)
         self._decisions.refuse(
             ctx,
             self.name,
