@@ -414,6 +414,19 @@ async def test_issue12_peeking_at_bot_turns_reads_the_count_and_changes_nothing(
     assert await store.bot_turns_peek(ROOM) == 0
 
 
+async def test_issue23_a_cursor_is_saved_replaced_and_read_after_a_restart(
+    store: StateStore, restart: Restart
+) -> None:
+    assert await store.cursor_get("matrix:mx") is None
+    await store.cursor_set("matrix:mx", "s1_2_3")
+    await store.cursor_set("matrix:mx", '{"since": "s9", "first_sync_ms": 5}')
+    await store.cursor_set("matrix:other", "x")
+    assert await store.cursor_get("matrix:mx") == '{"since": "s9", "first_sync_ms": 5}'
+    another = await restart()  # memory keeps nothing across a restart
+    expected = None if isinstance(store, MemoryStateStore) else "x"
+    assert await another.cursor_get("matrix:other") == expected
+
+
 # Claims (dedupe receipts, admin commands, cooldown notices)
 
 
