@@ -43,12 +43,12 @@ from pydantic import SecretStr
 from gateway.admin.access import AdminAccess
 from gateway.admin.calls import calls_admin_routes
 from gateway.admin.service import AdminService
-from gateway.calls.entry import CallLogEntry
+from gateway.calls.entry import OUTCOMES, CallLogEntry
 from gateway.calls.query import CallFilter
 from gateway.calls.query_sqlite import INDEXES
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.calls.store import OUTCOMES, CallStore
+from gateway.calls.store import CallStore
 from gateway.config import parse_config
 from gateway.state.memory import MemoryStateStore
 from tests.fakes.redis_server import RedisServer

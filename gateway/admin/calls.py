@@ -17,7 +17,7 @@ Decisions where DESIGN.md is silent:
 - Query values are read strictly: times are seconds since the epoch in ASCII digits (at
   most 12 before the point and 9 after, up to the year 9999), `limit` 1 to 1,000 (default
   50) in ASCII digits, text filters 1 to 256 characters without control characters, an
-  outcome exactly one of `gateway.calls.store.OUTCOMES`, `since` before `until`; anything
+  outcome exactly one of `gateway.calls.entry.OUTCOMES`, `since` before `until`; anything
   else (inf, 1e308, 5,000 digits, a negative limit, full-width digits, NUL) is a 400
   naming the field. A text filter matches exactly (a look-alike letter matches nothing).
 - Each call answers its time as `at` (seconds) and `iso` (UTC, milliseconds), its cost as
@@ -47,6 +47,7 @@ from pydantic import BeforeValidator, model_validator
 from gateway.admin.access import AdminAccess, AdminBody
 from gateway.admin.api import AdminDownload, admin_route
 from gateway.admin.service import AdminAck, AdminService
+from gateway.calls.codec import plain
 from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.export import CSV_COLUMNS, call_time, csv_row
 from gateway.calls.preview import PREVIEW_SECONDS, RulePreview, preview
@@ -274,42 +275,18 @@ async def _csv_chunks(store: CallStore, where: CallFilter) -> AsyncIterator[byte
 
 
 def call_json(entry: CallLogEntry) -> dict[str, object]:
-    """One logged call as the Calls page reads it."""
+    """One logged call as the Calls page reads it: its fields, and what the page shows of them."""
     return {
-        "at": entry.at,
+        **plain(entry),
         "iso": call_time(entry.at),
-        "provider": entry.provider,
-        "agent": entry.agent,
-        "session": entry.session,
-        "circuit": entry.circuit,
-        "model": entry.model,
-        "outcome": entry.outcome,
         "refused": not is_sent(entry.outcome),
-        "status": entry.status,
-        "input_tokens": entry.input_tokens,
-        "output_tokens": entry.output_tokens,
-        "cost": entry.cost,
         "priced": entry.cost is not None,
-        "estimated": entry.estimated,
-        "rule": entry.rule,
-        "retry": entry.retry,
-        "duration_ms": entry.duration_ms,
-        "fingerprint": entry.fingerprint,
-        "fields": dict(entry.fields),
     }
 
 
 def totals_json(totals: CallTotals) -> dict[str, object]:
     """A filter's totals as the Calls page reads them."""
-    return {
-        "calls": totals.calls,
-        "refused": totals.refused,
-        "input_tokens": totals.input_tokens,
-        "output_tokens": totals.output_tokens,
-        "cost": totals.cost,
-        "cost_saved": totals.cost_saved,
-        "unpriced": totals.unpriced,
-    }
+    return totals._asdict()
 
 
 def bucket_json(bucket: CostBucket) -> dict[str, object]:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gateway.config.schema import Config, Policy, resolve_policy
+from gateway.config import Config, Policy, resolve_policy
 from gateway.state.base import GLOBAL_SCOPE
 from guards.bot_loop import BotLoopPolicy
 from guards.call_loop import CallLoopPolicy

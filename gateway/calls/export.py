@@ -2,7 +2,9 @@
 
 Columns: time (ISO 8601, UTC), provider, agent, session, circuit, model, outcome,
 status, input_tokens, output_tokens, cost, cost_estimated, rule, retry, duration_ms,
-the other rule fields (step, customer, user, feature) and the call's fingerprint. An
+the other rule fields (step, customer, user, feature) and the call's fingerprint: a
+column a `CallLogEntry` field, in its order, each cell written by the field's kind
+(`CSV_COLUMNS` is derived from the fields, `gateway.calls.codec.LOG_FIELDS`). An
 unknown value is an empty cell. The console's download (`GET /admin/calls.csv`) writes the
 same rows.
 
@@ -22,71 +24,68 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import TextIO, cast
 
-from gateway.calls.entry import CallLogEntry
+from gateway.calls.codec import LOG_FIELDS
+from gateway.calls.entry import CallLogEntry, LogKind
 
 # Where a spreadsheet may start a cell (the cell's start, or after a separator or line
 # break of some list-separator setting) followed, after spaces and quotes, by what starts
 # a formula. The `'` goes right after the boundary.
 _LIVE_PART = re.compile(r"""(^|[,;\t\r\n])(?=[ "]*[=+\-@\t\r])""")
-CSV_COLUMNS = (
-    "time",
-    "provider",
-    "agent",
-    "session",
-    "circuit",
-    "model",
-    "outcome",
-    "status",
-    "input_tokens",
-    "output_tokens",
-    "cost",
-    "cost_estimated",
-    "rule",
-    "retry",
-    "duration_ms",
-    "step",
-    "customer",
-    "user",
-    "feature",
-    "fingerprint",
-)
-
-
-def csv_row(entry: CallLogEntry) -> list[str]:
-    """One entry as CSV cells, in `CSV_COLUMNS` order, none of them a formula."""
-    fields = entry.fields
-    cells = [
-        call_time(entry.at),
-        entry.provider,
-        entry.agent,
-        entry.session,
-        entry.circuit,
-        entry.model,
-        entry.outcome,
-        _cell(entry.status),
-        _cell(entry.input_tokens),
-        _cell(entry.output_tokens),
-        "" if entry.cost is None else f"{entry.cost:.6f}",
-        "true" if entry.estimated else "false",
-        entry.rule or "",
-        str(entry.retry),
-        f"{entry.duration_ms:.3f}",
-        fields.get("step", ""),
-        fields.get("customer", ""),
-        fields.get("user", ""),
-        fields.get("feature", ""),
-        entry.fingerprint,
-    ]
-    return [_inert(cell) for cell in cells]
+FIELD_COLUMNS = ("step", "customer", "user", "feature")
+"""The rule fields a call carries (`CallLogEntry.fields`) that get a column of their own."""
 
 
 def call_time(at: float) -> str:
     """A logged call's time as the export and the Calls page show it: ISO 8601 UTC, in ms."""
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="milliseconds")
+
+
+def _or_empty(value: object) -> str:
+    """The value as text, an unknown (None) one as an empty cell."""
+    return "" if value is None else str(value)
+
+
+def _decimals(places: int) -> Callable[[object], str]:
+    """A number's cell with `places` decimals (None: an empty cell)."""
+
+    def cell(value: object) -> str:
+        return "" if value is None else f"{cast(float, value):.{places}f}"
+
+    return cell
+
+
+_CELL: Mapping[LogKind, Callable[[object], str]] = {
+    "time": lambda value: call_time(cast(float, value)),
+    "text": _or_empty,
+    "outcome": str,
+    "int": _or_empty,
+    "money": _decimals(6),
+    "flag": lambda value: "true" if value else "false",
+    "ms": _decimals(3),
+}
+_CELLS = tuple((spec.name, _CELL.get(spec.kind)) for spec in LOG_FIELDS)
+CSV_COLUMNS = tuple(
+    column
+    for spec in LOG_FIELDS
+    for column in (FIELD_COLUMNS if spec.kind == "fields" else (spec.column,))
+)
+"""The header: a column a `CallLogEntry` field (`fields`: one each of `FIELD_COLUMNS`)."""
+
+
+def csv_row(entry: CallLogEntry) -> list[str]:
+    """One entry as CSV cells, in `CSV_COLUMNS` order, none of them a formula."""
+    cells: list[str] = []
+    for name, cell in _CELLS:
+        if cell is None:  # the rule fields, spread over their columns
+            fields = entry.fields
+            cells.extend(_inert(fields.get(column, "")) for column in FIELD_COLUMNS)
+        else:
+            cells.append(_inert(cell(getattr(entry, name))))
+    return cells
 
 
 def write_csv(entries: Iterable[CallLogEntry], out: TextIO) -> int:
@@ -98,10 +97,6 @@ def write_csv(entries: Iterable[CallLogEntry], out: TextIO) -> int:
         writer.writerow(csv_row(entry))
         rows += 1
     return rows
-
-
-def _cell(value: int | None) -> str:
-    return "" if value is None else str(value)
 
 
 def _inert(cell: str) -> str:

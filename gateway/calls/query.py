@@ -105,9 +105,11 @@ class CallPage(NamedTuple):
     next_cursor: Cursor | None
 
 
-@dataclass(frozen=True, slots=True)
-class CallTotals:
-    """What the calls a filter matches add up to (see the module docstring for each sum)."""
+class CallTotals(NamedTuple):
+    """What calls add up to (see the module docstring for each sum): a filter's, or one call's.
+
+    The money is summed as it comes (`plus`); `rounded` is what a store answers.
+    """
 
     calls: int = 0
     refused: int = 0
@@ -116,6 +118,14 @@ class CallTotals:
     cost: float = 0.0
     cost_saved: float = 0.0
     unpriced: int = 0
+
+    def plus(self, other: CallTotals) -> CallTotals:
+        """Both added up, sum by sum."""
+        return CallTotals._make(mine + theirs for mine, theirs in zip(self, other, strict=True))
+
+    def rounded(self) -> CallTotals:
+        """These totals with the money rounded to nano-dollars, as every backend answers them."""
+        return self._replace(cost=nano_rounded(self.cost), cost_saved=nano_rounded(self.cost_saved))
 
 
 class CostBucket(NamedTuple):
@@ -180,35 +190,7 @@ def page_of(found: list[CallLogEntry], limit: int, cursor: Cursor | None) -> Cal
     return CallPage(entries, next_cursor(entries, cursor))
 
 
-class CallSums(NamedTuple):
-    """What calls add up to, before the money is rounded: `CallTotals`' sums, or one call's."""
-
-    calls: int = 0
-    refused: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    cost_saved: float = 0.0
-    unpriced: int = 0
-
-    def plus(self, other: CallSums) -> CallSums:
-        """Both added up, sum by sum."""
-        return CallSums._make(mine + theirs for mine, theirs in zip(self, other, strict=True))
-
-    def totals(self) -> CallTotals:
-        """The totals these sums make: money rounded to nano-dollars, as every backend does."""
-        return CallTotals(
-            calls=self.calls,
-            refused=self.refused,
-            input_tokens=self.input_tokens,
-            output_tokens=self.output_tokens,
-            cost=nano_rounded(self.cost),
-            cost_saved=nano_rounded(self.cost_saved),
-            unpriced=self.unpriced,
-        )
-
-
-def call_sums(entry: CallLogEntry) -> CallSums:
+def call_sums(entry: CallLogEntry) -> CallTotals:
     """One call's share of the totals: the one place each sum's meaning is written.
 
     Every backend adds these up (the Redis store keeps them per hour, see
@@ -218,8 +200,8 @@ def call_sums(entry: CallLogEntry) -> CallSums:
     cost = entry.cost
     unpriced = 1 if cost is None else 0
     if not is_sent(entry.outcome):
-        return CallSums(calls=1, refused=1, cost_saved=cost or 0.0, unpriced=unpriced)
-    return CallSums(
+        return CallTotals(calls=1, refused=1, cost_saved=cost or 0.0, unpriced=unpriced)
+    return CallTotals(
         calls=1,
         input_tokens=entry.input_tokens or 0,
         output_tokens=entry.output_tokens or 0,
@@ -233,20 +215,20 @@ class TotalsBuilder:
 
     def __init__(self, where: CallFilter) -> None:
         self._where = where
-        self._sums = CallSums()
+        self._sums = CallTotals()
 
     def add(self, entry: CallLogEntry) -> None:
         """Count one entry, if the filter matches it."""
         if self._where.matches(entry):
             self.add_sums(call_sums(entry))
 
-    def add_sums(self, sums: CallSums) -> None:
+    def add_sums(self, sums: CallTotals) -> None:
         """Count sums already added up (calls the filter matched)."""
         self._sums = self._sums.plus(sums)
 
     def totals(self) -> CallTotals:
         """The sums so far."""
-        return self._sums.totals()
+        return self._sums.rounded()
 
 
 def series_start(since: float, bucket_seconds: float) -> float:
@@ -293,7 +275,7 @@ class SeriesBuilder:
         if self._since <= entry.at < self._until and self._where.matches(entry):
             self.add_sums(entry.at, call_sums(entry))
 
-    def add_sums(self, at: float, sums: CallSums) -> None:
+    def add_sums(self, at: float, sums: CallTotals) -> None:
         """Count sums already added up (matched calls of since..until) in the bucket of `at`."""
         # The last bucket also takes a time that float division puts just past it.
         index = min(bucket_index(at, self._start, self._bucket), len(self._sums) - 1)

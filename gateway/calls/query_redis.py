@@ -41,16 +41,15 @@ from typing import NamedTuple
 
 from redis.asyncio import Redis
 
-from gateway.calls.entry import CallLogEntry
-from gateway.calls.query import CallFilter, CallSums, call_sums, series_start
-from gateway.calls.store import OUTCOMES
+from gateway.calls.entry import OUTCOMES, CallLogEntry
+from gateway.calls.query import CallFilter, CallTotals, call_sums, series_start
 
 HOUR = 3600.0
 AGGREGATED = ("agent", "model", "customer", "feature")
 """The filter fields with per-hour sums (beside `outcome`, by which every sum is split)."""
 _ALL = "*"
 _SEP = "\x1f"
-_CODES = dict(zip(CallSums._fields, "nrioesu", strict=True))
+_CODES = dict(zip(CallTotals._fields, "nrioesu", strict=True))
 """Each sum's letter in a hash field (calls, refused, tokens in/out, cost, saved, unpriced)."""
 _MONEY = frozenset({"cost", "cost_saved"})
 
@@ -115,7 +114,7 @@ end
 class Reading(NamedTuple):
     """A filter's sums: whole hours from the hashes, and the time ranges left to scan."""
 
-    hours: list[tuple[float, CallSums]]
+    hours: list[tuple[float, CallTotals]]
     scan: list[tuple[float | None, float | None]]
 
 
@@ -184,14 +183,14 @@ def aggregation(where: CallFilter) -> tuple[str, str] | None:
     return given[0] if given else (_ALL, "")
 
 
-def _sums(values: Sequence[str | None]) -> CallSums:
+def _sums(values: Sequence[str | None]) -> CallTotals:
     """An hour's sums from its HMGET: the sums of `_CODES`, outcome after outcome."""
     width = len(_CODES)
     calls, refused, tokens_in, tokens_out, cost, saved, unpriced = (
         sum(float(value) for value in values[index::width] if value is not None)
         for index in range(width)
     )
-    return CallSums(
+    return CallTotals(
         int(calls), int(refused), int(tokens_in), int(tokens_out), cost, saved, int(unpriced)
     )
 

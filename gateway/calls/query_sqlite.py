@@ -23,7 +23,6 @@ from gateway.calls.query import (
     FIELD_FILTERS,
     SENT_OUTCOMES,
     CallFilter,
-    CallSums,
     CallTotals,
     CostBucket,
     Cursor,
@@ -94,10 +93,10 @@ def totals(db: sqlite3.Connection, where: CallFilter) -> CallTotals:
         params,
     ).fetchone()
     calls, refused, tokens_in, tokens_out, cost, saved, unpriced = row
-    sums = CallSums(
+    sums = CallTotals(
         int(calls), int(refused), int(tokens_in), int(tokens_out), cost, saved, int(unpriced)
     )
-    return sums.totals()
+    return sums.rounded()
 
 
 def cost_series(

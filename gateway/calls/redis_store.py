@@ -67,7 +67,7 @@ from types import MappingProxyType
 from typing import cast
 
 from gateway.app.errors import StateError
-from gateway.calls import anomaly_redis, budgets_redis, query_redis
+from gateway.calls import anomaly_redis, budgets_redis, codec, query_redis
 from gateway.calls.anomaly import AnomalyCharge, agent_paused
 from gateway.calls.budgets import (
     ADMITTED_FREE,
@@ -81,7 +81,7 @@ from gateway.calls.budgets import (
     SpendVerdict,
 )
 from gateway.calls.budgets_redis import SPEND_CHECK, SPEND_HOLD, SPEND_PRELUDE
-from gateway.calls.entry import CallLogEntry, CallOutcome
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.owners import OwnerLease
 from gateway.calls.query import (
     CallFilter,
@@ -96,7 +96,6 @@ from gateway.calls.query import (
 from gateway.calls.store import (
     ENFORCED,
     LOG_KEEP,
-    OUTCOMES,
     Admission,
     MemoryCallStore,
     Settled,
@@ -797,50 +796,10 @@ class RedisCallStore(RedisLinked):
 
 def _encode(entry: CallLogEntry) -> dict[str, object]:
     """A log entry as JSON-able data, with a unique id so equal entries are kept apart."""
-    return {
-        "id": uuid.uuid4().hex,
-        "at": entry.at,
-        "provider": entry.provider,
-        "agent": entry.agent,
-        "session": entry.session,
-        "circuit": entry.circuit,
-        "model": entry.model,
-        "outcome": entry.outcome,
-        "status": entry.status,
-        "input_tokens": entry.input_tokens,
-        "output_tokens": entry.output_tokens,
-        "cost": entry.cost,
-        "estimated": entry.estimated,
-        "fingerprint": entry.fingerprint,
-        "rule": entry.rule,
-        "retry": entry.retry,
-        "duration_ms": entry.duration_ms,
-        "fields": dict(entry.fields),
-    }
+    return {"id": uuid.uuid4().hex, **codec.plain(entry)}
 
 
 def _decode(raw: str) -> CallLogEntry:
     """A log entry from its JSON form."""
-    data = json.loads(raw)
-    outcome = data["outcome"]
-    if outcome not in OUTCOMES:
-        raise StateError(f"the call log holds an unknown outcome {outcome!r}")
-    return CallLogEntry(
-        at=float(data["at"]),
-        provider=str(data["provider"]),
-        agent=str(data["agent"]),
-        session=str(data["session"]),
-        circuit=str(data["circuit"]),
-        model=str(data["model"]),
-        outcome=cast(CallOutcome, outcome),
-        status=data["status"],
-        input_tokens=data["input_tokens"],
-        output_tokens=data["output_tokens"],
-        cost=data["cost"],
-        estimated=bool(data["estimated"]),
-        fingerprint=str(data["fingerprint"]),
-        rule=data["rule"],
-        retry=int(data["retry"]),
-        duration_ms=float(data["duration_ms"]),
-        fields=MappingProxyType({str(k): str(v) for k, v in data["fields"].items()}),
-    )
+    data: dict[str, object] = json.loads(raw)
+    return codec.from_plain(data)

@@ -53,7 +53,6 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sqlite3
@@ -61,10 +60,9 @@ import struct
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import cast
 
 from gateway.app.errors import StateError
-from gateway.calls import anomaly_sqlite, budgets_sqlite, query_sqlite
+from gateway.calls import anomaly_sqlite, budgets_sqlite, codec, query_sqlite
 from gateway.calls.anomaly import AnomalyCharge, anomaly_pause, step_agent_hold, step_anomaly
 from gateway.calls.budgets import (
     ADMITTED_FREE,
@@ -78,10 +76,10 @@ from gateway.calls.budgets import (
     step_release,
     step_spend,
 )
-from gateway.calls.entry import CallLogEntry, CallOutcome
+from gateway.calls.entry import CallLogEntry
 from gateway.calls.owners import OwnerLease
 from gateway.calls.query import CallFilter, CallPage, CallTotals, CostBucket, Cursor, page_of
-from gateway.calls.store import ENFORCED, LOG_KEEP, OUTCOMES, Admission, Settled, ShadowGuards
+from gateway.calls.store import ENFORCED, LOG_KEEP, Admission, Settled, ShadowGuards
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.state.receipts import new_owner
 from gateway.state.sqlite_db import SqliteDb
@@ -119,24 +117,14 @@ _SCHEMA = (
     """CREATE TABLE IF NOT EXISTS call_windows (
         key TEXT PRIMARY KEY, times BLOB NOT NULL, idle_at REAL NOT NULL) WITHOUT ROWID""",
     "CREATE INDEX IF NOT EXISTS call_windows_idle ON call_windows (idle_at)",
-    """CREATE TABLE IF NOT EXISTS call_log (
-        id INTEGER PRIMARY KEY, at REAL NOT NULL, provider TEXT NOT NULL,
-        agent TEXT NOT NULL, session TEXT NOT NULL, circuit TEXT NOT NULL, model TEXT NOT NULL,
-        outcome TEXT NOT NULL, status INTEGER, input_tokens INTEGER, output_tokens INTEGER,
-        cost REAL, estimated INTEGER NOT NULL, fingerprint TEXT NOT NULL, rule TEXT,
-        retry INTEGER NOT NULL, duration_ms REAL NOT NULL, fields TEXT NOT NULL)""",
+    codec.LOG_TABLE,
     "CREATE INDEX IF NOT EXISTS call_log_at ON call_log (at)",
     *budgets_sqlite.SCHEMA,
     *anomaly_sqlite.SCHEMA,
     *query_sqlite.INDEXES,
 )
-_LOG_COLUMNS = (
-    "at, provider, agent, session, circuit, model, outcome, status, input_tokens, "
-    "output_tokens, cost, estimated, fingerprint, rule, retry, duration_ms, fields"
-)
 _LOG_INSERT = (
-    f"INSERT INTO call_log ({_LOG_COLUMNS}) "
-    f"VALUES ({', '.join('?' * (_LOG_COLUMNS.count(',') + 1))})"
+    f"INSERT INTO call_log ({codec.LOG_COLUMNS}) VALUES ({', '.join('?' * len(codec.LOG_FIELDS))})"
 )
 _SEP = "\x1f"
 # Expired rows are removed _SWEEP_ROWS of each table every _SWEEP_EVERY decisions: four
@@ -371,7 +359,7 @@ class SqliteCallStore:
         if not entries:
             return
         keep = self._log_keep
-        rows = [_log_row(entry) for entry in entries]
+        rows = [codec.sql_row(entry) for entry in entries]
 
         def append(db: sqlite3.Connection, now: float) -> None:
             db.executemany(_LOG_INSERT, rows)
@@ -387,9 +375,9 @@ class SqliteCallStore:
 
         def since(db: sqlite3.Connection, now: float) -> list[CallLogEntry]:
             rows = db.execute(
-                f"SELECT {_LOG_COLUMNS} FROM call_log WHERE at >= ? ORDER BY at, id", (cutoff,)
+                f"SELECT {codec.LOG_COLUMNS} FROM call_log WHERE at >= ? ORDER BY at, id", (cutoff,)
             )
-            return [_entry(row) for row in rows]
+            return [codec.from_sql_row(row) for row in rows]
 
         return await self._sqlite.read(since)
 
@@ -399,8 +387,8 @@ class SqliteCallStore:
         """The page in one indexed query (a read: it never waits for a writer)."""
 
         def page(db: sqlite3.Connection, now: float) -> CallPage:
-            rows = query_sqlite.page_rows(db, _LOG_COLUMNS, where, limit, cursor)
-            return page_of([_entry(row) for row in rows], limit, cursor)
+            rows = query_sqlite.page_rows(db, codec.LOG_COLUMNS, where, limit, cursor)
+            return page_of([codec.from_sql_row(row) for row in rows], limit, cursor)
 
         return await self._sqlite.read(page)
 
@@ -415,65 +403,6 @@ class SqliteCallStore:
         return await self._sqlite.read(
             lambda db, now: query_sqlite.cost_series(db, where, since, until, bucket_seconds)
         )
-
-
-def _log_row(entry: CallLogEntry) -> tuple[object, ...]:
-    """An entry's row (columns in `_LOG_COLUMNS` order)."""
-    return (
-        entry.at,
-        entry.provider,
-        entry.agent,
-        entry.session,
-        entry.circuit,
-        entry.model,
-        entry.outcome,
-        entry.status,
-        entry.input_tokens,
-        entry.output_tokens,
-        entry.cost,
-        int(entry.estimated),
-        entry.fingerprint,
-        entry.rule,
-        entry.retry,
-        entry.duration_ms,
-        json.dumps(dict(entry.fields), sort_keys=True),
-    )
-
-
-def _entry(row: tuple[object, ...]) -> CallLogEntry:
-    """A log entry from its row (columns in `_LOG_COLUMNS` order)."""
-    (at, provider, agent, session, circuit, model, outcome, status, tokens_in, tokens_out) = row[
-        :10
-    ]
-    cost, estimated, fingerprint, rule, retry, duration_ms, fields = row[10:]
-    fields_map = json.loads(str(fields))
-    return CallLogEntry(
-        at=float(cast(float, at)),
-        provider=str(provider),
-        agent=str(agent),
-        session=str(session),
-        circuit=str(circuit),
-        model=str(model),
-        outcome=_outcome(str(outcome)),
-        status=cast(int | None, status),
-        input_tokens=cast(int | None, tokens_in),
-        output_tokens=cast(int | None, tokens_out),
-        cost=cast(float | None, cost),
-        estimated=bool(estimated),
-        fingerprint=str(fingerprint),
-        rule=cast(str | None, rule),
-        retry=int(cast(int, retry)),
-        duration_ms=float(cast(float, duration_ms)),
-        fields=MappingProxyType({str(k): str(v) for k, v in fields_map.items()}),
-    )
-
-
-def _outcome(text: str) -> CallOutcome:
-    """A stored outcome, checked against the known ones."""
-    for outcome in OUTCOMES:
-        if outcome == text:
-            return outcome
-    raise StateError(f"the call log holds an unknown outcome {text!r}")
 
 
 def _create_schema(db: sqlite3.Connection, path: str) -> None:

@@ -47,7 +47,7 @@ from gateway.calls.budgets import (
     step_spend,
 )
 from gateway.calls.budgets_memory import SpendTable
-from gateway.calls.entry import _NO_FIELDS, CallLogEntry, CallOutcome
+from gateway.calls.entry import _NO_FIELDS, CallLogEntry
 from gateway.calls.query import (
     CallFilter,
     CallPage,
@@ -68,14 +68,6 @@ from guards.call_loop import (
     step_reopen,
 )
 
-OUTCOMES: tuple[CallOutcome, ...] = (
-    "forwarded",
-    "loop_detected",
-    "loop_paused",
-    "duplicate_call",
-    "budget_exceeded",
-    "upstream_error",
-)
 LOG_KEEP = 100_000
 
 

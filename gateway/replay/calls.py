@@ -27,8 +27,8 @@ from pathlib import Path
 from multidict import CIMultiDict
 
 from gateway.app.jsonbody import JsonBodyError, parse_json
-from gateway.calls.export import CSV_COLUMNS
-from gateway.calls.store import OUTCOMES
+from gateway.calls.entry import OUTCOMES
+from gateway.calls.export import CSV_COLUMNS, FIELD_COLUMNS
 from gateway.proxy.auth import ProxyClient
 from gateway.proxy.calls import CallFieldError, build_call
 from gateway.proxy.openai import OpenAIProvider
@@ -38,7 +38,6 @@ from gateway.replay.records import RecordedCall, ReplayInputError, parse_time, q
 from guards.call_loop import circuit_key
 
 REQUIRED_COLUMNS = ("time", "agent", "session", "model", "outcome", "fingerprint")
-FIELD_COLUMNS = ("step", "customer", "user", "feature")
 MAX_LINE_BYTES = 16 * 1024**2
 _MAX_DIGITS = 12
 _PROVIDER = OpenAIProvider()

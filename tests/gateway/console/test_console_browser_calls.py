@@ -17,7 +17,7 @@ import openai
 import pytest
 from playwright.async_api import Dialog, Page, ViewportSize, expect
 
-from gateway.calls.store import OUTCOMES
+from gateway.calls.entry import OUTCOMES
 from tests.browser.plugin import artifact_path, needs_chromium
 from tests.gateway.console.console_helpers import TOKEN, console_gateway
 from tests.gateway.proxy.proxy_helpers import (
