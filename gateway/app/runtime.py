@@ -132,14 +132,20 @@ class Gateway:
         start_backoff: tuple[float, float] = (1.0, 60.0),
     ) -> None:
         self.config = config
-        self.state = state if state is not None else build_state(config.state, clock=clock)
-        self.calls = calls if calls is not None else build_call_store(config.state, clock=clock)
         self.metrics = Metrics()
+        self.state = (
+            state
+            if state is not None
+            else build_state(config.state, clock=clock, metrics=self.metrics.state)
+        )
+        self.calls = calls if calls is not None else build_call_store(config.state, clock=clock)
         self.metrics.watch_state(self.state)
         recent = RecentRefusals(clock=clock)
         budgets = AgentBudgets.from_config(config, wall_clock=wall_clock)
         prices = PriceTable.for_config(config.proxy)
-        self.request_log = RequestLog(self.calls, prices, wall_clock=wall_clock)
+        self.request_log = RequestLog(
+            self.calls, prices, wall_clock=wall_clock, metrics=self.metrics.model_calls
+        )
         admin = self._admin = AdminService(
             config, self.state, recent=recent, calls=self.calls, spend=budgets
         )

@@ -5,18 +5,66 @@ gateways share a process without "duplicated timeseries" errors. The counters si
 per-message hot path, where a prometheus-client `Counter` child costs a lock and a few
 calls per increment; so counts are kept in plain dicts (every increment happens on the
 event loop's thread) and turned into counter families only when `/metrics` is scraped,
-by a collector registered on that registry.
+by a collector registered on that registry. Histograms are kept the same way (bucket
+counts in a list per label set, `Histogram`).
+
+Beside the gateway's counters this module holds what the LLM-call proxy's registry
+shares with it (`gateway.proxy.metrics`): the GenAI client metrics of every guarded model
+call and the money its refusals saved (`ModelCallMetrics`, fed by the request log, the
+one place every guarded call ends), the state backend's operation latency and errors
+(`StateMetrics`, fed by `gateway.state.timed`), and the budget gauges (`BudgetGauges`).
+
+Decisions where DESIGN.md is silent:
+- Label values that come from traffic are bounded (`BoundedValues`): the first
+  `MAX_ROOMS` rooms keep their name in `loops_cut_total`, later ones are `other`; the first
+  `MAX_MODELS` model names (a client chooses them) keep theirs in the GenAI metrics; at
+  most `MAX_BUDGET_GROUPS` budget groups (the most spent) get gauges.
+- Label sets fixed in advance start at zero (`spend_avoided_usd_total` per guard, the state
+  errors per backend and operation), so `increase()` sees their first event.
+- The GenAI metrics follow OpenTelemetry's GenAI semantic conventions (1.37.0, status
+  Development): `gen_ai.client.token.usage` (`gen_ai_client_token_usage`, the tokens the
+  provider reported, by `gen_ai_token_type` input or output; estimated counts are not
+  recorded) and `gen_ai.client.operation.duration` (`gen_ai_client_operation_duration_seconds`,
+  from the call's start to its answer's end, with `error_type` the HTTP status or
+  `no_answer` for a failed call), with their advised bucket boundaries.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # the request log's entry, read by ModelCallMetrics
+    from gateway.calls.entry import CallLogEntry
+
+MAX_ROOMS = 500
+"""Rooms named in `loops_cut_total`; the cuts of any later room are counted as `other`."""
+MAX_MODELS = 100
+"""Model names in the GenAI metrics; calls to any later one are counted as `other`."""
+MAX_BUDGET_GROUPS = 200
+"""Budget groups with gauges: the ones that spent most (`BudgetGauges`)."""
+OTHER = "other"
+"""The label value of everything past a bound."""
+
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+"""`gen_ai.client.token.usage`'s advised boundaries (GenAI semantic conventions)."""
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48)
+"""`gen_ai.client.operation.duration`'s advised boundaries, in seconds."""
+STATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
+"""State operations: from an in-memory step (~µs) to a slow Redis round trip."""
+SAVING_GUARDS = {"budget_exceeded": "spend"}
+"""The guard a refused model call's outcome names; every other refusal is `call_loop`'s."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +92,12 @@ _FAMILIES = (
         "transcript_records_skipped",
         "Transcript records that could not be read, skipped from an agent's history",
         (),
+    ),
+    _Family(
+        "loops_cut",
+        "Loops a guard cut (a bot message refused, an agent's turn halted), by guard and"
+        f" room (the first {MAX_ROOMS} rooms; later ones are counted as other)",
+        ("guard", "room"),
     ),
     _Family(
         "events_dropped",
@@ -100,6 +154,237 @@ class _StateHealth(Collector):
         )
 
 
+def watch_outages(registry: CollectorRegistry, store: object) -> None:
+    """Expose a state backend's outage flag and count on `registry`, when it reports them."""
+    if isinstance(store, ReportsOutages):
+        registry.register(_StateHealth(store))
+
+
+class BoundedValues:
+    """A label's values as seen: the first `limit` keep their name, any later one is `other`."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def label(self, value: str) -> str:
+        """`value` when it is known or there is room for it, else `other`."""
+        seen = self._seen
+        if value in seen:
+            return value
+        if len(seen) < self._limit:
+            seen.add(value)
+            return value
+        return OTHER
+
+
+class Counter(Collector):
+    """A counter family kept in a plain dict (see the module's docstring)."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = list(labels)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def inc(self, key: tuple[str, ...], amount: float = 1) -> None:
+        """Add `amount` to the series of these label values."""
+        self.values[key] = self.values.get(key, 0) + amount
+
+    def zero(self, keys: Iterable[tuple[str, ...]]) -> None:
+        """Show these label sets at 0 before their first event (for `increase()`)."""
+        for key in keys:
+            self.values.setdefault(key, 0)
+
+    def collect(self) -> Iterator[Metric]:
+        metric = CounterMetricFamily(self._name, self._documentation, labels=self._labels)
+        for key, value in list(self.values.items()):
+            metric.add_metric(list(key), value)
+        yield metric
+
+
+class Gauge(Collector):
+    """A gauge family whose series are replaced as a whole (`replace`)."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = list(labels)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def replace(self, values: dict[tuple[str, ...], float]) -> None:
+        """These series and no others (a group whose period ended disappears)."""
+        self.values = values
+
+    def collect(self) -> Iterator[Metric]:
+        metric = GaugeMetricFamily(self._name, self._documentation, labels=self._labels)
+        for key, value in list(self.values.items()):
+            metric.add_metric(list(key), value)
+        yield metric
+
+
+class Histogram(Collector):
+    """A histogram family: per label set, a count per bucket and the sum of the values."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: tuple[str, ...],
+        buckets: tuple[float, ...],
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = list(labels)
+        self._bounds = buckets
+        self._series: dict[tuple[str, ...], list[float]] = {}
+
+    def observe(self, key: tuple[str, ...], value: float) -> None:
+        """Count one value in the series of these label values."""
+        series = self._series.get(key)
+        if series is None:
+            # One count per bound, one for +Inf, then the sum.
+            series = self._series[key] = [0.0] * (len(self._bounds) + 2)
+        series[bisect_left(self._bounds, value)] += 1
+        series[-1] += value
+
+    def collect(self) -> Iterator[Metric]:
+        metric = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
+        bounds = [*(str(float(bound)) for bound in self._bounds), "+Inf"]
+        for key, series in list(self._series.items()):
+            cumulative, running = [], 0.0
+            for bound, count in zip(bounds, series, strict=False):
+                running += count
+                cumulative.append((bound, running))
+            metric.add_metric(list(key), cumulative, series[-1])
+        yield metric
+
+
+class ModelCallMetrics:
+    """Every guarded model call's GenAI client metrics, and the money its refusal saved.
+
+    The request log calls `call_logged` once per call (`gateway.proxy.request_log`), on
+    the proxy and in the gateway's `openai` agents alike.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._models = BoundedValues(MAX_MODELS)
+        self.tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "gen_ai.client.token.usage: tokens a model call used, as its provider reported them",
+            (
+                "gen_ai_operation_name",
+                "gen_ai_provider_name",
+                "gen_ai_request_model",
+                "gen_ai_token_type",
+            ),
+            TOKEN_BUCKETS,
+        )
+        self.duration = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "gen_ai.client.operation.duration: a model call's duration, sent to answered",
+            ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"),
+            DURATION_BUCKETS,
+        )
+        self.saved = Counter(
+            "spend_avoided_usd",
+            "Estimated cost of the model calls a guard refused (the request log's cost saved)",
+            ("guard",),
+        )
+        self.saved.zero([("call_loop",), ("spend",)])
+        for family in (self.tokens, self.duration, self.saved):
+            registry.register(family)
+
+    def call_logged(self, entry: CallLogEntry) -> None:
+        """Count one call as its request-log entry states it."""
+        outcome = entry.outcome
+        if outcome not in ("forwarded", "upstream_error"):
+            self.saved.inc((SAVING_GUARDS.get(outcome, "call_loop"),), entry.cost or 0.0)
+            return
+        provider, model = entry.provider, self._models.label(entry.model)
+        failed = outcome == "upstream_error"
+        error = "" if not failed else str(entry.status) if entry.status else "no_answer"
+        self.duration.observe(("chat", provider, model, error), entry.duration_ms / 1000)
+        if entry.estimated:
+            return
+        self.tokens.observe(("chat", provider, model, "input"), entry.input_tokens or 0)
+        self.tokens.observe(("chat", provider, model, "output"), entry.output_tokens or 0)
+
+
+class StateMetrics:
+    """The state backend's operations: their latency and the errors they raised.
+
+    `gateway.state.timed` calls `observe` and `failed` around every StateStore call.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.seconds = Histogram(
+            "state_operation_seconds",
+            "State backend calls' latency, by backend and operation",
+            ("backend", "op"),
+            STATE_BUCKETS,
+        )
+        self.errors = Counter(
+            "state_errors",
+            "State backend calls that raised, by backend and operation",
+            ("backend", "op"),
+        )
+        registry.register(self.seconds)
+        registry.register(self.errors)
+
+    def known(self, backend: str, ops: Iterable[str]) -> None:
+        """Show each operation's error count at 0 from the start."""
+        self.errors.zero((backend, op) for op in ops)
+
+    def observe(self, backend: str, op: str, seconds: float) -> None:
+        """Count one call's latency."""
+        self.seconds.observe((backend, op), seconds)
+
+    def failed(self, backend: str, op: str) -> None:
+        """Count one call that raised."""
+        self.errors.inc((backend, op))
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetFigure:
+    """One budget group's spend this period and its dollar limit (None: none set)."""
+
+    budget: str
+    group: str
+    spent_usd: float
+    limit_usd: float | None
+
+
+class BudgetGauges:
+    """`budget_spend_usd` and `budget_limit_usd` per budget group, replaced on each update.
+
+    At most `MAX_BUDGET_GROUPS` groups are shown, those that spent most: a budget `per`
+    user may hold a group per user, and a series per group would grow without bound.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("budget", "group")
+        self.spend = Gauge(
+            "budget_spend_usd", "A budget group's spend this period, in US dollars", labels
+        )
+        self.limit = Gauge(
+            "budget_limit_usd",
+            "A budget group's dollar limit this period (an admin's override included)",
+            labels,
+        )
+        registry.register(self.spend)
+        registry.register(self.limit)
+
+    def update(self, figures: Iterable[BudgetFigure]) -> None:
+        """Show these groups' figures (the most spent, up to the bound), and no others."""
+        top = sorted(figures, key=lambda figure: figure.spent_usd, reverse=True)
+        shown = top[:MAX_BUDGET_GROUPS]
+        self.spend.replace({(f.budget, f.group): f.spent_usd for f in shown})
+        self.limit.replace(
+            {(f.budget, f.group): f.limit_usd for f in shown if f.limit_usd is not None}
+        )
+
+
 class Metrics:
     """The gateway's counters; the runtime serves `render()` (or the registry) at `/metrics`."""
 
@@ -119,6 +404,10 @@ class Metrics:
         self._errors = values["errors"]
         self._events_dropped = values["events_dropped"]
         self._transcript_skipped = values["transcript_records_skipped"]
+        self._loops_cut = values["loops_cut"]
+        self._rooms = BoundedValues(MAX_ROOMS)
+        self.model_calls = ModelCallMetrics(self.registry)
+        self.state = StateMetrics(self.registry)
 
     def message_in(self, platform: str) -> None:
         """Count one inbound message."""
@@ -155,6 +444,11 @@ class Metrics:
         key = (stage,)
         self._errors[key] = self._errors.get(key, 0) + 1
 
+    def loop_cut(self, guard: str, room: str) -> None:
+        """Count one loop a guard cut in a room (`other` past `MAX_ROOMS` rooms)."""
+        key = (guard, self._rooms.label(room))
+        self._loops_cut[key] = self._loops_cut.get(key, 0) + 1
+
     def event_dropped(self, platform: str, reason: str) -> None:
         """Count one inbound event a connector dropped."""
         key = (platform, reason)
@@ -166,8 +460,7 @@ class Metrics:
 
     def watch_state(self, store: object) -> None:
         """Expose a state backend's outage flag and count, when it reports them."""
-        if isinstance(store, ReportsOutages):
-            self.registry.register(_StateHealth(store))
+        watch_outages(self.registry, store)
 
     def value(self, name: str, **labels: str) -> float:
         """The sum of the samples of `name` whose labels include `labels`, 0 when none does.

@@ -1,7 +1,8 @@
 """The LLM-call proxy: an aiohttp reverse proxy that stops repeated calls before the provider.
 
 Routes: `/openai/v1/{path}`, `/anthropic/{path}` and `/gemini/{path}` (any method),
-`/healthz`, and the admin API's `GET /admin/circuits`, `POST /admin/circuits/reopen`,
+`/healthz`, `/metrics` (Prometheus, `gateway.proxy.metrics`; open like the gateway's),
+and the admin API's `GET /admin/circuits`, `POST /admin/circuits/reopen`,
 `GET /admin/spend`, `POST /admin/spend/limit`, `POST /admin/spend/reset` (bearer
 `proxy.admin_token`; `spend`), `GET /admin/calls`, `/admin/calls.csv`,
 `/admin/calls/series` and `/admin/rules` (`gateway.admin.calls`) and
@@ -55,6 +56,7 @@ from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import Config
 from gateway.config.proxy import ProxyConfig
+from gateway.observability.metrics import BudgetFigure
 from gateway.proxy import messages
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.anthropic import AnthropicProvider
@@ -63,6 +65,7 @@ from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import CallFieldError, build_call
 from gateway.proxy.gemini import GeminiProvider
 from gateway.proxy.guarded import GuardedCalls, OverBudget, shadow_code
+from gateway.proxy.metrics import ProxyMetrics
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.paths import PathError, canonical_path
 from gateway.proxy.pricing import PriceTable
@@ -70,7 +73,7 @@ from gateway.proxy.provider import Provider, error_response
 from gateway.proxy.refusal import Refusals
 from gateway.proxy.request_log import RequestLog
 from gateway.proxy.shadow import SHADOW_CODE, add_shadow_header, shadow_guards
-from gateway.proxy.spend import spend_admin_routes
+from gateway.proxy.spend import spend_admin_routes, spend_rows
 from gateway.proxy.upstream import Upstreams
 from gateway.state.base import StateStore
 from gateway.state.factory import build_state
@@ -98,6 +101,10 @@ class ProxyServer:
         if proxy is None:
             raise ConfigError("proxy", "required to run the proxy (keys, upstreams, ...)")
         self.config: ProxyConfig = proxy
+        upstreams = proxy.upstreams
+        self.metrics = ProxyMetrics(
+            name for name in type(upstreams).model_fields if getattr(upstreams, name) is not None
+        )
         self.store = (
             store
             if store is not None
@@ -105,11 +112,14 @@ class ProxyServer:
                 config.state, proxy.call_loop.policy(), proxy.rules, log_keep=proxy.log_keep
             )
         )
-        self.state = state if state is not None else build_state(config.state)
+        self.state = (
+            state if state is not None else build_state(config.state, metrics=self.metrics.state)
+        )
+        self.metrics.watch_state(self.state)
         self.alerter = alerter if alerter is not None else Alerter.from_config(proxy.alerts)
         self._auth = Authenticator(proxy.keys)
         prices = PriceTable(proxy.prices, proxy.default_output_tokens)
-        self._log = RequestLog(self.store, prices, wall_clock=wall_clock)
+        self._log = RequestLog(self.store, prices, wall_clock=wall_clock, metrics=self.metrics)
         self._refusals = Refusals(self.alerter, clock=clock)
         self._guarded = GuardedCalls(self.store, self._log, log=log)
         self._budgets = ProxyBudgets(
@@ -120,8 +130,10 @@ class ProxyServer:
             guarded=self._guarded,
             shadow=shadow_guards(proxy),
             wall_clock=wall_clock,
+            metrics=self.metrics,
         )
-        self._upstreams = Upstreams(proxy, self.store, self._log, self._budgets)
+        self._upstreams = Upstreams(proxy, self.store, self._log, self._budgets, self.metrics)
+        self._wall_clock = wall_clock
         admin = AdminService(config, self.state, calls=self.store)
         # The console's sessions: the admin API accepts them beside the bearer token.
         self.console = ConsoleSessions(
@@ -135,6 +147,7 @@ class ProxyServer:
         self.app.add_routes(
             [
                 web.get("/healthz", _healthz),
+                web.get("/metrics", self._prometheus),
                 *circuit_admin_routes(admin, self.state, access),
                 *audit_admin_routes(admin, self.state, access),
                 *spend_admin_routes(
@@ -206,6 +219,25 @@ class ProxyServer:
         await self._budgets.wait()
         await self._log.settle()
         await self.alerter.settle()
+
+    async def _prometheus(self, request: web.Request) -> web.Response:
+        """`/metrics`: the budget gauges read from the call store, then every series."""
+        budgets = self._budgets
+        if budgets.budgets:
+            try:
+                rows = await spend_rows(
+                    self.store, budgets.budgets, budgets.periods, self._wall_clock()
+                )
+            except Exception:  # a scrape still answers; the gauges keep their last figures
+                log.exception("reading the budget groups for /metrics failed")
+            else:
+                self.metrics.budget_figures(
+                    BudgetFigure(row.budget, row.group, row.spent_usd, row.limit_usd)
+                    for row in rows
+                )
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type}
+        )
 
     async def _handle(self, request: web.Request, provider: Provider) -> web.StreamResponse:
         """Authenticate, canonicalise, decide; then refuse, or forward and relay."""

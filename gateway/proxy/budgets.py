@@ -75,6 +75,7 @@ from gateway.proxy import background, messages
 from gateway.proxy.alerts import Alert, Alerter
 from gateway.proxy.calls import ProxiedCall
 from gateway.proxy.guarded import Admitted, GuardedCalls, OverBudget
+from gateway.proxy.metrics import ProxyMetrics
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage, error_response
 from gateway.proxy.refusal import retry_headers
@@ -120,7 +121,9 @@ class ProxyBudgets:
         guarded: GuardedCalls,
         shadow: ShadowGuards = ENFORCED,
         wall_clock: Callable[[], float] = time.time,
+        metrics: ProxyMetrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self.budgets: tuple[Budget, ...] = tuple(b.budget() for b in config.budgets)
         self._shadow = shadow
         self.anomaly = config.anomaly.policy()
@@ -289,7 +292,9 @@ class ProxyBudgets:
             log.warning("%d spend charges not written at shutdown", late)
 
     def _anomaly_alert(self, call: ProxiedCall, alert: AnomalyAlert) -> None:
-        """Send one anomaly alert through `proxy.alerts`."""
+        """Count one anomaly, and send its alert through `proxy.alerts`."""
+        if self._metrics is not None:
+            self._metrics.anomaly(paused=alert.paused is not None)
         log.warning(
             "spend anomaly for agent %s: %s in the window from %s",
             alert.agent,

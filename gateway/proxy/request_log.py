@@ -9,7 +9,11 @@ transaction, one Redis pipeline): a transaction's fixed cost, more than an entry
 is paid once per batch, not once per call. Tokens are the provider's usage; those it did
 not report are estimated (`pricing`), and the entry says so. The gateway's own `openai`
 agents log their model calls through a `RequestLog` too (`gateway.agents.openai`): a call
-is any `LoggedRequest`, the proxy's `ProxiedCall` or an agent's request.
+is any `LoggedRequest`, the proxy's `ProxiedCall` or an agent's request. Each entry is
+also handed to the log's `metrics` (`CallObserver`: the GenAI client metrics and the
+money refusals saved, `gateway.observability.metrics.ModelCallMetrics`; the proxy's
+per-call counters, `gateway.proxy.metrics.ProxyMetrics`), so every guarded model call is
+counted in this one place.
 
 Decisions where DESIGN.md is silent: a batch holds `BATCH_MAX` entries at most, so one
 write never holds the event loop for long, and a full one is written without waiting; a
@@ -104,6 +108,12 @@ def log_entry(
     )
 
 
+class CallObserver(Protocol):
+    """Counts each guarded call from its request-log entry."""
+
+    def call_logged(self, entry: CallLogEntry) -> None: ...
+
+
 class RequestLog:
     """Builds each call's entry and writes the entries to the call store in the background."""
 
@@ -114,8 +124,10 @@ class RequestLog:
         *,
         wall_clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
+        metrics: CallObserver | None = None,
     ) -> None:
         self._store = store
+        self._metrics = metrics
         self._prices = prices
         self._wall_clock = wall_clock
         self._timer = timer
@@ -160,6 +172,8 @@ class RequestLog:
             entry.input_tokens,
             entry.output_tokens,
         )
+        if self._metrics is not None:
+            self._metrics.call_logged(entry)
         self._queued.append(entry)
         if self._writer is None:
             self._writer = asyncio.create_task(self._write())

@@ -42,6 +42,7 @@ from gateway.calls.budgets import (
     nano,
     parse_group_key,
     percent,
+    usd,
 )
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
@@ -59,7 +60,11 @@ HEADINGS = ("BUDGET", "GROUP", "SPENT", "HELD", "LIMIT", "%", "PERIOD END")
 
 @dataclass(frozen=True, slots=True)
 class SpendRow:
-    """One group's line: its budget and group, spend, held and limit (as text), share, end."""
+    """One group's line: its budget and group, spend, held and limit (as text), share, end.
+
+    `spent_usd` and `limit_usd` (None: no dollar limit) are the figures the proxy's
+    `budget_spend_usd` and `budget_limit_usd` gauges show.
+    """
 
     budget: str
     group: str
@@ -69,6 +74,8 @@ class SpendRow:
     percent: float
     ends: str
     key: str
+    spent_usd: float
+    limit_usd: float | None
 
     def as_json(self) -> dict[str, object]:
         """The row as the console's Spend page reads it (a zero limit's share is null)."""
@@ -122,6 +129,8 @@ async def spend_rows(
                 percent(limits, spend.spent),
                 periods.show(span.ends_at),
                 key,
+                usd(spend.spent.nano_usd),
+                None if limits.nano_usd is None else usd(limits.nano_usd),
             )
         )
     return sorted(rows, key=lambda row: (row.budget, row.group))

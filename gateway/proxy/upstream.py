@@ -29,6 +29,7 @@ from gateway.config.proxy import ProxyConfig, Upstream
 from gateway.proxy import messages
 from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import ProxiedCall
+from gateway.proxy.metrics import ProxyMetrics
 from gateway.proxy.paths import upstream_path
 from gateway.proxy.provider import (
     ErrorKind,
@@ -60,7 +61,9 @@ class Upstreams:
         store: CallStore,
         request_log: RequestLog,
         budgets: ProxyBudgets,
+        metrics: ProxyMetrics,
     ) -> None:
+        self._metrics = metrics
         self._upstreams: dict[str, Upstream] = {
             name: upstream
             for name, upstream in (
@@ -114,7 +117,11 @@ class Upstreams:
         body: bytes,
         call: ProxiedCall | None,
     ) -> web.StreamResponse:
-        """Send the request upstream with the upstream's key and relay the answer."""
+        """Send the request upstream with the upstream's key and relay the answer.
+
+        A guarded call's time before this point and its time upstream (up to its answer's
+        end, the charge's start included) are counted in the proxy's metrics.
+        """
         session = self._session
         if session is None:
             raise web.HTTPServiceUnavailable(text=messages.NOT_STARTED)
@@ -124,22 +131,30 @@ class Upstreams:
         # Encoded already: the client must not re-normalise the canonical path.
         url = URL(provider.upstream_url(upstream.base_url, upstream_path(tail)), encoded=True)
         query = provider.upstream_query(request.query) if request.query else None
+        sent = self._log.started()
         try:
-            answer = await session.request(
-                request.method,
-                url,
-                params=query,
-                data=body or None,
-                headers=headers,
-                allow_redirects=False,
-            )
-        except TimeoutError:
-            return await self._failed(provider, call, "timeout", "upstream_timeout", "timeout")
-        except aiohttp.ClientError as exc:
-            reason = type(exc).__name__
-            return await self._failed(provider, call, "unreachable", "upstream_unreachable", reason)
-        async with answer:
-            return await self._relay(request, provider, answer, call)
+            try:
+                answer = await session.request(
+                    request.method,
+                    url,
+                    params=query,
+                    data=body or None,
+                    headers=headers,
+                    allow_redirects=False,
+                )
+            except TimeoutError:
+                return await self._failed(provider, call, "timeout", "upstream_timeout", "timeout")
+            except aiohttp.ClientError as exc:
+                reason = type(exc).__name__
+                return await self._failed(
+                    provider, call, "unreachable", "upstream_unreachable", reason
+                )
+            async with answer:
+                return await self._relay(request, provider, answer, call)
+        finally:
+            if call is not None:
+                waited = self._log.started() - sent
+                self._metrics.forwarded(provider.name, added=sent - call.started, upstream=waited)
 
     async def _failed(
         self, provider: Provider, call: ProxiedCall | None, kind: ErrorKind, code: str, reason: str

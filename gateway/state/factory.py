@@ -17,16 +17,31 @@ from gateway.app.errors import ConfigError
 from gateway.config.state import StateConfig
 from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
+from gateway.state.timed import OperationObserver, time_operations
 
 _BACKEND_EXTRAS = {"redis": "redis"}
 
 
-def build_state(config: StateConfig, *, clock: Callable[[], float] | None = None) -> StateStore:
+def build_state(
+    config: StateConfig,
+    *,
+    clock: Callable[[], float] | None = None,
+    metrics: OperationObserver | None = None,
+) -> StateStore:
     """The StateStore for `config.backend`; `clock`, when given, drives its time (any backend).
 
     `loopwarden_integrations.RoomGuard(clock=...)` relies on it: a guard on sqlite or Redis
-    decides on the injected clock, as one on memory does.
+    decides on the injected clock, as one on memory does. With `metrics` every operation
+    of the store is timed into it (`gateway.state.timed`).
     """
+    store = _build(config, clock)
+    if metrics is not None:
+        time_operations(store, metrics, backend=config.backend)
+    return store
+
+
+def _build(config: StateConfig, clock: Callable[[], float] | None) -> StateStore:
+    """The backend's store, untimed."""
     if config.backend == "memory":
         return MemoryStateStore(clock=clock, max_transcript_bytes=config.max_transcript_bytes)
     module = _backend_module(config.backend)

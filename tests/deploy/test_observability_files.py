@@ -2,10 +2,9 @@
 
 The metric names and labels come from the gateway's own registry
 (gateway/observability/metrics.py, with a Redis state store watched, as the runtime
-does), so renaming a metric or a label in code fails here until the dashboard and the
-alerts follow. The LLM-call proxy exports
-no Prometheus metrics today (its only route besides the APIs is /healthz), so it adds
-none. `promtool` checks the rules and the scrape config, runs alerts_test.yaml, and
+does) and the LLM-call proxy's (gateway/proxy/metrics.py, served at its /metrics), each
+shown every series by calling what counts into it, so renaming a metric or a label in
+code fails here until the dashboard and the alerts follow. `promtool` checks the rules and the scrape config, runs alerts_test.yaml, and
 parses every dashboard query; without promtool those tests skip, except under CI=true.
 """
 
@@ -32,7 +31,9 @@ from connectors.skips import Skip
 from gateway.agents.spend import SPEND
 from gateway.app import middlewares
 from gateway.config import HttpConfig
-from gateway.observability.metrics import Metrics
+from gateway.calls.entry import CallLogEntry, CallOutcome
+from gateway.observability.metrics import BudgetFigure, Metrics, ModelCallMetrics, StateMetrics
+from gateway.proxy.metrics import ANOMALY_ACTIONS, REFUSAL_CODES, UPSTREAM_ERRORS, ProxyMetrics
 from gateway.state.redis import RedisStateStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,14 +84,58 @@ def _count_once_each(metrics: Metrics) -> None:
         method(*(_SAMPLE_ARGUMENT[hints[p]] for p in required))
 
 
-def exported() -> dict[str, frozenset[str]]:
-    """Each series name the gateway's /metrics can show, with its label names."""
+def _entry(outcome: CallOutcome, status: int | None = 200) -> CallLogEntry:
+    """A request-log entry of one model call with this outcome."""
+    return CallLogEntry(
+        at=0.0,
+        provider="openai",
+        agent="a",
+        session="",
+        circuit="a",
+        model="m",
+        outcome=outcome,
+        status=status,
+        input_tokens=3,
+        output_tokens=4,
+        cost=0.01,
+        duration_ms=5.0,
+    )
+
+
+def _model_calls(metrics: ModelCallMetrics | ProxyMetrics, state: StateMetrics) -> None:
+    """Log a sent, a failed and a refused model call, and time a state call, into these."""
+    for entry in (_entry("forwarded"), _entry("upstream_error", 502), _entry("loop_detected")):
+        metrics.call_logged(entry)
+    state.observe("redis", "claim", 0.001)
+    state.failed("redis", "claim")
+
+
+def gateway_registry() -> Metrics:
+    """The gateway's metrics, with every family shown."""
     metrics = Metrics()
     metrics.watch_state(RedisStateStore("redis://127.0.0.1:1/0"))
     _count_once_each(metrics)
+    _model_calls(metrics.model_calls, metrics.state)
+    return metrics
+
+
+def proxy_registry() -> ProxyMetrics:
+    """The proxy's metrics, with every family shown."""
+    metrics = ProxyMetrics(["openai"])
+    metrics.watch_state(RedisStateStore("redis://127.0.0.1:1/0"))
+    _model_calls(metrics, metrics.state)
+    metrics.forwarded("openai", added=0.001, upstream=0.5)
+    metrics.anomaly(paused=False)
+    metrics.budget_figures([BudgetFigure("b", "all", 1.0, 10.0)])
+    return metrics
+
+
+def exported() -> dict[str, frozenset[str]]:
+    """Each series name the gateway's and the proxy's /metrics can show, with its labels."""
     series: dict[str, frozenset[str]] = {}
-    for family in metrics.registry.collect():
-        assert family.samples, f"{family.name}: no counting method of Metrics shows it"
+    families = [*gateway_registry().registry.collect(), *proxy_registry().registry.collect()]
+    for family in families:
+        assert family.samples, f"{family.name}: nothing that counts into it shows it"
         for sample in family.samples:
             series[sample.name] = series.get(sample.name, frozenset()) | set(sample.labels)
     return series
@@ -129,6 +174,11 @@ def label_values() -> dict[tuple[str, str], set[str]]:
         ("errors_total", "stage"): stages,
         ("events_dropped_total", "reason"): {skip.value for skip in Skip},
         ("guard_decisions_total", "shadow"): {"true", "false"},
+        ("loops_cut_total", "guard"): {"bot_loop", "tool_loop", "call_loop"},
+        ("spend_avoided_usd_total", "guard"): {"call_loop", "spend"},
+        ("proxy_refusals_total", "code"): set(REFUSAL_CODES),
+        ("proxy_upstream_errors_total", "reason"): set(UPSTREAM_ERRORS),
+        ("spend_anomalies_total", "action"): set(ANOMALY_ACTIONS),
     }
     for name in scraped():
         vocabularies[(name, "job")] = jobs

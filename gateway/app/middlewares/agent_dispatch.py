@@ -40,6 +40,8 @@ log = logging.getLogger("loopwarden.pipeline")
 
 _REFUSING = frozenset({GuardAction.BLOCK.value, GuardAction.HALT.value})
 """The tool-call verdicts that refuse the call (in shadow mode: would have)."""
+_LOOP_GUARDS = frozenset({"tool_loop", "call_loop"})
+"""The guards whose halt of an agent's turn is a loop cut (`loops_cut_total`)."""
 
 
 class TurnTimeoutError(LoopwardenError):
@@ -143,6 +145,8 @@ class AgentDispatchMiddleware:
             return
         if halt.guard != "tool_loop":  # a tool-loop halt is a tool call's verdict, counted above
             count(halt.guard, halt.code)
+        if halt.guard in _LOOP_GUARDS:
+            self._metrics.loop_cut(halt.guard, ctx.message.room)
         ctx.decide(halt.guard, halt.code, "the agent's turn was halted")
         self._decisions.note(ctx, halt.guard, halt.code, f"halted the agent's turn ({halt.code})")
 
