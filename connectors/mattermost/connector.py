@@ -213,7 +213,15 @@ class MattermostConnector:
         while True:
             if socket is not None:
                 backoff.reset()
-                await self._read(socket)
+                try:
+                    await self._read(socket)
+                except Exception as exc:  # a broken connection must not end the listener
+                    log.warning(
+                        "mattermost bot %s: websocket failed (%s)",
+                        self.bot_id,
+                        self._runtime.describe(exc),
+                    )
+                    await socket.close()
                 self._connected, self._socket = False, None
                 log.warning("mattermost bot %s: websocket closed, reconnecting", self.bot_id)
             await backoff.wait()

@@ -23,7 +23,14 @@ from connectors.mattermost import MattermostConnector
 from gateway.app.messages import REFUSAL
 from gateway.app.runtime import Gateway
 from tests.connectors import connector_helpers
-from tests.connectors.connector_helpers import BUDGET, NOTICE, wait_for, write_e2e_config
+from tests.connectors.connector_helpers import (
+    BUDGET,
+    NOTICE,
+    assert_no_secret,
+    gateway_process,
+    wait_for,
+    write_e2e_config,
+)
 from tests.fakes.mattermost_server import FakeChannel, FakeUser, MattermostFake
 
 HOSTED = """  - id: {id}
@@ -272,3 +279,23 @@ async def test_issue23_a_dropped_websocket_reconnects_and_answers_again(
             reply = await say(world, f"still there? {abrupt}", world.alice, world.lobby)
             assert reply["message"] == f"echo: still there? {abrupt}"
         assert gateway.ready
+
+
+async def test_issue23_subprocess_answers_exits_zero_on_sigterm_and_never_prints_the_token(
+    tmp_path: Path, world: World
+) -> None:
+    path = write_config(tmp_path, world, world.helper)
+    async with gateway_process(path) as gateway:
+        await gateway.ready()
+        reply = await say(world, "hello from outside", world.alice, world.lobby)
+        assert reply["message"] == "echo: hello from outside"
+        await world.fake.drop_connections(world.helper, abrupt=True)
+        await wait_for(lambda: world.fake.connections(world.helper) == 0)
+        await wait_for(lambda: world.fake.connections(world.helper) == 1)
+        await say(world, "after the reconnect", world.alice, world.lobby)
+        taken = await gateway.terminate()
+    assert gateway.returncode == 0, gateway.output
+    assert taken < 10
+    assert "DEBUG" in gateway.output
+    assert world.helper.token is not None
+    assert_no_secret(gateway.output, world.helper.token)
