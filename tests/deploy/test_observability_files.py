@@ -4,8 +4,9 @@ The metric names and labels come from the gateway's own registry
 (gateway/observability/metrics.py, with a Redis state store watched, as the runtime
 does) and the LLM-call proxy's (gateway/proxy/metrics.py, served at its /metrics), each
 shown every series by calling what counts into it, so renaming a metric or a label in
-code fails here until the dashboard and the alerts follow. `promtool` checks the rules and the scrape config, runs alerts_test.yaml, and
-parses every dashboard query; without promtool those tests skip, except under CI=true.
+code fails here until the dashboard and the alerts follow. `promtool` checks the rules
+and the scrape config, runs alerts_test.yaml, and parses every dashboard query; without
+promtool those tests skip, except under CI=true.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import yaml
 from connectors.skips import Skip
 from gateway.agents.spend import SPEND
 from gateway.app import middlewares
-from gateway.config import HttpConfig
 from gateway.calls.entry import CallLogEntry, CallOutcome
+from gateway.config import HttpConfig
 from gateway.observability.metrics import BudgetFigure, Metrics, ModelCallMetrics, StateMetrics
 from gateway.proxy.metrics import ANOMALY_ACTIONS, REFUSAL_CODES, UPSTREAM_ERRORS, ProxyMetrics
 from gateway.state.redis import RedisStateStore
@@ -456,6 +457,8 @@ def test_issue25_the_dashboard_has_the_operators_rows() -> None:
         "Connectors",
         "Errors",
         "State backend",
+        "Proxy",
+        "Spend",
     ]
 
 
