@@ -15,6 +15,7 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -68,14 +69,25 @@ def create_app(
 
 
 class HttpServer:
-    """Runs an application on host:port; port 0 picks a free port, exposed as `port`."""
+    """Runs an application on host:port; port 0 picks a free port, exposed as `port`.
+
+    Given `sock`, a listening socket (one of `--workers`' processes: gateway/cli/workers.py),
+    it serves that socket instead of binding host:port itself.
+    """
 
     def __init__(
-        self, app: web.Application, host: str, port: int, *, shutdown_timeout: float = 2.0
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        *,
+        shutdown_timeout: float = 2.0,
+        sock: socket.socket | None = None,
     ) -> None:
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
         self._host = host
         self._port = port
+        self._sock = sock
 
     @property
     def port(self) -> int:
@@ -85,7 +97,12 @@ class HttpServer:
     async def start(self) -> None:
         """Bind and serve; the application's router is frozen from here on."""
         await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._port).start()
+        site: web.BaseSite
+        if self._sock is None:
+            site = web.TCPSite(self._runner, self._host, self._port)
+        else:
+            site = web.SockSite(self._runner, self._sock)
+        await site.start()
         address = self._runner.addresses[0]
         self._port = int(address[1])
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -130,6 +131,7 @@ class Gateway:
         connector_factory: ConnectorFactory | None = None,
         connect_timeout: float = 30.0,
         start_backoff: tuple[float, float] = (1.0, 60.0),
+        sock: socket.socket | None = None,
     ) -> None:
         self.config = config
         self.metrics = Metrics()
@@ -176,7 +178,8 @@ class Gateway:
         self.app.add_routes(spend_routes(admin, self.state, access))
         self.activity = ActivityFeed(self.state)
         self.app.add_routes(activity_routes(admin, self.activity, self.state, access))
-        self._http = HttpServer(self.app, config.http.host, config.http.port)
+        # `sock`: one of `--workers`' processes serves the socket the workers share.
+        self._http = HttpServer(self.app, config.http.host, config.http.port, sock=sock)
         self._agents = {
             name: build_agent(
                 name, agent, calls=self.calls, budgets=budgets, request_log=self.request_log

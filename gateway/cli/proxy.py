@@ -13,7 +13,9 @@ import logging
 from gateway.app.errors import ConfigError
 from gateway.cli.command import Subcommands, print_config_error
 from gateway.cli.serving import add_serving, stop_on_signals
+from gateway.cli.workers import Worker
 from gateway.config import Config
+from gateway.observability.telemetry import reset_tracing, setup_tracing
 from gateway.proxy.app import ProxyServer
 
 log = logging.getLogger("loopwarden")
@@ -25,26 +27,38 @@ def add(subcommands: Subcommands) -> None:
         subcommands,
         "proxy",
         serve_proxy,
+        address=_address,
+        bots=False,
         help="run the LLM-call proxy until SIGINT/SIGTERM",
         description="Serve the OpenAI-, Anthropic- and Gemini-compatible proxy routes; on "
         "SIGINT/SIGTERM drain requests in flight and exit 0.",
     )
 
 
-async def serve_proxy(config: Config) -> int:
-    """Run the proxy for `config` until SIGINT/SIGTERM; return the exit code."""
+def _address(config: Config) -> tuple[str, int] | None:
+    return None if config.proxy is None else (config.proxy.host, config.proxy.port)
+
+
+async def serve_proxy(config: Config, worker: Worker | None = None) -> int:
+    """Run the proxy for `config` (as `worker`, if one) until SIGINT/SIGTERM; the exit code."""
     try:
-        server = ProxyServer(config)
+        server = ProxyServer(config, sock=None if worker is None else worker.sock)
+        setup_tracing(config.telemetry, "loopwarden-proxy")
     except ConfigError as exc:
         print_config_error(exc)
         return 2
+    if worker is not None:
+        worker.mark(server.app)
     with stop_on_signals("stopping the proxy") as stop:
         try:
             await server.start()
+            if worker is not None:
+                worker.serving()
             await stop.wait()
         except Exception:
             log.exception("the proxy failed to start")
             return 1
         finally:
             await server.stop()
+            reset_tracing()
     return 0

@@ -17,7 +17,9 @@ from gateway.app.errors import ConfigError
 from gateway.app.runtime import Gateway
 from gateway.cli.command import Subcommands, print_config_error
 from gateway.cli.serving import add_serving, stop_on_signals
+from gateway.cli.workers import Worker
 from gateway.config import Config
+from gateway.observability.telemetry import reset_tracing, setup_tracing
 
 log = logging.getLogger("loopwarden")
 
@@ -28,21 +30,30 @@ def add(subcommands: Subcommands) -> None:
         subcommands,
         "run",
         serve,
+        address=_address,
+        bots=True,
         help="run the gateway until SIGINT/SIGTERM",
         description="Run the gateway; on SIGINT/SIGTERM drain turns in flight and exit 0.",
     )
 
 
-async def serve(config: Config) -> int:
-    """Run a Gateway for `config` until SIGINT/SIGTERM; return the exit code."""
+def _address(config: Config) -> tuple[str, int]:
+    return config.http.host, config.http.port
+
+
+async def serve(config: Config, worker: Worker | None = None) -> int:
+    """Run a Gateway for `config` (as `worker`, if one) until SIGINT/SIGTERM; the exit code."""
     try:
-        gateway = Gateway(config)
+        gateway = Gateway(config, sock=None if worker is None else worker.sock)
+        setup_tracing(config.telemetry, "loopwarden")
     except ConfigError as exc:
         print_config_error(exc)
         return 2
     except Exception:  # logged, not printed raw: the log filter masks any secret in it
         log.exception("the gateway could not be built")
         return 1
+    if worker is not None:
+        worker.mark(gateway.app)
     with stop_on_signals("stopping") as stop:
         starting = asyncio.create_task(gateway.start())
         stopping = asyncio.create_task(stop.wait())
@@ -56,6 +67,8 @@ async def serve(config: Config) -> int:
                     gateway.port,
                     eventloop.running(),
                 )
+                if worker is not None:
+                    worker.serving()
                 await stopping
         except Exception:
             log.exception("the gateway failed to start")
@@ -65,4 +78,5 @@ async def serve(config: Config) -> int:
                 task.cancel()
             await asyncio.wait({starting, stopping})
             await gateway.stop(config.pipeline.drain_seconds)
+            reset_tracing()
     return 0

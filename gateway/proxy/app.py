@@ -36,6 +36,7 @@ Decisions where DESIGN.md is silent:
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -96,6 +97,7 @@ class ProxyServer:
         alerter: Alerter | None = None,
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
+        sock: socket.socket | None = None,
     ) -> None:
         proxy = config.proxy
         if proxy is None:
@@ -178,8 +180,9 @@ class ProxyServer:
             state=self.state,
             trusted_proxies=config.http.trusted_proxies,
         )
+        # `sock`: one of `--workers`' processes serves the socket the workers share.
         self._http = HttpServer(
-            self.app, proxy.host, proxy.port, shutdown_timeout=proxy.drain_seconds
+            self.app, proxy.host, proxy.port, shutdown_timeout=proxy.drain_seconds, sock=sock
         )
 
     @property
