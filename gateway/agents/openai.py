@@ -74,6 +74,9 @@ Decisions where DESIGN.md is silent:
   as the proxy prices them; a refused one (`budget_exceeded`, or the call guard's code)
   the proxy's estimate; a failed one (`upstream_error`, with the status when there was
   an answer) no tokens and no cost, as the budget charges it nothing.
+- Tracing (`gateway.observability.tracing`): each attempt is a `chat` span (its request
+  carries the span's `traceparent`), each tool call an `execute_tool` span with
+  LoopGuard's action and code on it.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ import math
 import types
 import typing
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -106,6 +110,7 @@ from gateway.app.types import AgentResult, Halt, HistoryEntry, ToolCall
 from gateway.calls.budgets import Amount, SpendHold
 from gateway.calls.store import ENFORCED, CallStore, MemoryCallStore, ShadowGuards
 from gateway.config import OpenAIAgentConfig, SpendSettings
+from gateway.observability import tracing
 from gateway.proxy.guarded import Admitted, GuardedCalls, OverBudget
 from gateway.proxy.provider import Usage
 from gateway.proxy.request_log import RequestLog
@@ -529,18 +534,22 @@ class OpenAIAgent:
 
         guard_args: dict[str, object] = args if isinstance(args, dict) else {"_raw": raw_args}
         decisions: list[LoopGuardDecision] = []  # the guard's, for the ToolCall record
-        try:
-            result = await guarded_call(
-                guard, name, run, guard_args, on_decision=decisions.append, shadow=shadow
-            )
-        except Exception as exc:
-            verdict = settling_decision(decisions)
-            calls.append(_tool_call(name, raw_args, verdict, shadow=shadow))
-            if not shadow and verdict is not None and verdict.action is GuardAction.HALT:
-                raise self._halt(verdict, name) from exc
-            result = {"error": _failure_text(exc)}
-        else:
-            calls.append(_tool_call(name, raw_args, settling_decision(decisions), shadow=shadow))
+        with _tool_span(name, call.id, remote=mcp_tool is not None) as span:
+            try:
+                result = await guarded_call(
+                    guard, name, run, guard_args, on_decision=decisions.append, shadow=shadow
+                )
+            except Exception as exc:
+                verdict = settling_decision(decisions)
+                calls.append(_tool_call(name, raw_args, verdict, shadow=shadow))
+                _traced_verdict(span, verdict, failed=type(exc).__name__)
+                if not shadow and verdict is not None and verdict.action is GuardAction.HALT:
+                    raise self._halt(verdict, name) from exc
+                result = {"error": _failure_text(exc)}
+            else:
+                verdict = settling_decision(decisions)
+                calls.append(_tool_call(name, raw_args, verdict, shadow=shadow))
+                _traced_verdict(span, verdict, failed=None)
         return {"role": "tool", "tool_call_id": call.id, "content": _tool_content(result)}
 
     def _halt(self, verdict: LoopGuardDecision, tool: str) -> _TurnEnded:
@@ -632,6 +641,24 @@ class OpenAIAgent:
         guarded = self._guarded
         if guarded.request_log is not None:
             call = replace(call, started=guarded.request_log.started())
+        with guarded.chat(call):
+            return await self._send(
+                call, policy, payload, sender_is_bot, stream=stream, shadowed=shadowed, spend=spend
+            )
+
+    async def _send(
+        self,
+        call: _ModelCall,
+        policy: CallLoopPolicy,
+        payload: Mapping[str, object],
+        sender_is_bot: bool,
+        *,
+        stream: ReplyStream | None,
+        shadowed: list[Halt] | None,
+        spend: _TurnSpend | None,
+    ) -> _Completion:
+        """`_attempt` inside the call's `chat` span: admit, then post, log and charge."""
+        guarded = self._guarded
         admitted, charge = await self._admit(call, policy, spend, shadow=shadowed is not None)
         decision = admitted.decision
         if not admitted.sent:
@@ -734,6 +761,7 @@ class OpenAIAgent:
         With `stream` the answer is read as it comes, its text written into `stream`.
         """
         headers = {"Authorization": f"Bearer {self._secret}"} if self._secret else {}
+        tracing.tracer().inject(headers)  # the call's `chat` span, tracing on
         limit = self._config.timeout
         timeout = (
             aiohttp.ClientTimeout(total=limit)
@@ -844,3 +872,28 @@ def _error_detail(text: str) -> str:
     error = body.get("error") if isinstance(body, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
     return str(message if message is not None else text)[:_ERROR_DETAIL_MAX]
+
+
+def _tool_span(name: str, call_id: str, *, remote: bool) -> AbstractContextManager[tracing.Span]:
+    """The `execute_tool` span of one tool call (an MCP server's tool is an `extension`)."""
+    tracer = tracing.tracer()
+    if not tracer.enabled:
+        return tracing.NO_SPAN
+    attributes: dict[str, tracing.AttributeValue] = {
+        tracing.OPERATION_NAME: tracing.EXECUTE_TOOL,
+        tracing.TOOL_NAME: name,
+        tracing.TOOL_CALL_ID: call_id,
+        tracing.TOOL_TYPE: "extension" if remote else "function",
+    }
+    return tracer.span(f"{tracing.EXECUTE_TOOL} {name}", attributes)
+
+
+def _traced_verdict(
+    span: tracing.Span, verdict: LoopGuardDecision | None, *, failed: str | None
+) -> None:
+    """LoopGuard's verdict on the call, and the tool's failure, on its `execute_tool` span."""
+    if verdict is not None:
+        span.set_attribute(tracing.TOOL_ACTION, verdict.action.value)
+        span.set_attribute(tracing.TOOL_CODE, verdict.code)
+    if failed is not None:
+        span.set_error(failed)

@@ -16,6 +16,11 @@ logged at INFO as `… bot_loop shadow: would have refused budget_exceeded (…)
 With an Activity feed (gateway/observability/activity.py), refusals (but those logged
 at DEBUG), shadow verdicts, notices and each message that reaches a hosted bot
 (`arrived`) go there too.
+
+With tracing on, each verdict recorded here (a refusal, an admitted guard verdict, a
+shadow verdict, a halt of the agent's turn) is an `apply_guardrail <guard>` span in the
+turn's trace: `gen_ai.guardrail.name`, `.code`, `.result` (`allowed`, `refused`, or
+`shadow_refused` for what a guard in shadow mode would have refused) and `.shadow`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.app.context import TurnContext
+from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
 from gateway.observability.visible import visible
 
@@ -130,6 +136,7 @@ class DecisionLog:
         """Record that `stage` dropped this turn for `code`; `detail` explains it in words."""
         ctx.decide(stage, code, detail, retry_after=retry_after, count=count)
         self.metrics.refusal(stage, code)
+        _guardrail(stage, code, detail, tracing.REFUSED)
         msg = ctx.message
         if remember:
             self.recent.add(msg.room, stage, code, detail, bot=msg.bot_id, sender=msg.sender_name)
@@ -152,6 +159,7 @@ class DecisionLog:
         """Record an admitted guard verdict: counted always, logged at DEBUG."""
         ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=shadow)
         self.metrics.guard_decision(guard, code, shadow=shadow)
+        _guardrail(guard, code, detail, tracing.ALLOWED, shadow=shadow)
         _log(logging.DEBUG, ctx, stage=guard, code=code, detail=detail, who=who, shadow=shadow)
 
     def shadow(
@@ -168,6 +176,7 @@ class DecisionLog:
         """Record what a guard in shadow mode would have refused; the turn goes on."""
         ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=True)
         self.metrics.guard_decision(guard, code, shadow=True)
+        _guardrail(guard, code, detail, tracing.SHADOW_REFUSED, shadow=True)
         self.recent.add_shadowed(ctx.message.room, guard)
         if self.activity is not None:
             self.activity.decision("shadow", ctx.message, guard, code, detail)
@@ -182,6 +191,13 @@ class DecisionLog:
             shadow=True,
         )
 
+    def halted(self, ctx: TurnContext, guard: str, code: str) -> None:
+        """Record that `guard` halted the agent's turn (`code`): on the turn and logged."""
+        detail = "the agent's turn was halted"
+        ctx.decide(guard, code, detail)
+        _guardrail(guard, code, detail, tracing.REFUSED)
+        self.note(ctx, guard, code, f"halted the agent's turn ({code})")
+
     def note(self, ctx: TurnContext, stage: str, code: str, text: str) -> None:
         """Log an event that is not a refusal (a notice posted, a command run) at INFO."""
         if self.activity is not None:
@@ -190,6 +206,23 @@ class DecisionLog:
             decision_log.info(
                 "%s %s %s", ctx.message.room, stage, visible(text), extra=_extra(ctx, code, stage)
             )
+
+
+def _guardrail(guard: str, code: str, detail: str, result: str, *, shadow: bool = False) -> None:
+    """An `apply_guardrail` span for one verdict, in the current turn's trace (tracing on)."""
+    tracer = tracing.tracer()
+    if not tracer.enabled:
+        return
+    attributes: dict[str, tracing.AttributeValue] = {
+        tracing.OPERATION_NAME: tracing.APPLY_GUARDRAIL,
+        tracing.GUARDRAIL_NAME: guard,
+        tracing.GUARDRAIL_CODE: code,
+        tracing.GUARDRAIL_RESULT: result,
+        tracing.GUARDRAIL_SHADOW: shadow,
+        tracing.DETAIL: visible(detail),
+    }
+    with tracer.span(f"{tracing.APPLY_GUARDRAIL} {guard}", attributes):
+        pass  # a verdict takes no time of its own: the span marks where in the turn it fell
 
 
 def _log(

@@ -2,8 +2,8 @@
 
 A module per section: `state`, `http`, `agents`, `bots` (and `admins`), `policy` (and
 `channels`, with `resolve_policy`), `call_loop` (the gateway's `policy.call_loop` and
-`proxy.call_loop` alike), `pipeline` and `proxy`; `root` holds `Config`, the whole file;
-`loader` reads it (`parse_config` / `load_config`, safe YAML and `${VAR}` interpolation).
+`proxy.call_loop` alike), `pipeline`, `proxy` and `telemetry`; `root` holds `Config`, the
+whole file; `loader` reads it (`parse_config` / `load_config`, safe YAML and `${VAR}` interpolation).
 `base` is what the sections share (the frozen model, secrets, `first_error`), `safeyaml`
 the bounded YAML loader, `limits` the bounds every number and duration is held to, `urls`
 the URL and network fields (`public_url`, `trusted_proxies`).
@@ -53,6 +53,7 @@ from gateway.config.policy import (
 from gateway.config.proxy import ProxyConfig
 from gateway.config.root import Config, resolve_policy
 from gateway.config.state import StateConfig
+from gateway.config.telemetry import TelemetryConfig
 
 __all__ = [
     "AdminsConfig",
@@ -84,6 +85,7 @@ __all__ = [
     "SpendSettings",
     "StateConfig",
     "TelegramBotConfig",
+    "TelemetryConfig",
     "ToolLoopSettings",
     "TranscriptConfig",
     "first_error",

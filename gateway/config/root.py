@@ -22,6 +22,7 @@ from gateway.config.pipeline import PipelineConfig
 from gateway.config.policy import ChannelRule, Policy, deep_merge, nest, with_override
 from gateway.config.proxy import ProxyConfig
 from gateway.config.state import StateConfig
+from gateway.config.telemetry import TelemetryConfig
 
 log = logging.getLogger("loopwarden.config")
 
@@ -38,6 +39,7 @@ class Config(Frozen):
     channels: tuple[ChannelRule, ...] = ()
     pipeline: PipelineConfig = PipelineConfig()
     proxy: ProxyConfig | None = None
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:

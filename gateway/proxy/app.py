@@ -56,14 +56,14 @@ from gateway.app.jsonbody import JsonBodyError
 from gateway.calls.factory import build_call_store
 from gateway.calls.store import CallStore
 from gateway.config import Config
-from gateway.config.proxy import ProxyConfig
+from gateway.config.proxy import ProxyConfig, Upstream
 from gateway.observability.metrics import BudgetFigure
 from gateway.proxy import messages
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.anthropic import AnthropicProvider
 from gateway.proxy.auth import Authenticator
 from gateway.proxy.budgets import ProxyBudgets
-from gateway.proxy.calls import CallFieldError, build_call
+from gateway.proxy.calls import CallFieldError, ProxiedCall, build_call
 from gateway.proxy.gemini import GeminiProvider
 from gateway.proxy.guarded import GuardedCalls, OverBudget, shadow_code
 from gateway.proxy.metrics import ProxyMetrics
@@ -274,6 +274,20 @@ class ProxyServer:
         except CallFieldError as exc:
             text = messages.BAD_FIELD.format(reason=exc)
             return error_response(provider, "bad_request", "invalid_field", text)
+        with self._guarded.chat(call, parent=request.headers):
+            return await self._decide(request, provider, upstream, call, tail=tail, body=body)
+
+    async def _decide(
+        self,
+        request: web.Request,
+        provider: Provider,
+        upstream: Upstream,
+        call: ProxiedCall,
+        *,
+        tail: str,
+        body: bytes,
+    ) -> web.StreamResponse:
+        """Admit the call on its budgets and the call guard; refuse it, or forward and relay."""
         admitted = await self._budgets.admit(call)
         if isinstance(admitted, OverBudget):
             self._guarded.refused(call, None)

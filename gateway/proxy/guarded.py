@@ -17,17 +17,26 @@ Every model call, a client's through the proxy (`gateway.proxy.app`) or an agent
   the turn).
 After the call its caller logs it (`record`), uncounts a provider failure
 (`CallStore.record_outcome`) and charges what it used.
+
+With tracing on, a caller wraps each call in `chat` (one `chat <model>` span: provider,
+model, agent, circuit; the proxy's continues the client's `traceparent`): the guard's
+refusal or waiver is an `apply_guardrail call_loop` span inside it (a budget's,
+`apply_guardrail spend`), a refused call ends with `error.type` its outcome, and the call's
+request-log entry (`RequestLog.record`, or `record` here without a log) adds the outcome,
+the HTTP status and the token usage (`tracing.call_outcome`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from gateway.calls.budgets import ADMITTED_FREE, SpendEvent, SpendVerdict
 from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.store import ENFORCED, CallStore, ShadowGuards
+from gateway.observability import tracing
 from gateway.proxy.provider import Usage
 from gateway.proxy.refusal import refusal_outcome
 from gateway.proxy.request_log import LoggedRequest, RequestLog
@@ -76,6 +85,23 @@ class GuardedCalls:
         self._store = store
         self.request_log = request_log  # None: the calls are not logged
         self._log = log
+
+    def chat(
+        self, call: LoggedRequest, *, parent: Mapping[str, str] | None = None
+    ) -> AbstractContextManager[tracing.Span]:
+        """The `chat` span of one model call (`parent`: a traced client's request headers)."""
+        tracer = tracing.tracer()
+        if not tracer.enabled:
+            return tracing.NO_SPAN
+        attributes: dict[str, tracing.AttributeValue] = {
+            tracing.OPERATION_NAME: tracing.CHAT,
+            tracing.PROVIDER_NAME: call.provider_name,
+            tracing.REQUEST_MODEL: call.model,
+            tracing.AGENT_NAME: call.agent,
+            tracing.CIRCUIT: call.circuit,
+        }
+        kind: tracing.SpanKind = "client"
+        return tracer.span(f"{tracing.CHAT} {call.model}", attributes, kind=kind, parent=parent)
 
     async def decide(
         self,
@@ -128,6 +154,7 @@ class GuardedCalls:
         """The admission of a decided call: a refusal of a guard in shadow mode is waived."""
         if decision.allowed or not shadow.covers(decision):
             return Admitted(decision, spend)
+        _guardrail("call_loop", shadow_code(decision), tracing.SHADOW_REFUSED)
         self._log.info(
             "agent %s: shadow: would have refused the model call (%s) on %s; sent anyway",
             call.agent,
@@ -140,8 +167,10 @@ class GuardedCalls:
     def refused(self, call: LoggedRequest, decision: CallDecision | None) -> None:
         """Log a refused call: `budget_exceeded` (no decision), else the guard's code and rule."""
         if decision is None:
+            _guardrail("spend", "budget_exceeded", tracing.REFUSED)
             self.record(call, "budget_exceeded", None, None)
         else:
+            _guardrail("call_loop", shadow_code(decision), tracing.REFUSED)
             self.record(call, refusal_outcome(decision), None, None, rule=decision.rule)
 
     def record(
@@ -155,5 +184,22 @@ class GuardedCalls:
     ) -> CallLogEntry | None:
         """Queue the call's request-log entry (and return it), when there is a request log."""
         if self.request_log is None:
+            tracing.call_outcome(outcome, status, usage)
             return None
         return self.request_log.record(call, outcome, status, usage, rule=rule)
+
+
+def _guardrail(guard: str, code: str, result: str) -> None:
+    """An `apply_guardrail` span for the call guard's or a budget's verdict (tracing on)."""
+    tracer = tracing.tracer()
+    if not tracer.enabled:
+        return
+    attributes: dict[str, tracing.AttributeValue] = {
+        tracing.OPERATION_NAME: tracing.APPLY_GUARDRAIL,
+        tracing.GUARDRAIL_NAME: guard,
+        tracing.GUARDRAIL_CODE: code,
+        tracing.GUARDRAIL_RESULT: result,
+        tracing.GUARDRAIL_SHADOW: result == tracing.SHADOW_REFUSED,
+    }
+    with tracer.span(f"{tracing.APPLY_GUARDRAIL} {guard}", attributes):
+        pass  # a verdict takes no time of its own: the span marks where in the call it fell

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from gateway.calls.entry import CallLogEntry, CallOutcome
 from gateway.calls.store import CallStore
+from gateway.observability import tracing
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.provider import Usage
 
@@ -148,7 +149,11 @@ class RequestLog:
         *,
         rule: str | None = None,
     ) -> CallLogEntry:
-        """Queue the call's entry (and return it); a forwarded call's output feeds estimates."""
+        """Queue the call's entry (and return it); a forwarded call's output feeds estimates.
+
+        With tracing on, the outcome, status and usage go on the call's `chat` span too.
+        """
+        tracing.call_outcome(outcome, status, usage)
         model = call.model
         if outcome == "forwarded" and usage is not None and usage.output_tokens is not None:
             self._prices.observe(model, usage.output_tokens)

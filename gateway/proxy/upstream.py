@@ -26,6 +26,7 @@ from yarl import URL
 from gateway.calls.entry import CallOutcome
 from gateway.calls.store import CallStore
 from gateway.config.proxy import ProxyConfig, Upstream
+from gateway.observability import tracing
 from gateway.proxy import messages
 from gateway.proxy.budgets import ProxyBudgets
 from gateway.proxy.calls import ProxiedCall
@@ -128,6 +129,7 @@ class Upstreams:
         api_key = upstream.api_key.get_secret_value() if upstream.api_key else None
         headers = forward_headers(request.headers)
         headers.update(provider.upstream_auth(api_key, request.headers))
+        tracing.tracer().inject(headers)  # the `chat` span's traceparent, tracing on
         # Encoded already: the client must not re-normalise the canonical path.
         url = URL(provider.upstream_url(upstream.base_url, upstream_path(tail)), encoded=True)
         query = provider.upstream_query(request.query) if request.query else None

@@ -19,6 +19,11 @@ The timeout is kept by one watchdog for all turns in flight instead of a timer p
 the watchdog wakes every `timeout / 4` seconds (at most every second) and cancels the
 turns past their deadline, so a turn ends within a quarter of the timeout (at most a
 second) after it. It runs only while turns are in flight.
+
+With tracing on, the turn is an `invoke_agent` span (the agent's name, the room as the
+conversation; the message and the reply as `gen_ai.*.messages` only with
+`telemetry.capture_content`), the parent of the agent's `chat` and `execute_tool` spans
+and of the guard decisions accounted here.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
 from gateway.app.types import AgentResult, Reply
 from gateway.config import PipelineConfig
+from gateway.observability import tracing
 from guards.loop_guard import GuardAction
 
 log = logging.getLogger("loopwarden.pipeline")
@@ -109,6 +115,26 @@ class AgentDispatchMiddleware:
         self._typing_tasks: set[asyncio.Task[None]] = set()
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+        tracer = tracing.tracer()
+        if not tracer.enabled:
+            return await self._turn(ctx)
+        msg = ctx.message
+        attributes: dict[str, tracing.AttributeValue] = {
+            tracing.OPERATION_NAME: tracing.INVOKE_AGENT,
+            tracing.AGENT_NAME: ctx.bot.agent,
+            tracing.CONVERSATION_ID: msg.room,
+        }
+        if tracer.capture_content:
+            attributes[tracing.INPUT_MESSAGES] = tracing.text_messages("user", msg.text)
+        with tracer.span(f"{tracing.INVOKE_AGENT} {ctx.bot.agent}", attributes) as span:
+            reply = await self._turn(ctx)
+            if tracer.capture_content and reply is not None:
+                span.set_attribute(
+                    tracing.OUTPUT_MESSAGES, tracing.text_messages("assistant", reply.text)
+                )
+            return reply
+
+    async def _turn(self, ctx: TurnContext) -> Reply | None:
         msg = ctx.message
         if self._typing and ctx.connector.capabilities.typing:
             self._start_typing(ctx)
@@ -147,8 +173,7 @@ class AgentDispatchMiddleware:
             count(halt.guard, halt.code)
         if halt.guard in _LOOP_GUARDS:
             self._metrics.loop_cut(halt.guard, ctx.message.room)
-        ctx.decide(halt.guard, halt.code, "the agent's turn was halted")
-        self._decisions.note(ctx, halt.guard, halt.code, f"halted the agent's turn ({halt.code})")
+        self._decisions.halted(ctx, halt.guard, halt.code)
 
     def _timed_out(self, ctx: TurnContext) -> Reply:
         msg = ctx.message
@@ -162,6 +187,7 @@ class AgentDispatchMiddleware:
             msg.message_id,
         )
         ctx.decide(self.name, "timeout", f"no answer within {timeout:g} s")
+        tracing.tracer().current().set_error("timeout")
         return Reply(messages.TIMEOUT_NOTICE, thread_id=msg.thread_id, reply_to=msg.message_id)
 
     def _start_typing(self, ctx: TurnContext) -> None:

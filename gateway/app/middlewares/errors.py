@@ -6,6 +6,10 @@ the innermost stage it escaped from (`errors_total{stage}`), as the pipeline mar
 the exception type and where it was raised but not its message, which may quote the
 user's text; the full traceback goes to DEBUG (where the CLI's redaction filter still
 masks secrets).
+
+With tracing on (`telemetry.otlp_endpoint`), each turn is one trace: this stage opens its
+root span, `message <platform>`, with the platform, room, bot and message id (the text
+never: `gateway.observability.tracing`); the inner stages' spans are its children.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import traceback
 from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler, failed_stage
 from gateway.app.types import Reply
+from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
 
 log = logging.getLogger("loopwarden.pipeline")
@@ -31,6 +36,21 @@ class ErrorsMiddleware:
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         self._metrics.message_in(ctx.message.platform)
+        tracer = tracing.tracer()
+        if not tracer.enabled:
+            return await self._turn(ctx, call_next)
+        msg = ctx.message
+        attributes: dict[str, tracing.AttributeValue] = {
+            tracing.PLATFORM: msg.platform,
+            tracing.ROOM: msg.room,
+            tracing.BOT: msg.bot_id,
+            tracing.MESSAGE_ID: msg.message_id,
+            tracing.SENDER_IS_BOT: msg.sender_is_bot,
+        }
+        with tracer.span(f"{tracing.MESSAGE} {msg.platform}", attributes, root=True):
+            return await self._turn(ctx, call_next)
+
+    async def _turn(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         try:
             return await call_next(ctx)
         except Exception as exc:  # the whole point of this stage: nothing escapes it
@@ -40,6 +60,7 @@ class ErrorsMiddleware:
     def _report(self, ctx: TurnContext, exc: Exception) -> None:
         stage, where = failed_stage(exc), _raised_at(exc)
         self._metrics.error(stage)
+        tracing.tracer().current().set_error(type(exc).__name__)
         msg = ctx.message
         log.error(
             "%s turn of bot %s failed in %s: %s raised at %s (message %s)",
