@@ -137,8 +137,9 @@ for j = 1, ngroups do
   if left_u == back_u and left_t == back_t then
     redis.call('HDEL', owned, 'u' .. key, 't' .. key)
   else
-    redis.call('HINCRBY', owned, 'u' .. key, -back_u)
-    redis.call('HINCRBY', owned, 't' .. key, -back_t)
+    -- A zero amount stays out of HINCRBY: Lua writes -0 as "-0", which Redis refuses.
+    if back_u ~= 0 then redis.call('HINCRBY', owned, 'u' .. key, -back_u) end
+    if back_t ~= 0 then redis.call('HINCRBY', owned, 't' .. key, -back_t) end
   end
   local g = spend_load(key, now)
   out[j] = false

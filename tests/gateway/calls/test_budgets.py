@@ -362,6 +362,33 @@ async def test_issue20_a_refusal_in_shadow_mode_keeps_its_hold(make: MakeStore) 
     assert spent.held == Amount(nano(0.1) * 5, 500)
 
 
+async def test_issue24_charging_a_zero_dollar_hold_beside_others_in_flight(
+    make: MakeStore,
+) -> None:
+    # An unpriced model under a token budget: every estimate holds $0 and some tokens. The
+    # charge gives back part of what this owner holds in the group, a zero amount of
+    # dollars included (the Lua once sent HINCRBY "-0", which Redis refuses).
+    store = await make()
+    tokens = group("tokens", ("acme",), usd=None, tokens=5_000)
+    admissions = [
+        await store.admit(
+            circuit_key("billing-bot", f"s{n}"), fingerprint(n), {}, event(tokens, usd=0.0)
+        )
+        for n in range(3)
+    ]
+    holds = [a.spend.hold for a in admissions]
+    assert all(hold is not None for hold in holds)
+    first, second, third = (hold for hold in holds if hold is not None)
+    assert await store.charge(first, Amount(0, 80)) == []
+    await store.charge(second, None)
+    ((_, spent),) = await store.spend_groups()
+    assert spent.spent == Amount(0, 80)
+    assert spent.held == Amount(0, 100)
+    assert await store.charge(third, Amount(0, 120)) == []
+    ((_, spent),) = await store.spend_groups()
+    assert (spent.spent, spent.held) == (Amount(0, 200), Amount())
+
+
 async def test_issue14_decide_without_budgets_still_answers_as_before(make: MakeStore) -> None:
     store = await make()
     policy = CallLoopPolicy(max_repeats=1)
