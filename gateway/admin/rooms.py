@@ -7,7 +7,8 @@ buttons are the admin API's `reset`, `pause` and `resume` (gateway/app/http.py).
 
 Decisions where DESIGN.md is silent:
 - The rooms "seen" are the union of the rooms the config's channel rules name (a
-  platform and a channel without glob characters), the rooms holding live bot pairs, the
+  platform and a channel without glob characters), the linked rooms (`links:`; each
+  shows its link's pairs), the rooms holding live bot pairs, the
   rooms of the newest `MAX_ROOMS` entries of the audit trail's admin log but the admin
   API's reads (where an admin paused, set or reset: the backends do not list pauses and
   overrides; a non-admin's attempts show no room) and those of each
@@ -87,6 +88,7 @@ class Rooms:
         self._admin = admin
         self._state = state
         self._configured = tuple(_configured_rooms(config))
+        self._links = config.room_links
         self._sources = tuple(sources)
         self._clock = clock
 
@@ -101,7 +103,10 @@ class Rooms:
             if pair.scope is not None:  # the state backends always store a pair's room
                 by_room.setdefault(pair.scope, []).append(pair)
         rooms = await self._seen(by_room, query.limit)
-        views = [await self._admin.room_view(room, pairs=by_room.get(room, ())) for room in rooms]
+        views = [
+            await self._admin.room_view(room, pairs=by_room.get(self._links.scope(room), ()))
+            for room in rooms
+        ]
         return AdminAck(
             "\n".join(rooms) or "no rooms seen", data={"rooms": [room_json(v) for v in views]}
         )
@@ -147,11 +152,13 @@ def room_routes(
 
 
 def _configured_rooms(config: Config) -> Iterable[str]:
-    """The rooms the channel rules name: a platform and a channel that is not a glob."""
+    """The rooms the channel rules name (a platform and a channel that is not a glob), then
+    the linked rooms (`links:`)."""
     for rule in config.channels:
         match = rule.match
         if match.platform is not None and not _GLOB_CHARS & set(match.channel):
             yield f"{match.platform}:{match.channel}"
+    yield from config.room_links.rooms()
 
 
 def _is_room(room: str) -> bool:

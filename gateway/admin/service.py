@@ -23,6 +23,10 @@ Decisions where DESIGN.md is silent:
 - A stored override the policy refuses today is ignored with a logged warning
   (`gateway.config.resolve_policy`) and does not stop a `set` of another field.
 - `set` and `pause` apply to the room (`platform:channel`), across its threads.
+- A room linked with others (`links:`, gateway/config/links.py) is one scope with them:
+  `status`, `reset`, `pause`, `resume` and `set` in (or on) any of the rooms read and
+  change the link's pairs, bot-turn count, pause and overrides (`RoomLinks.scope`), and
+  `status` names the linked rooms. `forget` and `spend` stay the room's own.
 - `set bot_loop.mode shadow` (also `tool_loop.mode`, `call_loop.mode`) takes exactly
   `enforce` or `shadow`; `status` then says "<guard>: shadow: would have refused N" for
   each guard in shadow mode (N counted in this process since it started).
@@ -114,6 +118,7 @@ class AdminService:
         spend: AgentBudgets | None = None,
     ) -> None:
         self.policies = policies or PolicyCache(config)
+        self._links = config.room_links
         self._state = state
         self._calls = calls
         self._spend = spend
@@ -195,28 +200,32 @@ class AdminService:
         """
         state = self._state
         platform, channel = split_room(room)
-        overrides = merged(await state.get_overrides(GLOBAL_SCOPE), await state.get_overrides(room))
+        scope = self._links.scope(room)
+        overrides = merged(
+            await state.get_overrides(GLOBAL_SCOPE), await state.get_overrides(scope)
+        )
         resolved = self.policies.resolve(platform, channel, thread_id, overrides)
         if pairs is None:
-            pairs = await state.pair_snapshot(room)
+            pairs = await state.pair_snapshot(scope)
         names = {user: bot for bot, user in self._bot_users.items()}
         now = self._recent.clock()
         return RoomView(
             room=room,
             policy=resolved.policy,
             overrides=overrides,
-            paused=await state.pause_remaining(room),
+            paused=await state.pause_remaining(scope),
             pairs=tuple(
                 PairView(snap, names.get(snap.bot_a, snap.bot_a), names.get(snap.bot_b, snap.bot_b))
                 for snap in pairs
             ),
-            bot_turns=await state.bot_turns_peek(room),
+            bot_turns=await state.bot_turns_peek(scope),
             shadowed=self._recent.shadowed(room),
             refusals=tuple(
                 messages.RefusalLine(age=now - r.at, stage=r.stage, code=r.code, detail=r.detail)
                 for r in self._recent.recent(room)
             ),
             degraded=isinstance(state, ReportsOutages) and state.degraded,
+            linked=tuple(other for other in self._links.linked(room) if other != room),
         )
 
     async def policy(self, room: str, *, thread_id: str | None = None) -> str:
@@ -224,10 +233,11 @@ class AdminService:
         return messages.policy_text(room, await self.effective_policy(room, thread_id=thread_id))
 
     async def reset(self, room: str) -> str:
-        """Clear the room's bot pairs, its room budget and its consecutive-bot-turn count."""
-        dropped = await self._state.pair_reset(scope=room)
-        await self._state.room_reset(room)
-        await self._state.bot_turn(room, is_bot=False)
+        """Clear the room's (its link's) pairs, room budget and consecutive-bot-turn count."""
+        scope = self._links.scope(room)
+        dropped = await self._state.pair_reset(scope=scope)
+        await self._state.room_reset(scope)
+        await self._state.bot_turn(scope, is_bot=False)
         return messages.reset_room_ack(dropped)
 
     async def reset_all(self) -> str:
@@ -245,14 +255,15 @@ class AdminService:
         return messages.reset_bot_ack(name, dropped)
 
     async def pause(self, room: str, seconds: float | None, *, prefix: str = "/loop") -> str:
-        """Pause the room for `seconds`, or until resumed when None."""
-        await self._state.pause(room, seconds)
+        """Pause the room (and the rooms linked with it) for `seconds`, or until resumed."""
+        await self._state.pause(self._links.scope(room), seconds)
         return messages.pause_ack(seconds, prefix)
 
     async def resume(self, room: str) -> str:
-        """Lift the room's pause."""
-        was_paused = await self._state.pause_remaining(room) is not None
-        await self._state.resume(room)
+        """Lift the room's (its link's) pause."""
+        scope = self._links.scope(room)
+        was_paused = await self._state.pause_remaining(scope) is not None
+        await self._state.resume(scope)
         return messages.resume_ack(was_paused)
 
     async def forget(self, room: str, *, thread_id: str | None = None) -> str:
@@ -312,7 +323,7 @@ class AdminService:
             with_override(current, field, value)
         except ValidationError as exc:
             return AdminAck(messages.set_refused(field, first_error(exc)[1]), ok=False)
-        await self._state.set_override(room, field, value)
+        await self._state.set_override(self._links.scope(room), field, value)
         return AdminAck(messages.set_ack(field, value))
 
     async def effective_policy(self, room: str, *, thread_id: str | None = None) -> Policy:

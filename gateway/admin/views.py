@@ -63,6 +63,8 @@ class RoomView:
     refusals: tuple[messages.RefusalLine, ...]
     degraded: bool
     """The state backend is in an outage: what it could not read is shown empty."""
+    linked: tuple[str, ...] = ()
+    """The other rooms of the room's link (`links:`), which share its budgets and pause."""
 
 
 def status_text(view: RoomView) -> str:
@@ -82,6 +84,7 @@ def status_text(view: RoomView) -> str:
         ],
         refusals=view.refusals,
         shadowed=view.shadowed,
+        linked=view.linked,
     )
     if view.degraded:
         text += "\n" + messages.STATUS_DEGRADED
@@ -122,6 +125,7 @@ def room_json(view: RoomView) -> dict[str, object]:
             for r in view.refusals
         ],
         "degraded": view.degraded,
+        "linked": list(view.linked),
     }
 
 

@@ -62,6 +62,11 @@ class TurnContext:
     _resolved: ResolvedPolicy | None = field(default=None, init=False, repr=False)
 
     @property
+    def scope(self) -> str:
+        """The key the room's budgets, pause and overrides are kept under (`RoomLinks.scope`)."""
+        return self.config.room_links.scope(self.message.room)
+
+    @property
     def resolved(self) -> ResolvedPolicy:
         """`policy` with its guard policies: the cache's entry, else derived once from it."""
         resolved = self._resolved

@@ -371,12 +371,17 @@ def status_text(
     pairs: Sequence[PairLine],
     refusals: Sequence[RefusalLine],
     shadowed: Mapping[str, int],
+    linked: Sequence[str] = (),
 ) -> str:
     """The answer to `status`: policy summary, shadow guards, pause, pairs, recent refusals.
 
-    `shadowed` counts, per guard, what it would have refused here in shadow mode.
+    `shadowed` counts, per guard, what it would have refused here in shadow mode; `linked`
+    are the other rooms of the room's link, named on a line of their own.
     """
-    lines = [f"Loop status for {room}", "Policy: " + policy_summary(policy)]
+    lines = [f"Loop status for {room}"]
+    if linked:
+        lines.append(f"Linked with: {', '.join(linked)} (one budget, pause and /loop commands)")
+    lines.append("Policy: " + policy_summary(policy))
     lines.extend(
         f"{guard}: shadow: would have refused {shadowed.get(guard, 0)}"
         for guard in shadow_guards(policy)

@@ -84,9 +84,12 @@ class PolicyCache:
     async def room(
         self, state: ControlStore, platform: str, channel: str, thread: str | None
     ) -> ResolvedPolicy:
-        """The room's effective policy under the overrides stored now (global, then room)."""
+        """The room's effective policy under the overrides stored now (global, then room's).
+
+        A linked room's overrides are its link's (`RoomLinks.scope`).
+        """
         everywhere = await state.get_overrides(GLOBAL_SCOPE)
-        here = await state.get_overrides(f"{platform}:{channel}")
+        here = await state.get_overrides(self._config.room_links.scope(f"{platform}:{channel}"))
         return self.resolve(platform, channel, thread, merged(everywhere, here))
 
     def resolve(

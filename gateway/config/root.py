@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import cached_property
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -18,6 +19,7 @@ from gateway.config.agents import AgentConfig
 from gateway.config.base import FieldError, Frozen, first_error
 from gateway.config.bots import AdminsConfig, BotConfig
 from gateway.config.http import HttpConfig
+from gateway.config.links import Links, RoomLinks, check_links
 from gateway.config.pipeline import PipelineConfig
 from gateway.config.policy import ChannelRule, Policy, deep_merge, nest, with_override
 from gateway.config.proxy import ProxyConfig
@@ -40,6 +42,7 @@ class Config(Frozen):
     pipeline: PipelineConfig = PipelineConfig()
     proxy: ProxyConfig | None = None
     telemetry: TelemetryConfig = TelemetryConfig()
+    links: Links = ()
 
     @model_validator(mode="after")
     def _cross_references(self) -> Config:
@@ -61,7 +64,13 @@ class Config(Frozen):
             except ValidationError as exc:
                 path, reason = first_error(exc)
                 raise FieldError(f"channels.{index}.policy.{path}", reason) from None
+        check_links(self.links)
         return self
+
+    @cached_property
+    def room_links(self) -> RoomLinks:
+        """Each room's scope and linked rooms, from `links:` (built once)."""
+        return RoomLinks.of(self.links)
 
     def bot(self, bot_id: str) -> BotConfig:
         """The bot with this id (KeyError when absent)."""

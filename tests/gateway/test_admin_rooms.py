@@ -186,6 +186,7 @@ async def test_issue12_a_room_object_shows_policy_overrides_pause_pairs_and_bot_
         "shadow": {},
         "recent_refusals": [],
         "degraded": False,
+        "linked": [],
     }
     policy = shown["policy"]
     assert isinstance(policy, dict)

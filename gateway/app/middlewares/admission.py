@@ -9,6 +9,8 @@ A sender whose bot-ness the platform cannot tell arrives with `sender_is_bot=Tru
 (connectors fail closed, and the self filter does for platforms that never tell), so the
 bot rules apply to it.
 
+A room linked with others (`links:`) is paused when its link is (`ctx.scope`).
+
 Admission only decides; it keeps no count. The room's consecutive-bot-turn count is the
 bot-loop module's (`bot_turns`, the stage just outside this one), which has already
 counted the message, so a human message refused here still resets it.
@@ -36,7 +38,7 @@ class AdmissionMiddleware:
 
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         msg = ctx.message
-        paused = await self._controls.pause_remaining(msg.room)
+        paused = await self._controls.pause_remaining(ctx.scope)
         if paused is not None:
             self._decisions.refuse(ctx, self.name, "paused", messages.paused_detail(paused))
             return None

@@ -51,6 +51,12 @@ pair in a cooldown opened in shadow is refused at once, and that refusal posts t
 A reset ends a cooldown: the pair's next cooldown is another one, with a notice of its
 own.
 
+Linked rooms (`links:`, gateway/config/links.py) are one scope: both stages count, decide
+and reset under `ctx.scope`, the link's key, and charge every bot exchange to the link's
+one pair (`pair_ids`), so a ping-pong through a bridge is cut at the budget it would be cut
+at in one room. Notices are still claimed per room (`msg.room`): each room where the cut
+happened gets one notice per cooldown.
+
 The decisions are written once, as steps both stages and `loopwarden_integrations.RoomGuard` call
 (issue 21): `count_bot_turn`, `decide_bot_message`, `claim_notice` and `notice_text`.
 The stages add what only a hosted bot has: the decision log, metrics, `status` and the
@@ -74,6 +80,8 @@ _GUARD = "bot_loop"
 # A sender's name as the room budget keeps it (and its notice shows it) is cut to this.
 _LABEL_CHARS = 64
 _ROOM_REASONS = frozenset({"room_budget_exceeded", "room_cooldown"})
+LINK_PAIR = "link"
+"""Both bot ids of the one pair linked rooms charge (`pair_ids`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +216,17 @@ def notice_text(
     )
 
 
+def pair_ids(self_bot_id: str, sender_id: str, *, linked: bool) -> tuple[str, str]:
+    """The pair a bot exchange is charged to: the two bots, or in linked rooms the link's one.
+
+    Across a bridge the other side's bot speaks through a relay or a ghost user, so who
+    answers whom cannot be told; every bot exchange of linked rooms is charged to one pair
+    (`LINK_PAIR` with itself, under the link's scope), and a ping-pong through the bridge is
+    cut where the same exchanges in one room would be.
+    """
+    return (LINK_PAIR, LINK_PAIR) if linked else (self_bot_id, sender_id)
+
+
 class BotTurnsMiddleware:
     """Counts the room's consecutive bot turns for every message, into `ctx.bot_turns`."""
 
@@ -218,7 +237,7 @@ class BotTurnsMiddleware:
         ctx.bot_turns = await count_bot_turn(
             ctx.state,
             ctx.policy.bot_loop,
-            msg.room,
+            ctx.scope,
             is_bot=msg.sender_is_bot,
             message_key=msg.message_key,
         )
@@ -240,15 +259,20 @@ class BotLoopMiddleware:
             return await call_next(ctx)
         resolved = ctx.resolved
         shadow = resolved.bot_loop_shadow
-        self_bot_id = msg.bot_user_id or ctx.connector.bot_user_id
+        scope = ctx.scope
+        self_bot_id, sender_id = pair_ids(
+            msg.bot_user_id or ctx.connector.bot_user_id,
+            msg.sender_id,
+            linked=bool(ctx.config.room_links.linked(msg.room)),
+        )
         sender_name = msg.sender_name or msg.sender_id
         verdict = await decide_bot_message(
             ctx.state,
             settings,
             resolved.bot_loop,
-            room=msg.room,
+            room=scope,
             self_bot_id=self_bot_id,
-            sender_id=msg.sender_id,
+            sender_id=sender_id,
             sender_name=sender_name,
             message_key=msg.message_key,
             turns=ctx.bot_turns,
@@ -293,7 +317,7 @@ class BotLoopMiddleware:
             verdict,
             room=msg.room,
             self_bot_id=self_bot_id,
-            sender_id=msg.sender_id,
+            sender_id=sender_id,
         ):
             return None
         self._decisions.note(ctx, self.name, *_noted(verdict, ctx))

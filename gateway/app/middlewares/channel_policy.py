@@ -2,8 +2,9 @@
 
 `ctx.resolved` (and so `ctx.policy`) becomes the room's entry in the `PolicyCache`
 (gateway/app/policies.py): defaults, the first matching channel rule, then the global and
-the room's runtime overrides, resolved once per room and overrides and shared with the
-`/loop` commands. The inner stages and the agent read `ctx.resolved`, never the cache.
+the room's runtime overrides (its link's for a linked room: `ctx.scope`), resolved once
+per room and overrides and shared with the `/loop` commands. The inner stages and the
+agent read `ctx.resolved`, never the cache.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class ChannelPolicyMiddleware:
         msg = ctx.message
         controls = self._controls
         overrides = merged(
-            await controls.get_overrides(GLOBAL_SCOPE), await controls.get_overrides(msg.room)
+            await controls.get_overrides(GLOBAL_SCOPE), await controls.get_overrides(ctx.scope)
         )
         ctx.resolved = self._policies.resolve(
             msg.platform, msg.channel_id, msg.thread_id, overrides
