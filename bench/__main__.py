@@ -23,6 +23,7 @@ BENCHES = (
     "bench.history_bench",
     "bench.calls_query_bench",
     "bench.room_memory_bench",
+    "bench.tracing_bench",
 )
 
 

@@ -27,7 +27,7 @@ def setup_tracing(config: TelemetryConfig, service: str) -> tracing.Tracer:
     except ImportError:
         raise ConfigError(
             "telemetry.otlp_endpoint",
-            "tracing needs the OpenTelemetry SDK: pip install 'loopwarden[otel]'",
+            "tracing needs the OpenTelemetry SDK: install loopwarden's [otel] extra",
         ) from None
 
     active = OtelTracer(url, service=service, capture_content=config.capture_content)
