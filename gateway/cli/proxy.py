@@ -16,7 +16,6 @@ from gateway.cli.serving import add_serving, stop_on_signals
 from gateway.cli.workers import Worker
 from gateway.config import Config
 from gateway.observability.telemetry import reset_tracing, setup_tracing
-from gateway.observability.telemetry import reset_tracing, setup_tracing
 from gateway.proxy.app import ProxyServer
 
 log = logging.getLogger("loopwarden")
@@ -45,12 +44,11 @@ async def serve_proxy(config: Config, worker: Worker | None = None) -> int:
     try:
         server = ProxyServer(config, sock=None if worker is None else worker.sock)
         setup_tracing(config.telemetry, "loopwarden-proxy")
-        setup_tracing(config.telemetry, "loopwarden-proxy")
     except ConfigError as exc:
         print_config_error(exc)
         return 2
     if worker is not None:
-        worker.mark(server.app)
+        worker.attach(server.app, server.metrics.render)
     with stop_on_signals("stopping the proxy") as stop:
         try:
             await server.start()
@@ -62,6 +60,5 @@ async def serve_proxy(config: Config, worker: Worker | None = None) -> int:
             return 1
         finally:
             await server.stop()
-            reset_tracing()
             reset_tracing()
     return 0

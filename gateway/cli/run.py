@@ -20,7 +20,6 @@ from gateway.cli.serving import add_serving, stop_on_signals
 from gateway.cli.workers import Worker
 from gateway.config import Config
 from gateway.observability.telemetry import reset_tracing, setup_tracing
-from gateway.observability.telemetry import reset_tracing, setup_tracing
 
 log = logging.getLogger("loopwarden")
 
@@ -47,7 +46,6 @@ async def serve(config: Config, worker: Worker | None = None) -> int:
     try:
         gateway = Gateway(config, sock=None if worker is None else worker.sock)
         setup_tracing(config.telemetry, "loopwarden")
-        setup_tracing(config.telemetry, "loopwarden")
     except ConfigError as exc:
         print_config_error(exc)
         return 2
@@ -55,7 +53,7 @@ async def serve(config: Config, worker: Worker | None = None) -> int:
         log.exception("the gateway could not be built")
         return 1
     if worker is not None:
-        worker.mark(gateway.app)
+        worker.attach(gateway.app, gateway.metrics.render)
     with stop_on_signals("stopping") as stop:
         starting = asyncio.create_task(gateway.start())
         stopping = asyncio.create_task(stop.wait())
@@ -80,6 +78,5 @@ async def serve(config: Config, worker: Worker | None = None) -> int:
                 task.cancel()
             await asyncio.wait({starting, stopping})
             await gateway.stop(config.pipeline.drain_seconds)
-            reset_tracing()
             reset_tracing()
     return 0

@@ -10,7 +10,8 @@ Redis, never in a worker: `state.backend: memory` with N > 1 is refused.
 
 Decisions where DESIGN.md is silent:
 - `--workers auto` is the number of cores this process may run on; N is 1 to 256.
-- With N > 1 every response carries `X-Loopwarden-Worker: <pid>` (which worker answered).
+- With N > 1 every response carries `X-Loopwarden-Worker: <pid>` (which worker answered),
+  and `/metrics` sums every worker's counters (gateway/observability/workers.py).
 - SIGTERM or SIGINT to the supervisor is passed to every worker; each drains as a single
   process does, and the supervisor exits 0 when all exited 0 (else 1).
 - A worker that dies while no stop was asked (a crash, a SIGKILL) is logged with its exit
@@ -32,17 +33,21 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from aiohttp import web
 
 from gateway.config import Config
 from gateway.config.bots import BotConfig, SlackBotConfig, TelegramBotConfig
+from gateway.observability.workers import SharedMetrics
 
 log = logging.getLogger("loopwarden")
 
@@ -122,20 +127,24 @@ class Worker:
 
     index: int
     sock: socket.socket
+    metrics: Path  # where the workers publish their figures for `/metrics`
     _ready: int  # the pipe that tells the supervisor this worker serves
 
-    def serving(self) -> None:
-        """Tell the supervisor this worker serves: from now on a death is a crash."""
-        os.write(self._ready, b"1")
-
-    def mark(self, app: web.Application) -> None:
-        """Make every response of `app` name this worker (its pid) in WORKER_HEADER."""
+    def attach(self, app: web.Application, render: Callable[[], bytes]) -> None:
+        """Make `app` a worker's: responses name it, `/metrics` sums every worker's."""
         pid = str(os.getpid())
 
         async def name_worker(request: web.Request, response: web.StreamResponse) -> None:
             response.headers[WORKER_HEADER] = pid
 
         app.on_response_prepare.append(name_worker)
+        shared = SharedMetrics(self.metrics, render)
+        app.middlewares.append(shared.middleware)
+        app.cleanup_ctx.append(shared.publishing)
+
+    def serving(self) -> None:
+        """Tell the supervisor this worker serves: from now on a death is a crash."""
+        os.write(self._ready, b"1")
 
 
 WorkerMain = Callable[[Worker], int]
@@ -192,6 +201,7 @@ class Supervisor:
         self._work = work
         self._running: dict[int, tuple[int, int]] = {}  # pid -> (index, its ready pipe)
         self._pid = os.getpid()
+        self._metrics = Path(tempfile.mkdtemp(prefix="loopwarden-metrics-"))
         self._stopping = False
 
     def run(self) -> int:
@@ -231,6 +241,7 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self._port.close()
+            shutil.rmtree(self._metrics, ignore_errors=True)
         log.info("all %d workers stopped", self._count)
         return code
 
@@ -253,7 +264,7 @@ class Supervisor:
         if not _stop_with(self._pid):
             return 1
         try:
-            return self._work(Worker(index, self._port.for_worker(), ready))
+            return self._work(Worker(index, self._port.for_worker(), self._metrics, ready))
         except BaseException:
             log.exception("worker %d failed", index)
             return 1

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli.main import main
 from gateway.cli.workers import WORKER_HEADER
@@ -52,10 +53,15 @@ class Workers:
         def found() -> list[re.Match[str]]:
             return [m for line in self.lines if (m := re.search(pattern, line))]
 
-        async with asyncio.timeout(TIMEOUT):
-            while len(found()) < count:
-                self.changed.clear()
-                await self.changed.wait()
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                while len(found()) < count:
+                    self.changed.clear()
+                    await self.changed.wait()
+        except TimeoutError:
+            raise AssertionError(
+                f"{pattern!r} not logged {count} times in:\n" + "".join(self.lines)
+            ) from None
         return found()[:count]
 
     async def read(self) -> None:
@@ -179,6 +185,8 @@ async def test_issue24_sigterm_drains_every_worker_and_exits_0(tmp_path: Path) -
 async def test_issue24_a_sigkilled_worker_is_logged_and_started_again(tmp_path: Path) -> None:
     async with FakeLLM() as upstream, proxy_workers(tmp_path, upstream.url) as workers:
         first, second = await workers.logged(STARTED.pattern, 2)
+        # A worker that answered has told the supervisor it serves: its death is a crash.
+        assert await pids_answering(workers.url, want=2) == {first[2], second[2]}
         os.kill(int(first[2]), signal.SIGKILL)
         died = await workers.logged(r"worker 0 \(pid \d+\) was killed by SIGKILL; starting it")
         assert died[0][0].endswith(f"(pid {first[2]}) was killed by SIGKILL; starting it")
@@ -227,3 +235,40 @@ async def test_issue24_a_budget_shared_through_sqlite_holds_across_workers(
         for task in calls:
             task.cancel()
         await asyncio.gather(*calls, return_exceptions=True)
+
+
+def forwarded_total(exposition: str) -> float:
+    """proxy_calls_total of the forwarded OpenAI calls, summed over its samples."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+        if sample.name == "proxy_calls_total"
+        and sample.labels.get("outcome") == "forwarded"
+        and sample.labels.get("provider") == "openai"
+    )
+
+
+async def test_issue24_metrics_count_every_worker_s_calls(tmp_path: Path) -> None:
+    async with FakeLLM() as upstream, proxy_workers(tmp_path, upstream.url) as workers:
+        answered_by: set[str] = set()
+        connector = aiohttp.TCPConnector(force_close=True)
+        headers = {"Authorization": f"Bearer {PROXY_KEY}"}
+        async with aiohttp.ClientSession(connector=connector) as http:
+            calls = 0
+            while len(answered_by) < 2 or calls < 20:
+                data = {"model": MODEL, "messages": [{"role": "user", "content": f"q {calls}"}]}
+                async with http.post(
+                    f"{workers.url}/openai/v1/chat/completions", json=data, headers=headers
+                ) as answer:
+                    assert answer.status == 200
+                    answered_by.add(answer.headers[WORKER_HEADER])
+                calls += 1
+            # Whichever worker answers a scrape counts both workers' calls.
+            scraped_by: dict[str, float] = {}
+            async with asyncio.timeout(TIMEOUT):
+                while len(scraped_by) < 2 or set(scraped_by.values()) != {calls}:
+                    async with http.get(f"{workers.url}/metrics") as scrape:
+                        text = await scrape.text()
+                        scraped_by[scrape.headers[WORKER_HEADER]] = forwarded_total(text)
+        assert set(scraped_by) == answered_by
