@@ -32,7 +32,7 @@ Decisions where DESIGN.md is silent:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -248,6 +248,23 @@ class Histogram(Collector):
         series[bisect_left(self._bounds, value)] += 1
         series[-1] += value
 
+    def recorder(self, key: tuple[str, ...]) -> Callable[[float], None]:
+        """`observe` bound to one label set, for a hot path (no lookup per value).
+
+        The series shows once its first value is recorded.
+        """
+        bounds = self._bounds
+        all_series = self._series
+        series = all_series.get(key) or [0.0] * (len(bounds) + 2)
+
+        def record(value: float) -> None:
+            if key not in all_series:
+                all_series[key] = series
+            series[bisect_left(bounds, value)] += 1
+            series[-1] += value
+
+        return record
+
     def collect(self) -> Iterator[Metric]:
         metric = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
         bounds = [*(str(float(bound)) for bound in self._bounds), "+Inf"]
@@ -339,6 +356,10 @@ class StateMetrics:
     def observe(self, backend: str, op: str, seconds: float) -> None:
         """Count one call's latency."""
         self.seconds.observe((backend, op), seconds)
+
+    def recorder(self, backend: str, op: str) -> Callable[[float], None]:
+        """`observe` bound to one backend and operation (the timing wrapper's)."""
+        return self.seconds.recorder((backend, op))
 
     def failed(self, backend: str, op: str) -> None:
         """Count one call that raised."""

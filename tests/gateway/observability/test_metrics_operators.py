@@ -67,9 +67,10 @@ async def test_issue25_the_factory_times_every_state_operation_and_counts_errors
     assert metrics.value("state_operation_seconds_count", op="claim") == 2
 
 
-async def test_issue25_the_runtime_times_its_state_and_counts_agents_calls() -> None:
+async def test_issue25_the_memory_backend_is_not_timed() -> None:
+    # Its operations are dict steps; timing them would cost a fifth of the pipeline.
     metrics = Metrics()
     store = build_state(StateConfig(backend="memory"), metrics=metrics.state)
     await store.pair_reset(scope=ROOM)
-    assert metrics.value("state_operation_seconds_count", backend="memory", op="pair_reset") == 1
-    assert metrics.value("spend_avoided_usd_total", guard="spend") == 0
+    assert metrics.value("state_operation_seconds_count") == 0
+    assert metrics.state.errors.values == {}
