@@ -1,0 +1,239 @@
+"""`loopwarden proxy --workers N` against nginx directly, with wrk as the client (issue 24).
+
+The upstream is nginx serving one fixed chat completion on loopback, the client wrk
+(both from Debian: `apt-get install -y nginx-light wrk`; the bench says so and stops when
+either is missing), so neither takes much of the CPU the proxy needs. In one run, each
+with wrk's POSTs of chat completions (every body different, so the call guard admits
+them all):
+- nginx directly;
+- `loopwarden proxy` with 1 worker on memory state;
+- `loopwarden proxy --workers 2` on sqlite state (N > 1 needs shared state);
+each at one request in flight (latency: p50 and p99, and what the proxy adds over
+nginx's) and at `CONNECTIONS` in flight (requests/s). Targets on a 2-core machine: 2
+workers >= 1.6x one worker's requests/s; added p50 <= 0.25 ms at one request in flight
+on memory state.
+
+Run: `.venv/bin/python -m bench.workers_bench [--seconds S]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CONNECTIONS = 32
+TARGET_SPEEDUP = 1.6
+TARGET_ADDED_P50_MS = 0.25
+PROXY_KEY = "lw-bench-key"
+COMPLETION = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 1700000000,
+    "model": "gpt-4o-mini",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 11, "completion_tokens": 1, "total_tokens": 12},
+}
+# Every request a different body (a counter in the prompt), as an agent's calls are.
+WRK_SCRIPT = """
+counter = 0
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer %s"
+request = function()
+  counter = counter + 1
+  local body = '{"model":"gpt-4o-mini","max_tokens":5,"messages":[{"role":"user",' ..
+    '"content":"question ' .. counter .. ' of thread ' .. math.random(1, 1e9) .. '"}]}'
+  return wrk.format(nil, "%s", nil, body)
+end
+"""
+NGINX_CONF = """
+daemon off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      default_type application/json;
+      return 200 '{body}';
+    }}
+  }}
+}}
+"""
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """One wrk run: requests/s and the latency percentiles in milliseconds."""
+
+    rps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def wrk(url: str, path: str, *, connections: int, seconds: float, script: Path) -> Figures:
+    """Run wrk against url+path; its requests/s and latency p50/p99."""
+    argv = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds:g}s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+    ]
+    out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
+    found = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    assert found, out
+    rps = float(found[1])
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non2xx:
+        raise SystemExit(f"{url}{path}: {non2xx[1]} answers were not 2xx:\n{out}")
+
+    def percentile(name: str) -> float:
+        found = re.search(rf"^\s+{name}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        assert found, out
+        return float(found[1]) * _UNITS[found[2]]
+
+    return Figures(rps, percentile("50"), percentile("99"))
+
+
+def start_proxy(
+    directory: Path, upstream: str, workers: int, state: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`loopwarden proxy --workers N`, once every worker listens; (process, its URL)."""
+    port = free_port()
+    config = directory / f"proxy-{workers}.yaml"
+    config.write_text(
+        f"""
+state: {state}
+proxy:
+  host: 127.0.0.1
+  port: {port}
+  keys: {{{PROXY_KEY}: {{agent: bench}}}}
+  upstreams:
+    openai: {{base_url: '{upstream}/v1', api_key: 'sk-bench-upstream'}}
+  prices: {{'gpt-4o*': {{input_per_1k: 0.15, output_per_1k: 0.6}}}}
+""",
+        encoding="utf-8",
+    )
+    argv = [sys.executable, "-m", "gateway", "proxy", "--config", str(config)]
+    if workers > 1:
+        argv += ["--workers", str(workers)]
+    log = (directory / f"proxy-{workers}.log").open("w")
+    process = subprocess.Popen(argv, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 30
+    while (directory / f"proxy-{workers}.log").read_text().count("proxy listening") < workers:
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise SystemExit((directory / f"proxy-{workers}.log").read_text())
+        time.sleep(0.1)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="each wrk run's length")
+    args = parser.parse_args()
+    missing = [tool for tool in ("nginx", "wrk") if shutil.which(tool) is None]
+    if missing:
+        print(f"skipped: {', '.join(missing)} not installed (apt-get install -y nginx-light wrk)")
+        return
+    with tempfile.TemporaryDirectory(prefix="workers-bench-") as name:
+        directory = Path(name)
+        (directory / "body").mkdir()
+        nginx_port = free_port()
+        body = json.dumps(COMPLETION, separators=(",", ":"))
+        conf = directory / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(dir=directory, port=nginx_port, body=body))
+        nginx = subprocess.Popen(["nginx", "-p", str(directory), "-c", str(conf)])
+        upstream = f"http://127.0.0.1:{nginx_port}"
+        time.sleep(0.5)
+        path = "/openai/v1/chat/completions"
+        results: dict[str, tuple[Figures, Figures]] = {}
+        try:
+            direct = directory / "direct.lua"
+            direct.write_text(WRK_SCRIPT % (PROXY_KEY, "/v1/chat/completions"))
+            proxied = directory / "proxied.lua"
+            proxied.write_text(WRK_SCRIPT % (PROXY_KEY, path))
+
+            def measure(url: str, script: Path) -> tuple[Figures, Figures]:
+                one = wrk(url, "", connections=1, seconds=args.seconds, script=script)
+                many = wrk(url, "", connections=CONNECTIONS, seconds=args.seconds, script=script)
+                return one, many
+
+            results["nginx directly"] = measure(upstream, direct)
+            for workers, state in (
+                (1, "{backend: memory}"),
+                (2, f"{{backend: sqlite, path: '{directory / 'state.sqlite3'}'}}"),
+            ):
+                process, url = start_proxy(directory, upstream, workers, state)
+                try:
+                    label = f"proxy, {workers} worker{'s' if workers > 1 else ''} ({state[10:16]})"
+                    results[label] = measure(url, proxied)
+                finally:
+                    stop(process)
+        finally:
+            nginx.send_signal(signal.SIGQUIT)
+            nginx.wait(timeout=10)
+    report(results, args.seconds)
+
+
+def report(results: dict[str, tuple[Figures, Figures]], seconds: float) -> None:
+    print(f"{platform.node()}: {os.cpu_count()} cores, {platform.python_version()}, {seconds:g} s")
+    base_one, _ = results["nginx directly"]
+    print(f"{'':34} {'req/s @32':>10} {'p50 @1':>9} {'p99 @1':>9} {'+p50':>8} {'+p99':>8}")
+    for label, (one, many) in results.items():
+        added_50 = one.p50_ms - base_one.p50_ms
+        added_99 = one.p99_ms - base_one.p99_ms
+        print(
+            f"{label:34} {many.rps:10.0f} {one.p50_ms:8.3f}ms {one.p99_ms:8.3f}ms "
+            f"{added_50:+7.3f}ms {added_99:+7.3f}ms"
+        )
+    labels = list(results)
+    one_worker, two_workers = results[labels[1]][1], results[labels[2]][1]
+    speedup = two_workers.rps / one_worker.rps
+    added = results[labels[1]][0].p50_ms - base_one.p50_ms
+    print(
+        f"2 workers / 1 worker req/s: {speedup:.2f}x (target >= {TARGET_SPEEDUP}x): "
+        f"{'met' if speedup >= TARGET_SPEEDUP else 'MISSED'}"
+    )
+    print(
+        f"added p50 at one in flight, memory: {added:.3f} ms (target <= {TARGET_ADDED_P50_MS}"
+        f" ms): {'met' if added <= TARGET_ADDED_P50_MS else 'MISSED'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
