@@ -52,6 +52,7 @@ _GENERATED_PAGES: dict[str, Callable[[], str]] = {
 }
 _MARKERS: dict[str, Callable[[], str]] = {
     "<!-- generated: metrics -->": gen_reference.metrics_markdown,
+    "<!-- generated: proxy-metrics -->": gen_reference.proxy_metrics_markdown,
     "<!-- generated: openapi -->": openapi_markdown,
 }
 

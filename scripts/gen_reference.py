@@ -37,16 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, SecretStr
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from gateway.calls.entry import CallLogEntry
 from gateway.cli.main import build_parser
 from gateway.config import Config
 from gateway.config.limits import duration_text
 from gateway.demo.room import DESCRIPTION as DEMO_DESCRIPTION
 from gateway.demo.room import add_arguments as add_demo_arguments
-from gateway.observability.metrics import Metrics
+from gateway.observability.metrics import BudgetFigure, Metrics, ModelCallMetrics, StateMetrics
+from gateway.proxy.metrics import ProxyMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = ROOT / "loopwarden.schema.json"
@@ -351,15 +354,66 @@ def _count_once_each(metrics: Metrics) -> None:
     metrics.error(_SAMPLE_LABEL)
     metrics.event_dropped(_SAMPLE_LABEL, _SAMPLE_LABEL)
     metrics.transcript_skipped(1)
+    metrics.loop_cut(_SAMPLE_LABEL, _SAMPLE_LABEL)
+    _model_calls(metrics.model_calls, metrics.state)
 
 
-def metric_rows() -> list[tuple[str, str, tuple[str, ...], str]]:
-    """(series name, type, label names, help) of every series the gateway's registry exports."""
+def _model_calls(metrics: ModelCallMetrics | ProxyMetrics, state: StateMetrics) -> None:
+    """Log a model call answered and one refused, and time a failed state call, into these."""
+    for outcome in ("forwarded", "loop_detected"):
+        entry = CallLogEntry(
+            at=0.0,
+            provider=_SAMPLE_LABEL,
+            agent=_SAMPLE_LABEL,
+            session="",
+            circuit=_SAMPLE_LABEL,
+            model=_SAMPLE_LABEL,
+            outcome=outcome,
+            input_tokens=1,
+            output_tokens=1,
+        )
+        metrics.call_logged(entry)
+    state.observe(_SAMPLE_LABEL, _SAMPLE_LABEL, 0.001)
+    state.failed(_SAMPLE_LABEL, _SAMPLE_LABEL)
+
+
+def _proxy_registry() -> CollectorRegistry:
+    """The proxy's registry with every family shown."""
+    metrics = ProxyMetrics([_SAMPLE_LABEL])
+    metrics.watch_state(_HealthyStore())
+    _model_calls(metrics, metrics.state)
+    metrics.call_logged(
+        CallLogEntry(
+            at=0.0,
+            provider=_SAMPLE_LABEL,
+            agent=_SAMPLE_LABEL,
+            session="",
+            circuit=_SAMPLE_LABEL,
+            model=_SAMPLE_LABEL,
+            outcome="upstream_error",
+        )
+    )
+    metrics.forwarded(_SAMPLE_LABEL, added=0.001, upstream=0.1)
+    metrics.budget_figures([BudgetFigure(_SAMPLE_LABEL, _SAMPLE_LABEL, 1.0, 2.0)])
+    return metrics.registry
+
+
+def _gateway_registry() -> CollectorRegistry:
+    """The gateway's registry with every family shown."""
     metrics = Metrics()
     metrics.watch_state(_HealthyStore())
     _count_once_each(metrics)
+    return metrics.registry
+
+
+def metric_rows(proxy: bool = False) -> list[tuple[str, str, tuple[str, ...], str]]:
+    """(series name, type, label names, help) of every series a registry exports.
+
+    The gateway's, or with `proxy` the LLM-call proxy's.
+    """
+    registry = _proxy_registry() if proxy else _gateway_registry()
     rows: list[tuple[str, str, tuple[str, ...], str]] = []
-    for family in metrics.registry.collect():
+    for family in registry.collect():
         labels: set[str] = set()
         for sample in family.samples:
             labels |= set(sample.labels)
@@ -368,11 +422,16 @@ def metric_rows() -> list[tuple[str, str, tuple[str, ...], str]]:
     return rows
 
 
-def metrics_markdown() -> str:
+def proxy_metrics_markdown() -> str:
+    """docs/reference/metrics.md's generated table of the proxy's series."""
+    return metrics_markdown(proxy=True)
+
+
+def metrics_markdown(proxy: bool = False) -> str:
     """docs/reference/metrics.md's generated table: the registry's series, types and labels."""
     out = io.StringIO()
     out.write("| Series | Type | Labels | Help |\n|---|---|---|---|\n")
-    for series, kind, labels, documentation in metric_rows():
+    for series, kind, labels, documentation in metric_rows(proxy):
         names = ", ".join(f"`{label}`" for label in labels)
         out.write(f"| `{series}` | {kind} | {names} | {_cell(documentation)} |\n")
     return out.getvalue()

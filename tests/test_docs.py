@@ -145,6 +145,16 @@ def test_issue22_the_metrics_page_lists_every_registry_series() -> None:
     assert "`shadow`" in table
 
 
+def test_issue25_the_metrics_page_lists_the_proxys_series() -> None:
+    table = gen_reference.proxy_metrics_markdown()
+    for series in ("proxy_calls_total", "gen_ai_client_token_usage", "budget_limit_usd"):
+        assert f"| `{series}` |" in table
+    assert "`gen_ai_token_type`" in table
+    assert "| `loops_cut_total` | counter | `guard`, `room` |" in gen_reference.metrics_markdown()
+    page = (ROOT / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    assert "<!-- generated: proxy-metrics -->" in page
+
+
 def test_issue22_openapi_lists_exactly_the_gateways_admin_routes() -> None:
     config = parse_config(f"http: {{host: 127.0.0.1, port: 0, admin_token: {ADMIN_TOKEN}}}", env={})
     served = _served(Gateway(config).app.router.routes())
