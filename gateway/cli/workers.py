@@ -10,6 +10,8 @@ Redis, never in a worker: `state.backend: memory` with N > 1 is refused.
 
 Decisions where DESIGN.md is silent:
 - `--workers auto` is the number of cores this process may run on; N is 1 to 256.
+- The workers listen on the host's first address (`getaddrinfo`): a name with several
+  (`localhost`: 127.0.0.1 and ::1) is served on one of them, as with an address.
 - With N > 1 every response carries `X-Loopwarden-Worker: <pid>` (which worker answered),
   and `/metrics` sums every worker's counters (gateway/observability/workers.py).
 - SIGTERM or SIGINT to the supervisor is passed to every worker; each drains as a single
