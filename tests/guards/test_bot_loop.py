@@ -923,3 +923,37 @@ def test_issue10_a_now_that_is_no_clock_reading_is_refused_and_changes_nothing(
     # The pair kept its event and the next call is served: the budget is spent.
     assert _decide(guard, 1.0) == PairDecision(False, "budget_exceeded", COOLDOWN, 1)
     assert len(guard) == 1
+
+
+# --- issue 24: the random-gap churn the bench measures ------------------------------------
+
+
+def test_issue24_random_gap_churn_is_the_measured_workload_and_decides_as_the_reference() -> None:
+    from bench.bot_loop_bench import ID_LENGTH, random_gap_events
+
+    pairs, events = 500, 20_000
+    span = 120.0 * events / pairs  # a pair's events two minutes apart on average
+    workload = random_gap_events(events, pairs, span)
+    assert {len(a) for a, _, _ in workload} | {len(b) for _, b, _ in workload} == {ID_LENGTH}
+    times = [at for _, _, at in workload]
+    assert times == sorted(times)
+    last: dict[tuple[str, str], float] = {}
+    gaps = []
+    for a, b, at in workload:
+        if (a, b) in last:
+            gaps.append(at - last[a, b])
+        last[a, b] = at
+    assert 100.0 < sum(gaps) / len(gaps) < 140.0
+    # Random gaps around the 60 s window: pairs go idle, are forgotten and come back, and
+    # some bursts exceed a budget of 2; every decision is the reference model's.
+    policy = BotLoopPolicy(max_events_per_window=2, window_seconds=60.0, cooldown_seconds=60.0)
+    guard = BotLoopGuard(policy)
+    reference = _ReferenceGuard(policy)
+    reasons = set()
+    for a, b, at in workload:
+        got = guard.decide(self_bot_id=a, sender_bot_id=b, now=at)
+        assert got == reference.decide((None, *pair_key(a, b)), at)
+        reasons.add(got.reason)
+    assert reasons == {"ok", "budget_exceeded", "cooldown"}
+    # The table holds about the live pairs, not every pair ever seen.
+    assert len(guard) < pairs * 0.6
