@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.fakes.redis_cluster import RedisCluster, SentinelPair, running_cluster, running_sentinel
 from tests.fakes.redis_server import RedisServer, RedisServerMissing
 from tests.network_guard import guarded_connect, guarded_connect_ex
 
@@ -46,3 +47,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server for this module (each store gets its own key prefix)."""
     with _start(tmp_path_factory.mktemp("redis")) as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """A real 3-master, 3-replica Redis Cluster on loopback, shared by the whole run."""
+    try:
+        with running_cluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+            yield cluster
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc))
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelPair]:
+    """A real master, replica and Sentinel on loopback, shared by the whole run."""
+    try:
+        with running_sentinel(tmp_path_factory.mktemp("redis-sentinel")) as pair:
+            yield pair
+    except RedisServerMissing as exc:
+        pytest.fail(str(exc))

@@ -39,10 +39,9 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from redis.asyncio import Redis
-
 from gateway.calls.entry import OUTCOMES, CallLogEntry
 from gateway.calls.query import CallFilter, CallTotals, call_sums, series_start
+from gateway.state.redis_link import Client
 
 HOUR = 3600.0
 AGGREGATED = ("agent", "model", "customer", "feature")
@@ -196,7 +195,7 @@ def _sums(values: Sequence[str | None]) -> CallTotals:
 
 
 async def read(
-    client: Redis, base: str, where: CallFilter, since: float | None, until: float | None
+    client: Client, base: str, where: CallFilter, since: float | None, until: float | None
 ) -> Reading:
     """What of `where` over since..until the hours' sums answer, and what is left to scan."""
     everything = Reading([], [(since, until)])

@@ -32,6 +32,12 @@ The scripts are the one sanctioned second version of `guards.call_loop.step_call
 tests/gateway/calls/test_call_store_conformance.py.
 
 Decisions where DESIGN.md is silent:
+- On a Redis Cluster the whole call store is one slot (`{calls}`), so on one master: a
+  call's decision reads and writes its circuit, its rules' groups, its budget groups and
+  its agent's hold in one script, which a tag per circuit or per group would split into
+  several calls, and budgets exact across replicas need that one atomic step. A script
+  that reads keys named inside a record (another owner's holds, the trimmed hours) names
+  them under the same tag, which a cluster allows.
 - Redis down: `on_error: allow` decides with a `MemoryCallStore` of this process, so
   circuits and uniqueness rules still hold, per process, instead of not at all; when
   Redis is back its shared state decides again, as it was before the outage, and the
@@ -103,7 +109,15 @@ from gateway.calls.store import (
 )
 from gateway.calls.verdicts import receipt_to_uncount
 from gateway.state.receipts import new_owner
-from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
+from gateway.state.redis_link import (
+    LUA_CLOCK,
+    ONE_SERVER,
+    OnError,
+    RedisLink,
+    RedisLinked,
+    RedisTopology,
+    glob_escape,
+)
 from guards.call_loop import (
     CallDecision,
     CallLoopPolicy,
@@ -346,9 +360,11 @@ class RedisCallStore(RedisLinked):
         log_keep: int = LOG_KEEP,
         timeout: float = 2.0,
         probe_interval: float = 1.0,
+        topology: RedisTopology = ONE_SERVER,
     ) -> None:
         self._link = RedisLink(
             url,
+            topology=topology,
             name="redis call store",
             log=log,
             on_error=on_error,

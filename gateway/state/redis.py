@@ -7,7 +7,9 @@ script, so replicas whose clocks disagree still agree on windows and cooldowns; 
 inject a clock whose value is passed to the scripts instead. Every key expires by itself
 (PEXPIRE to the window, cooldown or TTL it serves), so an idle pair or room costs nothing.
 Needs Redis 5 or later (scripts call TIME before writing, which needs effects
-replication, the default since 5 and the only mode since 7).
+replication, the default since 5 and the only mode since 7). On a Redis Cluster (or
+Valkey's) each script's keys are declared and share one hash tag, so each call runs on
+one slot; cross-key reads (the pairs and rooms held, the transcripts) SCAN every master.
 
 Keys, under `key_prefix` (default `lw:`):
 - `budget:{room␟a␟b}`: the pair's `PairRecord` (guards/bot_loop.py) as one string of
@@ -26,14 +28,15 @@ Keys, under `key_prefix` (default `lw:`):
 - `cursor:<key>`: where a connector resumes reading its platform (a Matrix sync token).
 - `ovr:<room>`: a hash of runtime overrides (JSON values); `pause:<room>`; `audit`: the
   audit trail's admin log, a list of JSON entries, newest first, capped at AUDIT_KEEP;
-  `audit:others` and `audit:others:senders`: its `others` log (gateway/state/audit.py),
-  bounded overall and per sender by one script call.
+  `audit:others` and `audit:senders:{<prefix>audit:others}`: its `others` log
+  (gateway/state/audit.py) and each sender's count in it, bounded overall and per sender
+  by one script call (the hash's tag puts it in the log's slot).
 - `transcript:{scope}`: a transcript (DESIGN.md §3), a list of JSON entries oldest first
   (`gateway.state.transcripts`), capped at `max_messages` as it is appended to;
   `transcript:{scope}:keys`, the set of message keys it holds (a redelivered message is
   appended once); `transcript:{scope}:until`, when it is forgotten. All three expire
   `ttl` after the last append; an append is one script call and a read one more.
-- `act:…`: the Activity feed (gateway/state/redis_activity.py), one script call a batch.
+- `{act}:…`: the Activity feed (gateway/state/redis_activity.py), one script call a batch.
 
 Decisions where DESIGN.md is silent:
 - Outage (connection refused, timeout, read-only replica, out of memory): decisions follow
@@ -59,10 +62,12 @@ Decisions where DESIGN.md is silent:
   counting, and `pair:{…}:cd`) are not read: they expire by themselves within a window
   or cooldown, and a pair starts a fresh window after the upgrade.
 - A dedupe receipt in flight under another replica is honoured while that replica's
-  liveness key lives (`OWNER_SECONDS`, 10 s, after its last refresh): concurrent
-  duplicates at two replicas are answered once, and after a replica was killed mid-turn
-  a redelivery of its message is answered once its key has lapsed. A redelivery that
-  arrives sooner (a long-polling bot restarted within 10 s) is refused, as before.
+  liveness key lives (`OWNER_SECONDS`, 10 s, after its last refresh; read by a second
+  call, since that key is in another slot, and the take-over is a third that succeeds
+  only if that replica still holds the receipt): concurrent duplicates at two replicas
+  are answered once, and after a replica was killed mid-turn a redelivery of its message
+  is answered once its key has lapsed. A redelivery that arrives sooner (a long-polling
+  bot restarted within 10 s) is refused, as before.
 - A room's consecutive-bot-turn count expires after a day without bot messages.
 - The URL is never logged (it may hold a password); error texts are logged with the
   password masked.
@@ -90,7 +95,15 @@ from gateway.state.activity import ActivityBucket, ActivityEvent, Span
 from gateway.state.base import AuditEntry, AuditKind, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis_activity import RedisActivity
-from gateway.state.redis_link import LUA_CLOCK, OnError, RedisLink, RedisLinked, glob_escape
+from gateway.state.redis_link import (
+    LUA_CLOCK,
+    ONE_SERVER,
+    OnError,
+    RedisLink,
+    RedisLinked,
+    RedisTopology,
+    glob_escape,
+)
 from guards.bot_loop import (
     BotLoopPolicy,
     PairDecision,
@@ -252,9 +265,11 @@ return 1
 """
 )
 
-# KEYS: receipt. ARGV: now, ttl seconds, owner, owner key prefix. Returns 1 when the
-# delivery is taken (gateway/state/receipts.py `receive`), 0 for a duplicate. The owner's
-# liveness key is named from the receipt, so it is not in KEYS (no Redis Cluster).
+# KEYS: receipt. ARGV: now, ttl seconds, owner, and the owner found dead ('' none).
+# Returns 1 when the delivery is taken (gateway/state/receipts.py `receive`), 0 for a
+# duplicate, or the owner holding it in flight, whose liveness the caller checks (its key
+# is in another slot, so not in this script on a cluster) before asking again with that
+# owner as the dead one: the receipt is taken over only if that owner still holds it.
 _RECEIVE = (
     _PRELUDE
     + """
@@ -262,13 +277,22 @@ local now = clock(ARGV[1])
 local held = redis.call('HMGET', KEYS[1], 'owner', 'confirmed', 'until')
 if held[3] and tonumber(held[3]) > now then
   if held[2] == '1' or held[1] == ARGV[3] then return 0 end
-  local alive = redis.call('GET', ARGV[4] .. held[1])
-  if alive and tonumber(alive) > now then return 0 end
+  if held[1] ~= ARGV[4] then return held[1] end
 end
 local ttl = tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'confirmed', '0', 'until', num(now + ttl))
 redis.call('PEXPIRE', KEYS[1], ms(ttl))
 return 1
+"""
+)
+
+# KEYS: liveness. ARGV: now. Returns 1 while the owner is alive, else 0.
+_IS_ALIVE = (
+    _PRELUDE
+    + """
+local alive = redis.call('GET', KEYS[1])
+if alive and tonumber(alive) > clock(ARGV[1]) then return 1 end
+return 0
 """
 )
 
@@ -458,9 +482,11 @@ class RedisStateStore(RedisLinked):
         clock: Callable[[], float] | None = None,
         timeout: float = 2.0,
         probe_interval: float = 1.0,
+        topology: RedisTopology = ONE_SERVER,
     ) -> None:
         self._link = RedisLink(
             url,
+            topology=topology,
             name="redis state store",
             log=log,
             on_error=on_error,
@@ -485,13 +511,17 @@ class RedisStateStore(RedisLinked):
         self._pause = script(_PAUSE)
         self._pause_remaining = script(_PAUSE_REMAINING)
         self._receive = script(_RECEIVE)
+        self._is_alive = script(_IS_ALIVE)
         self._confirm = script(_CONFIRM)
         self._alive = script(_ALIVE)
         self._transcript_append = script(_TRANSCRIPT_APPEND)
         self._transcript_recent = script(_TRANSCRIPT_RECENT)
         self._transcript_forget = script(_TRANSCRIPT_FORGET)
         self._audit_other = script(_AUDIT_OTHER)
-        self._others_keys = [f"{key_prefix}audit:others", f"{key_prefix}audit:others:senders"]
+        # The senders' hash is tagged with the whole name of the log (which has no tag of
+        # its own, as before clusters), so both are in one slot.
+        others = f"{key_prefix}audit:others"
+        self._others_keys = [others, f"{key_prefix}audit:senders:{{{others}}}"]
         self._activity = RedisActivity(self._link, key_prefix)
 
     def __repr__(self) -> str:
@@ -603,11 +633,8 @@ class RedisStateStore(RedisLinked):
             pairs = await self._pairs(scope, bot_id)
             if not pairs:
                 return 0
-            async with self._link.client.pipeline(transaction=False) as pipe:
-                for pair in pairs:
-                    pipe.unlink(self._pair_key(*pair))
-                deleted = await pipe.execute()
-            return sum(1 for n in deleted if n)
+            # One UNLINK of every key: a cluster client splits it by slot.
+            return int(await self._link.client.unlink(*(self._pair_key(*p) for p in pairs)))
 
         return await self._link.guarded(reset)
 
@@ -618,13 +645,17 @@ class RedisStateStore(RedisLinked):
             pairs = await self._pairs(scope, None)
             if not pairs:
                 return []
+            # A cluster client pipelines the GETs per node, but not TIME: that goes alone.
             async with self._link.client.pipeline(transaction=False) as pipe:
-                pipe.time()
                 for pair in pairs:
                     pipe.get(self._pair_key(*pair))
-                server_time, *held = await pipe.execute()
+                held = await pipe.execute()
             # The scripts' clock: the injected one, or the server's TIME.
-            now = self._clock() if self._clock is not None else _seconds(server_time)
+            now = (
+                self._clock()
+                if self._clock is not None
+                else _seconds(await self._link.client.time())
+            )
             found = []
             for (room, a, b), stored in zip(pairs, held, strict=True):
                 record = None if stored is None else _record(stored)
@@ -736,14 +767,23 @@ class RedisStateStore(RedisLinked):
 
     async def receive(self, key: str, ttl: float) -> bool:
         """Take the receipt in flight unless it is held by this or another live owner."""
-        args = (self._link.now(), repr(float(ttl)), self._owner, self._owner_prefix)
+        keys = [f"{self._prefix}receipt:{key}"]
+
+        async def take() -> bool:
+            now = self._link.now()
+            args = (now, repr(float(ttl)), self._owner, "")
+            holder = await self._receive(keys=keys, args=args)
+            if not isinstance(holder, str):
+                return bool(holder)
+            liveness = [self._owner_prefix + holder]
+            if await self._is_alive(keys=liveness, args=(now,)):
+                return False
+            return bool(await self._receive(keys=keys, args=(*args[:3], holder)))
+
         try:
-            taken = await self._link.guarded(
-                lambda: self._receive(keys=[f"{self._prefix}receipt:{key}"], args=args)
-            )
+            return await self._link.guarded(take)
         except StateError:
             return self._link.on_error == "allow" and await self._fallback().receive(key, ttl)
-        return bool(taken)
 
     async def confirm(self, key: str, ttl: float) -> None:
         """Mark the receipt answered for `ttl` seconds from now."""

@@ -1,15 +1,15 @@
 """The redis backend's Activity feed: one script call per batch, shared by every replica.
 
-Keys, under the store's prefix:
-- `act:id`: the last event id given (INCR); `act:log`: a list of `<id> <record>` (the
+Keys, under the store's prefix and the hash tag `{act}` (one cluster slot):
+- `{act}:id`: the last event id given (INCR); `{act}:log`: a list of `<id> <record>` (the
   record `gateway.state.activity.encode`d), oldest first, trimmed to `EVENTS_KEEP`. Ids in
   the list are consecutive (each INCR pushes one entry, in the same script), so the entry
   after a cursor is found by its place, not by a scan.
-- `act:seen:<message key>`: a message in already appended (expires after `SEEN_SECONDS`).
-- `act:n:<m|h>:<bucket start>:<room>`: a hash of one bucket's counters (`in`, `out`,
+- `{act}:seen:<message key>`: a message in already appended (expires after `SEEN_SECONDS`).
+- `{act}:n:<m|h>:<bucket start>:<room>`: a hash of one bucket's counters (`in`, `out`,
   `r:<stage>`), room `*` for all rooms; minute hashes expire after `MINUTE_KEEP_SECONDS`,
   hour hashes after `HOUR_KEEP_SECONDS`.
-- `act:rooms`: a sorted set of rooms by when last seen, trimmed to `ROOMS_KEEP`.
+- `{act}:rooms`: a sorted set of rooms by when last seen, trimmed to `ROOMS_KEEP`.
 
 Decisions where DESIGN.md is silent:
 - The script counting a batch is the second version of `activity.counters` (every event in
@@ -42,13 +42,15 @@ from gateway.state.activity import (
 )
 from gateway.state.redis_link import RedisLink
 
-# ARGV: prefix, keep, seen ms, minute ms, hour ms, rooms keep, then per event: dedupe key
-# ('' none), room, record, at, counter field ('' none), minute start, hour start.
+# KEYS: the log, the id counter, the rooms (the other keys, named from the base, share
+# their tag: one slot). ARGV: the keys' base, keep, seen ms, minute ms, hour ms, rooms
+# keep, then per event: dedupe key ('' none), room, record, at, counter field ('' none),
+# minute start, hour start.
 _APPEND = """
 local p = ARGV[1]
 local keep, rooms_keep = tonumber(ARGV[2]), tonumber(ARGV[6])
 local ttl = {m = tonumber(ARGV[4]), h = tonumber(ARGV[5])}
-local log = p .. 'act:log'
+local log = KEYS[1]
 local counts, order, rooms = {}, {}, {}
 local function count(key, field)
   local held = counts[key]
@@ -61,8 +63,8 @@ local function count(key, field)
 end
 for i = 7, #ARGV, 7 do
   local seen, room, record, at, field = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  if seen == '' or redis.call('SET', p .. 'act:seen:' .. seen, '1', 'NX', 'PX', ARGV[3]) then
-    local id = redis.call('INCR', p .. 'act:id')
+  if seen == '' or redis.call('SET', p .. 'seen:' .. seen, '1', 'NX', 'PX', ARGV[3]) then
+    local id = redis.call('INCR', KEYS[2])
     redis.call('RPUSH', log, id .. ' ' .. record)
     if field ~= '' then
       for _, bucket in ipairs({'m:' .. ARGV[i + 5], 'h:' .. ARGV[i + 6]}) do
@@ -74,12 +76,12 @@ for i = 7, #ARGV, 7 do
   end
 end
 for _, key in ipairs(order) do
-  local hash = p .. 'act:n:' .. key
+  local hash = p .. 'n:' .. key
   for field, n in pairs(counts[key]) do redis.call('HINCRBY', hash, field, n) end
   redis.call('PEXPIRE', hash, ttl[string.sub(key, 1, 1)])
 end
-for room, at in pairs(rooms) do redis.call('ZADD', p .. 'act:rooms', at, room) end
-redis.call('ZREMRANGEBYRANK', p .. 'act:rooms', 0, -rooms_keep - 1)
+for room, at in pairs(rooms) do redis.call('ZADD', KEYS[3], at, room) end
+redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -rooms_keep - 1)
 redis.call('LTRIM', log, -keep, -1)
 return 1
 """
@@ -139,7 +141,7 @@ class RedisActivity:
 
     def __init__(self, link: RedisLink, prefix: str) -> None:
         self._link = link
-        self._prefix = prefix
+        self._base = f"{prefix}{{act}}:"
         self._append = link.script(_APPEND)
         self._since = link.script(_SINCE)
 
@@ -147,8 +149,9 @@ class RedisActivity:
         """Append and count the batch in one script call (raises StateError while down)."""
         if not events:
             return
+        keys = [f"{self._base}log", f"{self._base}id", f"{self._base}rooms"]
         args: list[str | int] = [
-            self._prefix,
+            self._base,
             EVENTS_KEEP,
             int(SEEN_SECONDS * 1000),
             MINUTE_KEEP_SECONDS * 1000,
@@ -166,7 +169,7 @@ class RedisActivity:
                 minute,
                 hour,
             )
-        await self._link.guarded(lambda: self._append(args=args))
+        await self._link.guarded(lambda: self._append(keys=keys, args=args))
 
     async def since(
         self, cursor: int | None, limit: int, room: str | None
@@ -176,7 +179,7 @@ class RedisActivity:
         args = ("" if cursor is None else str(cursor), limit, part)
         try:
             following, *entries = await self._link.guarded(
-                lambda: self._since(keys=[f"{self._prefix}act:log"], args=args)
+                lambda: self._since(keys=[f"{self._base}log"], args=args)
             )
         except StateError:
             return [], cursor
@@ -197,7 +200,7 @@ class RedisActivity:
         async def read() -> list[dict[str, str]]:
             async with client.pipeline(transaction=False) as pipe:
                 for t in starts:
-                    pipe.hgetall(f"{self._prefix}act:n:{resolution}:{t}:{name}")
+                    pipe.hgetall(f"{self._base}n:{resolution}:{t}:{name}")
                 return cast(list[dict[str, str]], await pipe.execute())
 
         try:
@@ -211,7 +214,7 @@ class RedisActivity:
 
     async def rooms(self) -> list[tuple[str, float]]:
         """Rooms seen, newest first; none while Redis is down."""
-        key = f"{self._prefix}act:rooms"
+        key = f"{self._base}rooms"
         try:
             held = await self._link.guarded(
                 lambda: cast(

@@ -14,6 +14,13 @@ script cache), and `start` loads them all up front. Every call goes through `gua
   an unreachable host does not add a connect timeout to every call.
 The URL is never logged (it may hold a password); error texts are logged with the
 password masked.
+
+Where Redis is (`RedisTopology`): one server at the URL; a Redis Cluster (`cluster`: the
+URL names any node, redis-py's cluster client discovers the others and follows MOVED and
+failovers); or a master watched by Sentinels (`sentinels` and `service_name`: the URL
+gives only the scheme, `rediss` for TLS, the user, password and database, and the
+master's address is asked of the Sentinels again after a failover). Every script's keys
+share one hash tag, so each call runs on one cluster slot.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Literal, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster, Sentinel
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -57,6 +65,66 @@ _UNAVAILABLE = (
 # Keys asked for per SCAN round trip (admin paths only).
 _SCAN_COUNT = 1000
 
+Client = Redis | RedisCluster
+
+
+@dataclass(frozen=True)
+class RedisTopology:
+    """How the servers behind a Redis URL are laid out (DESIGN.md §2 "State").
+
+    `cluster`: the URL names one node of a Redis Cluster; `sentinels` (host, port pairs)
+    and `service_name`: the master is the one those Sentinels name. Neither: one server.
+    """
+
+    cluster: bool = False
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service_name: str = ""
+
+
+ONE_SERVER = RedisTopology()
+"""The default topology: one server at the URL."""
+
+
+def connect(url: str, topology: RedisTopology, timeout: float) -> Client:
+    """A client of the servers `url` and `topology` name; nothing connects yet."""
+    # One immediate retry on a fresh connection: after a Redis restart the pooled
+    # connections are dead, and the first command on each must not count as an outage.
+    retry = Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,))
+    if topology.cluster:
+        return RedisCluster.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=retry,
+        )
+    if topology.sentinels:
+        parts = urlsplit(url)
+        database = parts.path.lstrip("/")
+        sentinel = Sentinel(
+            list(topology.sentinels),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            sentinel_kwargs={"socket_timeout": timeout, "socket_connect_timeout": timeout},
+        )
+        master: Redis = sentinel.master_for(
+            topology.service_name,
+            decode_responses=True,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            db=int(database) if database else 0,
+            ssl=parts.scheme == "rediss",
+            retry=retry,
+        )
+        return master
+    return Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=retry,
+    )
+
 
 class RedisLink:
     """A Redis client whose calls turn an outage into StateError: logged once, probed, counted."""
@@ -74,11 +142,13 @@ class RedisLink:
         timeout: float,
         probe_interval: float,
         on_recovered: Callable[[], None] | None = None,
+        topology: RedisTopology = ONE_SERVER,
     ) -> None:
         """Make the client; nothing connects before the first call.
 
         Args:
             url: the Redis URL (may hold a password: never logged).
+            topology: one server, a cluster or a Sentinel-watched master.
             name: what the owner is called in logs and errors, e.g. "redis state store".
             log: the owner's logger, which the outage lines go to.
             on_error: "allow" or "deny", for the owner to act on while Redis is down.
@@ -89,15 +159,7 @@ class RedisLink:
             probe_interval: seconds between the calls let through to Redis in an outage.
             on_recovered: called when the first call after an outage succeeds.
         """
-        # One immediate retry on a fresh connection: after a Redis restart the pooled
-        # connections are dead, and the first command on each must not count as an outage.
-        self._client = Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,)),
-        )
+        self._client = connect(url, topology, timeout)
         self._password = urlsplit(url).password
         self._name = name
         self._log = log
@@ -114,7 +176,7 @@ class RedisLink:
         self._unavailable_in_outage = 0
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> Client:
         """The client, for plain commands (wrap each call in `guarded`)."""
         return self._client
 

@@ -16,9 +16,15 @@ import pytest
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
 from gateway.calls.store import LOG_KEEP, CallStore, MemoryCallStore
+from gateway.state.redis_link import RedisTopology
 from guards.call_loop import CallLoopPolicy, UniquenessRule, fingerprint_call
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
+]
 """The params of the `make` fixture (conftest.py): one run of each case per backend."""
 START = 1_800_000_000.0  # 2027-01-15 08:00 UTC, on an hour
 """The `clock` fixture's start (conftest.py), unless a module's own `clock` says otherwise."""
@@ -56,9 +62,11 @@ class Stores:
 
     def __init__(self, request: pytest.FixtureRequest, clock: Clock, tmp_path: Path) -> None:
         self._backend: str = request.param
-        self._url: str | None = (
-            request.getfixturevalue("redis_url") if self._backend == "redis" else None
-        )
+        self._url: str | None = None
+        if self._backend == "redis":
+            self._url = request.getfixturevalue("redis_url")
+        elif self._backend == "redis-cluster":
+            self._url = request.getfixturevalue("redis_cluster").url
         self._clock = clock
         self._tmp_path = tmp_path
         self._built: list[CallStore] = []
@@ -87,6 +95,7 @@ class Stores:
                 policy,
                 rules,
                 key_prefix=f"calls{number}:",
+                topology=RedisTopology(cluster=self._backend == "redis-cluster"),
                 clock=clock,
                 wall_clock=clock,
                 log_keep=log_keep,

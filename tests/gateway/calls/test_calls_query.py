@@ -23,8 +23,9 @@ from gateway.calls.query import CallFilter, CallTotals, CostBucket, Cursor
 from gateway.calls.redis_store import RedisCallStore
 from gateway.calls.sqlite_store import SqliteCallStore
 from gateway.calls.store import LOG_KEEP, CallStore, MemoryCallStore
+from gateway.state.redis_link import RedisTopology
+from tests.gateway.calls.store_helpers import BACKENDS
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 START = 1_699_999_200.0  # a whole hour
 OUTCOMES: tuple[CallOutcome, ...] = get_args(CallOutcome)
 _prefixes = itertools.count()
@@ -97,7 +98,12 @@ async def make(
 ) -> AsyncIterator[Callable[..., CallStore]]:
     """Builds (not started) stores of one backend; the test starts them, this closes them."""
     backend: str = request.param
-    url: str | None = request.getfixturevalue("redis_url") if backend == "redis" else None
+    url: str | None = None
+    if backend == "redis":
+        url = request.getfixturevalue("redis_url")
+    elif backend == "redis-cluster":
+        url = request.getfixturevalue("redis_cluster").url
+    topology = RedisTopology(cluster=backend == "redis-cluster")
     built: list[CallStore] = []
 
     def make(log_keep: int = LOG_KEEP) -> CallStore:
@@ -109,7 +115,9 @@ async def make(
             store = SqliteCallStore(path, log_keep=log_keep)
         else:
             assert url is not None
-            store = RedisCallStore(url, key_prefix=f"query{next(_prefixes)}:", log_keep=log_keep)
+            store = RedisCallStore(
+                url, key_prefix=f"query{next(_prefixes)}:", log_keep=log_keep, topology=topology
+            )
         built.append(store)
         return store
 

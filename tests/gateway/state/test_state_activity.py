@@ -22,7 +22,7 @@ from gateway.state.base import StateStore
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import RedisStateStore
 from gateway.state.sqlite import SqliteStateStore
-from tests.gateway.state.test_state_conformance import BACKENDS, Clock, build_store
+from tests.gateway.state.test_state_conformance import BACKENDS, Clock, backend_url, build_store
 
 ROOM = "discord:1100"
 OTHER = "discord:2200"
@@ -41,8 +41,7 @@ async def store(
 ) -> AsyncIterator[StateStore]:
     """A started store of each backend."""
     backend: str = request.param
-    url = request.getfixturevalue("redis_url") if backend == "redis" else None
-    built = build_store(backend, clock, workdir=tmp_path, redis_url=url)
+    built = build_store(backend, clock, workdir=tmp_path, redis_url=backend_url(request, backend))
     await built.start()
     try:
         yield built
@@ -289,8 +288,8 @@ async def test_issue12_redis_skips_an_unreadable_entry(redis_url: str) -> None:
     client: Redis = Redis.from_url(redis_url, decode_responses=True)
     try:
         await store.activity_append([event("notice", message="a")])
-        await client.rpush("garbage12:act:log", "2 [not json")
-        await client.incr("garbage12:act:id")
+        await client.rpush("garbage12:{act}:log", "2 [not json")
+        await client.incr("garbage12:{act}:id")
         await store.activity_append([event("notice", message="b")])
         events, cursor = await store.activity_since(None, 10)
         assert [e.message for e in events] == ["a", "b"]

@@ -16,6 +16,7 @@ import sqlite3
 import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +27,7 @@ from gateway.state import audit, transcripts
 from gateway.state.base import AuditEntry, StateStore, Transcript, TranscriptEntry
 from gateway.state.memory import MemoryStateStore
 from gateway.state.redis import OWNER_SECONDS, RedisStateStore
+from gateway.state.redis_link import RedisTopology
 from gateway.state.sqlite import SqliteStateStore
 from guards.bot_loop import (
     BotLoopPolicy,
@@ -36,8 +38,14 @@ from guards.bot_loop import (
     pair_view,
     step_pair,
 )
+from tests.fakes.redis_cluster import RedisCluster
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
+BACKENDS = [
+    "memory",
+    "sqlite",
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("redis-cluster", marks=pytest.mark.redis),
+]
 ROOM = "discord:1100"
 OTHER_ROOM = "discord:2200"
 POLICY = BotLoopPolicy(max_events_per_window=3, window_seconds=30.0, cooldown_seconds=20.0)
@@ -73,7 +81,17 @@ def build_store(
     if backend == "sqlite":
         return SqliteStateStore(workdir / f"state-{name}.sqlite3", clock=clock)
     assert redis_url is not None
-    return RedisStateStore(redis_url, key_prefix=f"conf{name}:", clock=clock)
+    topology = RedisTopology(cluster=backend == "redis-cluster")
+    return RedisStateStore(redis_url, key_prefix=f"conf{name}:", clock=clock, topology=topology)
+
+
+def backend_url(request: pytest.FixtureRequest, backend: str) -> str | None:
+    """The URL of the redis backends' server (one node of the cluster), None for the others."""
+    if backend == "redis":
+        return cast(str, request.getfixturevalue("redis_url"))
+    if backend == "redis-cluster":
+        return cast(RedisCluster, request.getfixturevalue("redis_cluster")).url
+    return None
 
 
 @pytest.fixture
@@ -92,7 +110,7 @@ async def stores(
 ) -> AsyncIterator[tuple[StateStore, Restart]]:
     """A started store of each backend, and a way to start another one on its data."""
     backend: str = request.param
-    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    url = backend_url(request, backend)
     name = next(_prefixes)
     started: list[StateStore] = []
 
@@ -911,7 +929,7 @@ async def _replay(
 def test_issue10_every_backend_steps_like_step_pair_through_policy_changes(
     backend: str, chosen: list[BotLoopPolicy], trace: list[Event], request: pytest.FixtureRequest
 ) -> None:
-    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    url = backend_url(request, backend)
     clock = Clock()
     with tempfile.TemporaryDirectory() as workdir:
         store = build_store(backend, clock, workdir=Path(workdir), redis_url=url)
@@ -1063,12 +1081,10 @@ async def _corrupt(store: StateStore, request: pytest.FixtureRequest) -> None:
             )
         return
     assert isinstance(store, RedisStateStore)
-    client = Redis.from_url(request.getfixturevalue("redis_url"))
-    try:
-        # The store's own key for ROOM's transcript.
-        await client.rpush(f"{store._prefix}transcript:{{{ROOM}}}", *_UNREADABLE, b"\xff", b"7")
-    finally:
-        await client.aclose()
+    # The store's own key for ROOM's transcript, through its own client (a cluster's too).
+    await store._link.client.rpush(
+        f"{store._prefix}transcript:{{{ROOM}}}", *_UNREADABLE, b"\xff", b"7"
+    )
 
 
 async def test_issue11_unreadable_transcript_records_are_skipped_and_counted(

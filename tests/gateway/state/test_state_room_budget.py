@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from gateway.state.base import StateStore
 from guards.bot_loop import BotLoopPolicy
 from guards.room_budget import RoomDecision, RoomRecord, step_room
-from tests.gateway.state.test_state_conformance import BACKENDS, Clock, build_store
+from tests.gateway.state.test_state_conformance import BACKENDS, Clock, backend_url, build_store
 
 ROOM = "discord:1100"
 OTHER_ROOM = "discord:2200"
@@ -38,7 +38,7 @@ async def store(
 ) -> AsyncIterator[StateStore]:
     """A started store of each backend."""
     backend: str = request.param
-    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    url = backend_url(request, backend)
     built = build_store(backend, clock, workdir=tmp_path, redis_url=url)
     await built.start()
     try:
@@ -187,7 +187,7 @@ async def _replay(
 def test_issue20_every_backend_steps_like_step_room_through_policy_changes(
     backend: str, chosen: list[BotLoopPolicy], trace: list[Event], request: pytest.FixtureRequest
 ) -> None:
-    url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    url = backend_url(request, backend)
     clock = Clock()
     with tempfile.TemporaryDirectory() as workdir:
         store = build_store(backend, clock, workdir=Path(workdir), redis_url=url)
