@@ -60,11 +60,20 @@ class TurnContext:
     stream: ReplyStream | None = None
     """Where a streaming agent writes its reply as it comes (set where the platform edits)."""
     _resolved: ResolvedPolicy | None = field(default=None, init=False, repr=False)
+    _scope: str = field(default="", init=False, repr=False)
+    _scope_of: InboundMessage | None = field(default=None, init=False, repr=False)
 
     @property
     def scope(self) -> str:
-        """The key the room's budgets, pause and overrides are kept under (`RoomLinks.scope`)."""
-        return self.config.room_links.scope(self.message.room)
+        """The key the room's budgets, pause and overrides are kept under (`RoomLinks.scope`).
+
+        Worked out once per message (several stages read it), again only for a new `message`.
+        """
+        msg = self.message
+        if self._scope_of is not msg:
+            self._scope = self.config.room_links.scope(msg.room)
+            self._scope_of = msg
+        return self._scope
 
     @property
     def resolved(self) -> ResolvedPolicy:
