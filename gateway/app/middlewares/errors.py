@@ -9,7 +9,8 @@ masks secrets).
 
 With tracing on (`telemetry.otlp_endpoint`), each turn is one trace: this stage opens its
 root span, `message <platform>`, with the platform, room, bot and message id (the text
-never: `gateway.observability.tracing`); the inner stages' spans are its children.
+never: `gateway.observability.tracing`); the inner stages' spans are its children, and a
+failure escaping it marks it with the exception's type.
 """
 
 from __future__ import annotations
@@ -37,8 +38,18 @@ class ErrorsMiddleware:
     async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
         self._metrics.message_in(ctx.message.platform)
         tracer = tracing.tracer()
-        if not tracer.enabled:
-            return await self._turn(ctx, call_next)
+        try:
+            if not tracer.enabled:
+                return await call_next(ctx)  # no coroutine of ours between: the hot path
+            return await self._traced(tracer, ctx, call_next)
+        except Exception as exc:  # the whole point of this stage: nothing escapes it
+            self._report(ctx, exc)
+            return None
+
+    async def _traced(
+        self, tracer: tracing.Tracer, ctx: TurnContext, call_next: Handler
+    ) -> Reply | None:
+        """The turn inside its root span (a failure escaping the span marks it failed)."""
         msg = ctx.message
         attributes: dict[str, tracing.AttributeValue] = {
             tracing.PLATFORM: msg.platform,
@@ -48,19 +59,11 @@ class ErrorsMiddleware:
             tracing.SENDER_IS_BOT: msg.sender_is_bot,
         }
         with tracer.span(f"{tracing.MESSAGE} {msg.platform}", attributes, root=True):
-            return await self._turn(ctx, call_next)
-
-    async def _turn(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
-        try:
             return await call_next(ctx)
-        except Exception as exc:  # the whole point of this stage: nothing escapes it
-            self._report(ctx, exc)
-            return None
 
     def _report(self, ctx: TurnContext, exc: Exception) -> None:
         stage, where = failed_stage(exc), _raised_at(exc)
         self._metrics.error(stage)
-        tracing.tracer().current().set_error(type(exc).__name__)
         msg = ctx.message
         log.error(
             "%s turn of bot %s failed in %s: %s raised at %s (message %s)",
