@@ -2,8 +2,9 @@
 
 A module per section: `state`, `http`, `agents`, `bots` (and `admins`), `policy` (and
 `channels`, with `resolve_policy`), `call_loop` (the gateway's `policy.call_loop` and
-`proxy.call_loop` alike), `pipeline`, `proxy` and `telemetry`; `root` holds `Config`, the
-whole file; `loader` reads it (`parse_config` / `load_config`, safe YAML and `${VAR}` interpolation).
+`proxy.call_loop` alike), `pipeline`, `proxy`, `telemetry` and `links`; `root` holds
+`Config`, the whole file; `loader` reads it (`parse_config` / `load_config`, safe YAML and
+`${VAR}` interpolation).
 `base` is what the sections share (the frozen model, secrets, `first_error`), `safeyaml`
 the bounded YAML loader, `limits` the bounds every number and duration is held to, `urls`
 the URL and network fields (`public_url`, `trusted_proxies`).
@@ -29,8 +30,8 @@ from gateway.config.bots import (
     AdminsConfig,
     BotConfig,
     DiscordBotConfig,
-    MattermostBotConfig,
     MatrixBotConfig,
+    MattermostBotConfig,
     RoomBotConfig,
     SlackBotConfig,
     TelegramBotConfig,

@@ -606,7 +606,7 @@ def test_issue11_check_config_names_the_field(
         f"agents: {{relay: {{kind: http, url: https://agent.example/, secret: {SECRET}}}}}\n"
     )
     assert main(["check-config", str(path)]) == 0
-    assert "1 agents" in capsys.readouterr().out
+    assert "1 agent," in capsys.readouterr().out
 
 
 def test_issue11_defaults_and_the_secret_stays_secret() -> None:
