@@ -47,6 +47,7 @@ def build_call_store(
             rules,
             on_error=state.on_error,
             key_prefix=state.key_prefix,
+            topology=importlib.import_module("gateway.state.redis_link").RedisTopology.of(state),
             clock=clock,
             log_keep=log_keep,
         ),

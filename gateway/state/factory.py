@@ -56,6 +56,7 @@ def _build(config: StateConfig, clock: Callable[[], float] | None) -> StateStore
             config.url.get_secret_value(),
             on_error=config.on_error,
             key_prefix=config.key_prefix,
+            topology=importlib.import_module("gateway.state.redis_link").RedisTopology.of(config),
             **timed,
         ),
     )

@@ -39,6 +39,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
 from gateway.app.errors import StateError
+from gateway.config.state import StateConfig
 
 T = TypeVar("T")
 OnError = Literal["allow", "deny"]
@@ -80,13 +81,23 @@ class RedisTopology:
     sentinels: tuple[tuple[str, int], ...] = ()
     service_name: str = ""
 
+    @classmethod
+    def of(cls, state: StateConfig) -> RedisTopology:
+        """The topology `state:` configures (its `host:port` Sentinels already validated)."""
+        sentinels = []
+        for address in state.sentinels:
+            host, _, port = address.rpartition(":")
+            sentinels.append((host.strip("[]"), int(port)))
+        return cls(state.cluster, tuple(sentinels), state.service_name)
+
 
 ONE_SERVER = RedisTopology()
 """The default topology: one server at the URL."""
 
 
-def connect(url: str, topology: RedisTopology, timeout: float) -> Client:
-    """A client of the servers `url` and `topology` name; nothing connects yet."""
+def connect(url: str, topology: RedisTopology, timeout: float) -> tuple[Client, list[Redis]]:
+    """A client of the servers `url` and `topology` name, and the Sentinels' own clients
+    (closed with it); nothing connects yet."""
     # One immediate retry on a fresh connection: after a Redis restart the pooled
     # connections are dead, and the first command on each must not count as an outage.
     retry = Retry(NoBackoff(), 1, supported_errors=(redis_errors.ConnectionError,))
@@ -97,7 +108,7 @@ def connect(url: str, topology: RedisTopology, timeout: float) -> Client:
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=retry,
-        )
+        ), []
     if topology.sentinels:
         parts = urlsplit(url)
         database = parts.path.lstrip("/")
@@ -116,14 +127,14 @@ def connect(url: str, topology: RedisTopology, timeout: float) -> Client:
             ssl=parts.scheme == "rediss",
             retry=retry,
         )
-        return master
+        return master, list(sentinel.sentinels)
     return Redis.from_url(
         url,
         decode_responses=True,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=retry,
-    )
+    ), []
 
 
 class RedisLink:
@@ -159,7 +170,7 @@ class RedisLink:
             probe_interval: seconds between the calls let through to Redis in an outage.
             on_recovered: called when the first call after an outage succeeds.
         """
-        self._client = connect(url, topology, timeout)
+        self._client, self._sentinels = connect(url, topology, timeout)
         self._password = urlsplit(url).password
         self._name = name
         self._log = log
@@ -223,8 +234,10 @@ class RedisLink:
             return
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool (and the Sentinels' connections)."""
         await self._client.aclose()
+        for sentinel in self._sentinels:
+            await sentinel.aclose()
 
     async def scan(self, pattern: str) -> AsyncIterator[str]:
         """The keys matching a MATCH pattern, by SCAN (admin paths, never per message)."""

@@ -169,7 +169,8 @@ class RedisCluster:
         self.wait_ok()
 
     def wait_ok(self) -> None:
-        """Wait until every running node says the cluster is ok with three masters."""
+        """Wait until every running node says the cluster is ok with three masters, and
+        every replica has synced (a replica that never synced cannot take over)."""
         _wait("the cluster", self._ok)
 
     def _ok(self) -> bool:
@@ -178,6 +179,9 @@ class RedisCluster:
                 continue
             info = node.command("CLUSTER", "INFO")
             if "cluster_state:ok" not in info or "cluster_size:3" not in info:
+                return False
+            replication = node.command("INFO", "replication")
+            if "role:slave" in replication and "master_link_status:up" not in replication:
                 return False
         return len(self.masters()) == 3
 

@@ -12,6 +12,7 @@ from gateway.app.errors import ConfigError
 from gateway.config import StateConfig
 from gateway.state.factory import build_state, require_backend
 from gateway.state.memory import MemoryStateStore
+from gateway.state.redis_link import RedisTopology
 
 STAND_IN = """
 class SqliteStateStore:
@@ -19,8 +20,8 @@ class SqliteStateStore:
         self.path = path
 
 class RedisStateStore:
-    def __init__(self, url, *, on_error, key_prefix):
-        self.args = (url, on_error, key_prefix)
+    def __init__(self, url, *, on_error, key_prefix, topology):
+        self.args = (url, on_error, key_prefix, topology)
 """
 
 
@@ -56,7 +57,7 @@ def test_backends_are_built_from_their_module(
     if backend == "sqlite":
         assert vars(store) == {"path": "/var/lw.db"}
     else:
-        assert vars(store) == {"args": ("redis://r:6379/1", "deny", "lw:")}
+        assert vars(store) == {"args": ("redis://r:6379/1", "deny", "lw:", RedisTopology())}
 
 
 def test_a_backend_missing_from_the_installation(monkeypatch: pytest.MonkeyPatch) -> None:
