@@ -10,15 +10,26 @@ from __future__ import annotations
 import asyncio
 import itertools
 import secrets
+import sqlite3
 from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.app.messages import REFUSAL
-from tests.connectors.connector_helpers import BUDGET, NOTICE, WAIT_SECONDS, running
+from tests.connectors.connector_helpers import (
+    BUDGET,
+    NOTICE,
+    WAIT_SECONDS,
+    GatewayProcess,
+    gateway_process,
+    running,
+)
 from tests.connectors.connector_helpers import write_e2e_config as _write_e2e_config
 from tests.fakes.synapse_server import (
     RateLimit,
@@ -219,3 +230,107 @@ async def test_issue23_m_limit_exceeded_is_waited_out_and_each_reply_posted_once
 
     assert [t for s, t in bodies if s == bot] == [f"echo: flood {n}" for n in range(4)]
     assert retries >= 1
+
+
+BURST = tuple(f"burst {n}" for n in range(4))
+"""Human messages sent at once; with their replies they stay inside a sync's timeline limit."""
+
+
+def _sqlite(tmp_path: Path) -> str:
+    return f"state: {{backend: sqlite, path: {tmp_path / 'state.db'}}}"
+
+
+def _replies(bodies: list[tuple[str, str]], bot: str) -> list[str]:
+    return [t for s, t in bodies if s == bot]
+
+
+def _answered(bot: str, texts: tuple[str, ...]) -> Callable[[list[tuple[str, str]]], bool]:
+    return lambda bodies: all((bot, f"echo: {t}") in bodies for t in texts)
+
+
+async def _started(config: Path, stack: AsyncExitStack) -> GatewayProcess:
+    gateway = await stack.enter_async_context(gateway_process(config))
+    await gateway.ready()
+    return gateway
+
+
+async def test_issue23_sigkill_mid_stream_then_a_restart_answers_each_message_once(
+    tmp_path: Path, synapse_server: SynapseServer, synapse: SynapseClient
+) -> None:
+    room = await _room(synapse, bots=1)
+    bot = room.bots[0].user_id
+    config = _config(tmp_path, synapse_server, room, state=_sqlite(tmp_path))
+    config.write_text(config.read_text().replace("delay: 0.0", "delay: 0.3"))
+    async with AsyncExitStack() as stack:
+        first = await _started(config, stack)
+        await _say(synapse, room, room.alice, "warm up")
+        await _until(synapse, room, _answered(bot, ("warm up",)))
+        for text in BURST:
+            await _say(synapse, room, room.alice, text)
+        await _until(synapse, room, _answered(bot, BURST[:1]))
+        await first.kill()
+    async with AsyncExitStack() as stack:
+        await _started(config, stack)
+        await _say(synapse, room, room.alice, "after")
+        bodies = await _until(synapse, room, _answered(bot, (*BURST, "after")))
+
+    assert _replies(bodies, bot) == [f"echo: {t}" for t in ("warm up", *BURST, "after")]
+
+
+def _rewind(database: Path, cursor: str, keys: list[str]) -> None:
+    """Put back what a SIGKILL between a reply's send and its confirmation leaves in sqlite.
+
+    The sync position from before the burst, and each burst receipt in flight (owner a
+    dead run): the restart syncs the burst again and its pipeline answers every message.
+    """
+    with closing(sqlite3.connect(database)) as db, db:
+        db.execute("UPDATE cursors SET value = ?", (cursor,))
+        for key in keys:
+            db.execute("UPDATE receipts SET confirmed = 0, owner = 'killed' WHERE key = ?", (key,))
+
+
+def _cursor(database: Path) -> str:
+    with closing(sqlite3.connect(database)) as db:
+        (value,) = db.execute("SELECT value FROM cursors").fetchone()
+        return str(value)
+
+
+async def test_issue23_a_reply_sent_before_a_sigkill_is_not_posted_again_after_the_restart(
+    tmp_path: Path, synapse_server: SynapseServer, synapse: SynapseClient
+) -> None:
+    room = await _room(synapse, bots=1)
+    bot = room.bots[0].user_id
+    database = tmp_path / "state.db"
+    config = _config(tmp_path, synapse_server, room, state=_sqlite(tmp_path))
+    async with AsyncExitStack() as stack:
+        first = await _started(config, stack)
+        await _say(synapse, room, room.alice, "warm up")
+        await _until(synapse, room, _answered(bot, ("warm up",)))
+        before = _cursor(database)
+        events = [await synapse.send_text(room.alice.token, room.room_id, text) for text in BURST]
+        await _until(synapse, room, _answered(bot, BURST))
+        await first.kill()
+    _rewind(database, before, [f"dedupe:matrix:mx0:matrix:{room.room_id}:{e}" for e in events])
+    async with AsyncExitStack() as stack:
+        second = await _started(config, stack)
+        await _say(synapse, room, room.alice, "after")
+        bodies = await _until(synapse, room, _answered(bot, ("after",)))
+        sent = await _replies_out(await second.ready())
+
+    assert _replies(bodies, bot) == [f"echo: {t}" for t in ("warm up", *BURST, "after")]
+    assert sent == len(BURST) + 1  # the burst was answered again: the homeserver kept one each
+
+
+async def _replies_out(port: int) -> float:
+    """`replies_out_total` of the platform matrix, as the gateway's `/metrics` serves it."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        text = await response.text()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "replies_out_total" and sample.labels.get("platform") == "matrix"
+    )
