@@ -290,3 +290,50 @@ def test_issue25_the_endpoint_names_the_traces_path() -> None:
     config = parse_config("telemetry: {otlp_endpoint: 'http://127.0.0.1:4318/'}\n", env={})
     assert config.telemetry.traces_url == "http://127.0.0.1:4318/v1/traces"
     assert parse_config("", env={}).telemetry.traces_url is None
+
+
+async def test_issue25_an_export_posts_up_to_2048_spans(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No scheduled export during the test: only a full batch or the flush posts.
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")
+    async for receiver in _receiver():
+        active = tracing.tracer()
+        for n in range(600):
+            with active.span(f"{tracing.MESSAGE} room", {tracing.MESSAGE_ID: str(n)}, root=True):
+                pass
+        traces = await flushed(receiver)
+        # The SDK's own batch of 512 would have posted twice.
+        assert len(receiver.content_types) == 1
+        assert len(traces) == 600
+
+
+async def test_issue25_a_span_is_current_in_its_block_and_an_escaping_error_marks_it(
+    receiver: OtlpReceiver,
+) -> None:
+    active = tracing.tracer()
+    with pytest.raises(KeyError):
+        _failing_turn(active)
+    with active.span("message later", {}, root=True):
+        pass
+    traces = await flushed(receiver)
+    [failed, later] = traces.values()
+    root = root_of(failed)
+    [turn_span] = children(failed, root)
+    assert turn_span.attributes[tracing.AGENT_NAME] == "parrot"
+    assert turn_span.attributes[tracing.CONVERSATION_ID] == "room:C1"
+    assert [span.attributes.get(tracing.ERROR_TYPE) for span in (turn_span, root)] == [
+        "KeyError",
+        "KeyError",
+    ]
+    assert turn_span.error
+    assert root.error
+    assert no_text(failed, "a user's text")
+    assert [span.name for span in later] == ["message later"]
+    assert active.current() is tracing.NO_SPAN
+
+
+def _failing_turn(active: tracing.Tracer) -> None:
+    """A turn that fails with a KeyError quoting a user's text, inside its message's span."""
+    with active.span("message room", {}, root=True), active.span("invoke_agent parrot", {}) as turn:
+        turn.set_attribute(tracing.AGENT_NAME, "parrot")
+        active.current().set_attribute(tracing.CONVERSATION_ID, "room:C1")
+        raise KeyError("a user's text")
