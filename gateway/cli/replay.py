@@ -28,7 +28,7 @@ from typing import TextIO, TypeVar
 from gateway.cli.command import Subcommands, add_parser, config_option, with_config
 from gateway.config import Config
 from gateway.observability.visible import visible
-from gateway.replay import calls, discord, report, slack, telegram
+from gateway.replay import calls, discord, matrix, mattermost, report, slack, telegram
 from gateway.replay.detect import FORMATS, Detected, Format, detect
 from gateway.replay.engine import BotMarks, CallReplay, ChatReplay, merged, merged_calls
 from gateway.replay.inputs import Limits, ReadContext
@@ -69,7 +69,8 @@ def add(subcommands: Subcommands) -> None:
         "replay",
         help="replay recorded chat exports or LLM calls: what would the guards have stopped?",
         description="Run a recorded history (DiscordChatExporter JSON, a Slack export folder "
-        "or zip, a Telegram Desktop result.json, the proxy's calls CSV export or a JSONL of "
+        "or zip, a Telegram Desktop result.json, an Element (Matrix) JSON export, a "
+        "Mattermost bulk export JSONL, the proxy's calls CSV export or a JSONL of "
         "chat-completion bodies) through the config's policies offline, and report what "
         "would have been refused.",
     )
@@ -212,6 +213,10 @@ def _streams(
             messages.append(tally.counted(discord.read(item.source, context)))
         elif item.kind == "telegram":
             messages.append(tally.counted(telegram.read(item.source, context)))
+        elif item.kind == "matrix":
+            messages.append(tally.counted(matrix.read(item.source, context)))
+        elif item.kind == "mattermost":
+            messages.append(tally.counted(mattermost.read(item.source, context)))
         elif item.kind == "csv":
             recorded.append(tally.counted(calls.read_csv(item.source, context)))
         else:

@@ -33,12 +33,11 @@ from gateway.proxy.auth import ProxyClient
 from gateway.proxy.calls import CallFieldError, build_call
 from gateway.proxy.openai import OpenAIProvider
 from gateway.proxy.provider import OWN_HEADER_PREFIX
-from gateway.replay.inputs import ReadContext, Source
+from gateway.replay.inputs import ReadContext, Source, numbered_lines
 from gateway.replay.records import RecordedCall, ReplayInputError, parse_time, quoted
 from guards.call_loop import circuit_key
 
 REQUIRED_COLUMNS = ("time", "agent", "session", "model", "outcome", "fingerprint")
-MAX_LINE_BYTES = 16 * 1024**2
 _MAX_DIGITS = 12
 _PROVIDER = OpenAIProvider()
 
@@ -75,21 +74,9 @@ def read_csv(source: Source, context: ReadContext) -> Iterator[RecordedCall]:
             raise ReplayInputError(source.name, f"line {rows.line_num}", str(exc)) from None
 
 
-def _lines(lines: io.BufferedReader, file: str) -> Iterator[tuple[int, bytes]]:
-    """The numbered lines of a file, each at most MAX_LINE_BYTES long."""
-    number = 0
-    while line := lines.readline(MAX_LINE_BYTES + 1):
-        number += 1
-        if len(line) > MAX_LINE_BYTES:
-            raise ReplayInputError(
-                file, f"line {number}", f"is longer than {MAX_LINE_BYTES:,} bytes"
-            )
-        yield number, line
-
-
 def _text_lines(lines: io.BufferedReader, file: str) -> Iterator[str]:
     """The lines of a UTF-8 text file (ReplayInputError naming the first that is not)."""
-    for number, line in _lines(lines, file):
+    for number, line in numbered_lines(lines, file):
         try:
             yield line.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -162,7 +149,7 @@ def read_jsonl(source: Source, context: ReadContext) -> Iterator[RecordedCall]:
     """The calls of a file of request bodies, one per line, in its order."""
     agent = Path(source.name).stem or "jsonl"
     with source.open(context.limits, json=False, progress=context.progress) as raw:
-        for number, line in _lines(io.BufferedReader(raw), source.name):
+        for number, line in numbered_lines(io.BufferedReader(raw), source.name):
             if line.strip():
                 call = _line(line.rstrip(b"\r\n"), agent, source.name, number, context)
                 if call is not None:

@@ -4,10 +4,14 @@ A folder or zip holding `channels.json` or `users.json` is a Slack export; one h
 `result.json` (or that file itself) a Telegram Desktop export. A file is read from its
 first 64 KiB: a JSON object whose first keys are `guild` and `channel` is a
 DiscordChatExporter export, one with `chats` or `personal_information` (or a single
-chat's `name`, `type`, `id`, `messages`) is Telegram's; a first line that is the calls
-export's CSV header is a request log, and a first line that is a chat-completion body
-(or a batch line holding one) a JSONL of request bodies. `--format calls` takes either
-of the last two, told apart the same way. Anything else is an unknown format (exit 2).
+chat's `name`, `type`, `id`, `messages`) is Telegram's, one with `room_name` and
+`room_creator` or `exported_by` Element's (Matrix); a first line that is a bulk
+export's version line (`{"type": "version", ...}`) is a Mattermost export (so is a
+folder or zip holding exactly one `.jsonl` file that starts so), a first line that is
+the calls export's CSV header is a request log, and a first line that is a
+chat-completion body (or a batch line holding one) a JSONL of request bodies.
+`--format calls` takes either of the last two, told apart the same way. Anything else is
+an unknown format (exit 2).
 """
 
 from __future__ import annotations
@@ -21,18 +25,26 @@ from typing import Literal
 
 import ijson
 
-from gateway.replay import calls, discord, slack, telegram
+from gateway.replay import calls, discord, matrix, mattermost, slack, telegram
 from gateway.replay.inputs import CheckedStream, Source, export_tree, stream_events
 from gateway.replay.records import ReplayInputError
 
-Format = Literal["auto", "discord", "slack", "telegram", "calls"]
-FORMATS: tuple[Format, ...] = ("auto", "discord", "slack", "telegram", "calls")
-Kind = Literal["discord", "slack", "telegram", "csv", "jsonl"]
+Format = Literal["auto", "discord", "slack", "telegram", "matrix", "mattermost", "calls"]
+FORMATS: tuple[Format, ...] = (
+    "auto",
+    "discord",
+    "slack",
+    "telegram",
+    "matrix",
+    "mattermost",
+    "calls",
+)
+Kind = Literal["discord", "slack", "telegram", "matrix", "mattermost", "csv", "jsonl"]
 _LOOK_CHUNK = 64
 UNKNOWN = (
     "unknown format: not a DiscordChatExporter JSON, a Slack export (folder or zip), a "
-    "Telegram Desktop result.json, a calls CSV export nor a JSONL of request bodies "
-    "(--format says which it is)"
+    "Telegram Desktop result.json, an Element (Matrix) JSON export, a Mattermost bulk "
+    "export, a calls CSV export nor a JSONL of request bodies (--format says which it is)"
 )
 
 
@@ -62,10 +74,12 @@ def detect(path: Path, wanted: Format = "auto") -> Detected:
         return _tree(path, name, wanted)
     source = Source(name, path, size=path.stat().st_size)
     head = source.head()
-    if wanted in ("discord", "telegram"):
+    if wanted in ("discord", "telegram", "matrix", "mattermost"):
         return Detected(wanted, name, source)
     if wanted == "slack":
         raise ReplayInputError(name, "", "a Slack export is a folder or a zip")
+    if wanted == "auto" and mattermost.looks_like(head):
+        return Detected("mattermost", name, source)
     if calls.looks_like_csv(head):
         return Detected("csv", name, source)
     if calls.looks_like_jsonl(head) or wanted == "calls":
@@ -75,6 +89,8 @@ def detect(path: Path, wanted: Format = "auto") -> Detected:
         return Detected("discord", name, source)
     if telegram.looks_like(keys):
         return Detected("telegram", name, source)
+    if matrix.looks_like(keys):
+        return Detected("matrix", name, source)
     raise ReplayInputError(name, "", UNKNOWN)
 
 
@@ -87,6 +103,10 @@ def _tree(path: Path, name: str, wanted: Format) -> Detected:
         results = [found for key, found in files.items() if key.rsplit("/", 1)[-1] == "result.json"]
         if len(results) == 1:
             return Detected("telegram", name, results[0])
+    if wanted in ("auto", "mattermost"):
+        lines = [found for key, found in files.items() if key.endswith(".jsonl")]
+        if len(lines) == 1 and (wanted == "mattermost" or mattermost.looks_like(lines[0].head())):
+            return Detected("mattermost", name, lines[0])
     raise ReplayInputError(name, "", UNKNOWN)
 
 

@@ -41,6 +41,7 @@ from gateway.app.jsonbody import MAX_DEPTH, JsonBodyError, parse_json
 from gateway.replay.records import ReplayInputError, Skipped
 
 CHUNK = 64 * 1024
+MAX_LINE_BYTES = 16 * 1024**2
 # The nesting check sees only brackets outside strings: every other byte is deleted.
 _NOT_SYNTAX = bytes(byte for byte in range(256) if byte not in b'"[]{}')
 _AS_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
@@ -251,6 +252,18 @@ class Source:
             return parse_json(body)
         except JsonBodyError as exc:
             raise ReplayInputError(self.name, "", str(exc)) from None
+
+
+def numbered_lines(lines: io.BufferedReader, file: str) -> Iterator[tuple[int, bytes]]:
+    """The numbered lines of a text file (CSV, JSONL), each at most MAX_LINE_BYTES long."""
+    number = 0
+    while line := lines.readline(MAX_LINE_BYTES + 1):
+        number += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise ReplayInputError(
+                file, f"line {number}", f"is longer than {MAX_LINE_BYTES:,} bytes"
+            )
+        yield number, line
 
 
 def _reason(exc: BaseException) -> str:

@@ -7,7 +7,9 @@ record (its index or line) and why, and never quotes more than a few characters 
 
 `parse_time` is the one reading of a record's time: an ISO 8601 text (an offset, `Z`,
 or none for UTC), or seconds since the epoch as a number or numeric text (Slack's
-`ts`, Telegram's `date_unixtime`). Times outside the years 1–9999 are refused.
+`ts`, Telegram's `date_unixtime`). `parse_millis` reads milliseconds since the epoch
+(Matrix's `origin_server_ts`, Mattermost's `create_at`), a number only. Times outside
+the years 1–9999 are refused.
 """
 
 from __future__ import annotations
@@ -84,6 +86,20 @@ def parse_time(value: object, name: str) -> float:
     except (OverflowError, ValueError):  # 9999-12-31T23:59-01:00 is past datetime's range
         seconds = math.inf
     # 0001-01-01T00:00+01:00 is a time of the year 0 in UTC: no datetime can show it.
+    return _in_range(seconds, name, value)
+
+
+def parse_millis(value: object, name: str) -> float:
+    """Seconds since the epoch of a time in milliseconds, or ValueError saying why it is none."""
+    if value is None:
+        raise ValueError(f"{name} is missing")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        # A ValueError like every other bad time: callers report them all the same way.
+        raise ValueError(f"{name} must be milliseconds since 1970, got {quoted(value)}")  # noqa: TRY004
+    try:
+        seconds = value / 1000
+    except OverflowError:  # an integer of more than 308 digits
+        seconds = math.inf
     return _in_range(seconds, name, value)
 
 
