@@ -103,8 +103,9 @@ def _room(channel: Mapping[str, object]) -> _Room:
     own = _text(channel.get("id")) or ""
     name = _text(channel.get("name")) or own
     parent = _text(channel.get("categoryId"))
-    direct = channel.get("type") == "DirectTextChat"
-    if channel.get("type") in THREAD_TYPES and parent:
+    kind = channel.get("type")
+    direct = kind == "DirectTextChat"
+    if isinstance(kind, str) and kind in THREAD_TYPES and parent:
         shown = f"#{_text(channel.get('category')) or parent} › {name}"
         return _Room(parent, own, shown, direct)
     return _Room(own, None, f"#{name}", direct)
@@ -122,6 +123,9 @@ def _message(
     except ValueError as exc:
         raise ReplayInputError(file, f"message {index} (id {message_id})", str(exc)) from None
     kind = item.get("type", "Default")
+    if not isinstance(kind, str | int) or isinstance(kind, bool):
+        skipped.add("unknown_type")
+        return None
     if kind not in CONVERSATION and kind not in CONVERSATION_NUMBERS:
         skipped.add("service" if kind in SERVICE or isinstance(kind, int) else "unknown_type")
         return None

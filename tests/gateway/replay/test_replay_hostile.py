@@ -504,3 +504,14 @@ def test_issue20_open_token_is_measured_across_chunks(
         start, index = start + size, index + 1
     # A string counts from its opening quote; a trailing lone backslash waits a byte.
     assert check.open_bytes == len(open_token.encode())
+
+
+@pytest.mark.parametrize("kind", [["Default"], {"a": 1}, True, 1.5, None])
+def test_issue20_a_discord_message_type_of_the_wrong_type_is_skipped(
+    tmp_path: Path, kind: object
+) -> None:
+    messages = [discord_message(str(i), i, BOT, f"ping {i}") for i in range(3)]
+    messages[1]["type"] = kind
+    path = write_discord(tmp_path / "c.json", messages)
+    figures = replay_json(write_config(tmp_path), path)
+    assert figures["skipped"] == {"unknown_type": 1}
