@@ -136,7 +136,8 @@ class DecisionLog:
         """Record that `stage` dropped this turn for `code`; `detail` explains it in words."""
         ctx.decide(stage, code, detail, retry_after=retry_after, count=count)
         self.metrics.refusal(stage, code)
-        _guardrail(stage, code, detail, tracing.REFUSED)
+        if (tracer := tracing.tracer()).enabled:
+            _guardrail(tracer, stage, code, detail, tracing.REFUSED)
         msg = ctx.message
         if remember:
             self.recent.add(msg.room, stage, code, detail, bot=msg.bot_id, sender=msg.sender_name)
@@ -159,7 +160,8 @@ class DecisionLog:
         """Record an admitted guard verdict: counted always, logged at DEBUG."""
         ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=shadow)
         self.metrics.guard_decision(guard, code, shadow=shadow)
-        _guardrail(guard, code, detail, tracing.ALLOWED, shadow=shadow)
+        if (tracer := tracing.tracer()).enabled:
+            _guardrail(tracer, guard, code, detail, tracing.ALLOWED, shadow=shadow)
         _log(logging.DEBUG, ctx, stage=guard, code=code, detail=detail, who=who, shadow=shadow)
 
     def shadow(
@@ -176,7 +178,8 @@ class DecisionLog:
         """Record what a guard in shadow mode would have refused; the turn goes on."""
         ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=True)
         self.metrics.guard_decision(guard, code, shadow=True)
-        _guardrail(guard, code, detail, tracing.SHADOW_REFUSED, shadow=True)
+        if (tracer := tracing.tracer()).enabled:
+            _guardrail(tracer, guard, code, detail, tracing.SHADOW_REFUSED, shadow=True)
         self.recent.add_shadowed(ctx.message.room, guard)
         if self.activity is not None:
             self.activity.decision("shadow", ctx.message, guard, code, detail)
@@ -195,7 +198,8 @@ class DecisionLog:
         """Record that `guard` halted the agent's turn (`code`): on the turn and logged."""
         detail = "the agent's turn was halted"
         ctx.decide(guard, code, detail)
-        _guardrail(guard, code, detail, tracing.REFUSED)
+        if (tracer := tracing.tracer()).enabled:
+            _guardrail(tracer, guard, code, detail, tracing.REFUSED)
         self.note(ctx, guard, code, f"halted the agent's turn ({code})")
 
     def note(self, ctx: TurnContext, stage: str, code: str, text: str) -> None:
@@ -208,11 +212,20 @@ class DecisionLog:
             )
 
 
-def _guardrail(guard: str, code: str, detail: str, result: str, *, shadow: bool = False) -> None:
-    """An `apply_guardrail` span for one verdict, in the current turn's trace (tracing on)."""
-    tracer = tracing.tracer()
-    if not tracer.enabled:
-        return
+def _guardrail(
+    tracer: tracing.Tracer,
+    guard: str,
+    code: str,
+    detail: str,
+    result: str,
+    *,
+    shadow: bool = False,
+) -> None:
+    """An `apply_guardrail` span for one verdict, in the current turn's trace.
+
+    Called only with tracing on (the callers test `tracer.enabled` first), so that tracing
+    off costs each verdict one attribute read, not a call and its arguments.
+    """
     attributes: dict[str, tracing.AttributeValue] = {
         tracing.OPERATION_NAME: tracing.APPLY_GUARDRAIL,
         tracing.GUARDRAIL_NAME: guard,

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from gateway.agents.spend import SPEND
 from gateway.app import messages
@@ -114,10 +116,15 @@ class AgentDispatchMiddleware:
         self._metrics = decisions.metrics
         self._typing_tasks: set[asyncio.Task[None]] = set()
 
-    async def __call__(self, ctx: TurnContext, call_next: Handler) -> Reply | None:
+    def __call__(self, ctx: TurnContext, call_next: Handler) -> Coroutine[Any, Any, Reply | None]:
+        """The turn itself with tracing off (no coroutine of its own); traced otherwise."""
         tracer = tracing.tracer()
         if not tracer.enabled:
-            return await self._turn(ctx)
+            return self._turn(ctx)
+        return self._traced(ctx, tracer)
+
+    async def _traced(self, ctx: TurnContext, tracer: tracing.Tracer) -> Reply | None:
+        """The turn inside its `invoke_agent` span."""
         msg = ctx.message
         attributes: dict[str, tracing.AttributeValue] = {
             tracing.OPERATION_NAME: tracing.INVOKE_AGENT,

@@ -65,6 +65,7 @@ admin command the notice names.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from gateway.app import messages
@@ -108,18 +109,27 @@ class LoopVerdict:
         return self.reason in _ROOM_REASONS
 
 
-async def count_bot_turn(
+def count_bot_turn(
     state: DecisionStore,
     settings: BotLoopSettings,
     room: str,
     *,
     is_bot: bool,
     message_key: str | None,
-) -> int:
-    """The `bot_turns` step: the room's consecutive bot turns after this message (0 if off)."""
+) -> Awaitable[int]:
+    """The `bot_turns` step: the room's consecutive bot turns after this message (0 if off).
+
+    Awaited like a coroutine function; with the guard on it hands back the state's own
+    call, so each message's count costs no coroutine of its own.
+    """
     if not settings.enabled:
-        return 0
-    return await state.bot_turn(room, is_bot=is_bot, message_key=message_key)
+        return _no_turns()
+    return state.bot_turn(room, is_bot=is_bot, message_key=message_key)
+
+
+async def _no_turns() -> int:
+    """The count with the guard off: none."""
+    return 0
 
 
 async def decide_bot_message(
