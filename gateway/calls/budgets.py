@@ -244,7 +244,13 @@ class SpendHold:
 
 @dataclass(frozen=True, slots=True)
 class SpendVerdict:
-    """The budgets' verdict on one call; `refused` names the group that would be passed."""
+    """The budgets' verdict on one call; `refused` names the group that would be passed.
+
+    `unavailable`: refused because the shared state the budgets live in is unreachable
+    and `state.on_error` is `deny` (`refused` is then the call's first group, `limits`
+    None): the call may well have fit, so it is answered `state_unavailable`, not
+    `budget_exceeded`.
+    """
 
     allowed: bool
     hold: SpendHold | None = None
@@ -252,6 +258,7 @@ class SpendVerdict:
     limits: Limits | None = None
     retry_after: float = 0.0
     alert: SpendAlert | None = None
+    unavailable: bool = False
 
 
 ADMITTED_FREE = SpendVerdict(True)

@@ -38,11 +38,14 @@ Decisions where DESIGN.md is silent:
   several calls, and budgets exact across replicas need that one atomic step. A script
   that reads keys named inside a record (another owner's holds, the trimmed hours) names
   them under the same tag, which a cluster allows.
-- Redis down: `on_error: allow` decides with a `MemoryCallStore` of this process, so
-  circuits and uniqueness rules still hold, per process, instead of not at all; when
-  Redis is back its shared state decides again, as it was before the outage, and the
-  local counts are dropped (a later outage starts fresh). `deny` refuses calls with
-  `loop_paused` and a retry after the probe interval.
+- Redis down: the circuits and uniqueness rules decide with a `MemoryCallStore` of this
+  process, so they still hold, per process, instead of not at all; when Redis is back
+  its shared state decides again, as it was before the outage, and the local counts are
+  dropped (a later outage starts fresh). A call a budget applies to is decided by
+  `on_error`: `allow` on this process's budget records too (each replica then lets its
+  own limit's worth through), `deny` (fail closed, issue 24) refuses it, holding
+  nothing, with a `SpendVerdict` marked `unavailable` and a retry after the probe
+  interval, at least `STATE_RETRY_SECONDS`.
   A lost log entry is dropped; `reopen`, `paused` and `calls_since` raise `StateError`,
   so an admin is never told a change was made or that nothing is paused when Redis did
   not answer. The first failure logs one warning and the recovery one line; while down,
@@ -136,9 +139,9 @@ from guards.call_loop import (
 
 log = logging.getLogger(__name__)
 
-MSG_STATE_DOWN = (
-    "loopwarden: the call guard's shared state is unreachable; retry in {seconds} seconds."
-)
+STATE_RETRY_SECONDS = 3.0
+"""The least retry given a call refused with `on_error: deny` while Redis is down: one
+client retry spans a few probes, so it finds Redis back soon after it is."""
 _SEP = "\x1f"
 _LOG_CHUNK = 1000
 
@@ -368,8 +371,8 @@ class RedisCallStore(RedisLinked):
             name="redis call store",
             log=log,
             on_error=on_error,
-            if_allowed="deciding on circuits local to this process",
-            if_denied="refusing LLM calls",
+            if_allowed="deciding on circuits and budgets local to this process",
+            if_denied="deciding on circuits local to this process, refusing budgeted LLM calls",
             clock=clock,
             timeout=timeout,
             probe_interval=probe_interval,
@@ -610,7 +613,7 @@ class RedisCallStore(RedisLinked):
         return bool(await self._link.guarded(lambda: self._link.client.delete(name)))
 
     def _fallback(self) -> MemoryCallStore:
-        """The per-process store that decides while Redis is down with `on_error: allow`."""
+        """The per-process store that decides while Redis is down (budgets: with `allow`)."""
         if self._local is None:
             self._local = MemoryCallStore(
                 self._policy, self._rules, clock=self._clock, wall_clock=self._wall_clock
@@ -631,20 +634,20 @@ class RedisCallStore(RedisLinked):
         *,
         shadow: ShadowGuards,
     ) -> Admission:
-        """The decision while Redis is down: local with `allow`, a refusal with `deny`."""
-        if self._link.on_error == "allow":
-            local = self._fallback()
-            if spend is not None:
-                return await local.admit(
-                    circuit, fingerprint, fields, spend, policy=policy, shadow=shadow
-                )
-            decision = await local.decide(circuit, fingerprint, fields, policy=policy)
-            return Admission(decision, ADMITTED_FREE)
-        wait = self._link.probe_interval
-        message = MSG_STATE_DOWN.format(seconds=max(1, round(wait)))
-        return Admission(
-            CallDecision(False, "loop_paused", wait, 0, circuit, message), ADMITTED_FREE
-        )
+        """The decision while Redis is down: local, but a budgeted call is refused with `deny`."""
+        if spend is not None and spend.groups and self._link.on_error == "deny":
+            retry = max(STATE_RETRY_SECONDS, self._link.probe_interval)
+            refused = SpendVerdict(
+                False, refused=spend.groups[0], retry_after=retry, unavailable=True
+            )
+            return Admission(None, refused)
+        local = self._fallback()
+        if spend is not None:
+            return await local.admit(
+                circuit, fingerprint, fields, spend, policy=policy, shadow=shadow
+            )
+        decision = await local.decide(circuit, fingerprint, fields, policy=policy)
+        return Admission(decision, ADMITTED_FREE)
 
     async def record_outcome(
         self, decision: CallDecision, status: int | None = None, error: str | None = None

@@ -34,6 +34,7 @@ _ERROR_TYPES: Mapping[ErrorKind, str] = {
     "not_found": "not_found_error",
     "unreachable": "api_error",
     "timeout": "api_error",
+    "unavailable": "api_error",
 }
 
 

@@ -290,7 +290,9 @@ class ProxyServer:
         """Admit the call on its budgets and the call guard; refuse it, or forward and relay."""
         admitted = await self._budgets.admit(call)
         if isinstance(admitted, OverBudget):
-            self._guarded.refused(call, None)
+            # Refused for a state outage: the request log is in that unreachable Redis too.
+            if not admitted.spend.unavailable:
+                self._guarded.refused(call, None)
             return self._budgets.refusal(call, admitted.spend)
         decision = call.decision = admitted.decision
         if not admitted.sent:

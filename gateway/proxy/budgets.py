@@ -8,7 +8,11 @@ the guarded call's admission (`gateway.proxy.guarded`, the gateway's agents' too
 is `budget_exceeded` in the provider's own error format (429; on the Gemini routes 400
 `FAILED_PRECONDITION`, as every other refusal there, since Google's clients retry a 429
 whatever the body says), with `Retry-After` to the period's end, `x-should-retry: false`,
-`x-loopwarden-code` and `x-loopwarden-budget`. After the call, `settle` replaces the
+`x-loopwarden-code` and `x-loopwarden-budget`. While Redis is unreachable under
+`state.on_error: deny` a call a budget applies to is refused `state_unavailable`
+instead: 503 in the provider's error format (Gemini's `UNAVAILABLE`), the same headers
+but `x-should-retry: true` (nothing was sent, so the SDK may retry after `Retry-After`).
+After the call, `settle` replaces the
 estimate it held with what the request log says it used, and alerts go out through
 `proxy.alerts` when a group crosses 50, 80 or 100 percent of its limit.
 
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -84,6 +89,7 @@ from guards.call_loop import is_provider_failure
 log = logging.getLogger("loopwarden.proxy")
 
 CODE = "budget_exceeded"
+UNAVAILABLE_CODE = "state_unavailable"
 BUDGET_HEADER = "x-loopwarden-budget"
 NO_HOLD = SpendHold((), Amount())
 """What a call no budget applies to holds: its charge steps the anomaly detector only."""
@@ -199,6 +205,8 @@ class ProxyBudgets:
         group = verdict.refused
         if group is None:
             raise ValueError("a refusal names the group it would pass")
+        if verdict.unavailable:
+            return self._unavailable(call, group, verdict.retry_after)
         limits = verdict.limits or group.limits
         dollars = limits.nano_usd is not None
         unpriced = call.call.model if dollars and self._is_unpriced(call) else None
@@ -219,6 +227,21 @@ class ProxyBudgets:
         headers = retry_headers(CODE, verdict.retry_after)
         headers[BUDGET_HEADER] = group.budget
         return error_response(call.provider, "refused", CODE, text, headers)
+
+    def _unavailable(self, call: ProxiedCall, group: SpendGroup, retry: float) -> web.Response:
+        """The `state_unavailable` answer: the budget could not be checked, nothing was sent."""
+        log.info(
+            "agent %s: %s on %s: budget %s",
+            call.client.agent,
+            UNAVAILABLE_CODE,
+            call.circuit,
+            group.budget,
+        )
+        headers = retry_headers(UNAVAILABLE_CODE, retry)
+        headers["x-should-retry"] = "true"
+        headers[BUDGET_HEADER] = group.budget
+        text = messages.state_unavailable(budget=group.budget, seconds=math.ceil(retry))
+        return error_response(call.provider, "unavailable", UNAVAILABLE_CODE, text, headers)
 
     def _is_unpriced(self, call: ProxiedCall) -> bool:
         return (

@@ -39,6 +39,7 @@ _STATUS: Mapping[ErrorKind, str] = {
     "not_found": "NOT_FOUND",
     "unreachable": "UNAVAILABLE",
     "timeout": "DEADLINE_EXCEEDED",
+    "unavailable": "UNAVAILABLE",
 }
 
 

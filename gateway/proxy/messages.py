@@ -87,6 +87,14 @@ def budget_refusal(*, budget: str, group: str, limit: str, ends: str, unpriced: 
     )
 
 
+def state_unavailable(*, budget: str, seconds: float) -> str:
+    """A budgeted call refused while the shared state is down (`state.on_error: deny`)."""
+    return (
+        f"loopwarden: budget {budget} cannot be checked: the proxy's shared state is "
+        f"unreachable (state.on_error: deny); nothing was sent. Retry in {seconds:.0f} s."
+    )
+
+
 def spend_alert_subject(budget: str, group: str, threshold: int) -> str:
     """The subject line of a spend alert mail."""
     return f"loopwarden: budget {budget} at {threshold}% ({group})"

@@ -33,6 +33,7 @@ _ERROR_TYPES: Mapping[ErrorKind, str] = {
     "not_found": "invalid_request_error",
     "unreachable": "upstream_error",
     "timeout": "upstream_error",
+    "unavailable": "server_error",
 }
 
 

@@ -18,7 +18,10 @@ from multidict import CIMultiDict, MultiMapping
 from gateway.app.jsonbody import parse_json
 from gateway.config.limits import MAX_TOKENS
 
-ErrorKind = Literal["refused", "bad_request", "unauthorized", "not_found", "unreachable", "timeout"]
+ErrorKind = Literal[
+    "refused", "bad_request", "unauthorized", "not_found", "unreachable", "timeout", "unavailable"
+]
+"""What went wrong; `unavailable`: the proxy's own shared state is unreachable (503)."""
 ERROR_STATUS: Mapping[ErrorKind, int] = {
     "refused": 429,
     "bad_request": 400,
@@ -26,6 +29,7 @@ ERROR_STATUS: Mapping[ErrorKind, int] = {
     "not_found": 404,
     "unreachable": 502,
     "timeout": 504,
+    "unavailable": 503,
 }
 Message = Mapping[str, object]
 
