@@ -21,6 +21,7 @@ from opentelemetry import context as context_api
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 from opentelemetry.sdk.environment_variables import (
     OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
     OTEL_BSP_MAX_QUEUE_SIZE,
@@ -120,6 +121,10 @@ class OtelTracer:
         )
         self._provider.add_span_processor(processor)
         self._tracer = self._provider.get_tracer("loopwarden", schema_url=SCHEMA_URL)
+        # Outbound HTTP (platform APIs, model APIs, MCP over HTTP): a client span under the
+        # current span, on our provider (not the global one), for as long as tracing is on.
+        self._http = AioHttpClientInstrumentor()
+        self._http.instrument(tracer_provider=self._provider)
 
     def span(
         self,
@@ -158,5 +163,6 @@ class OtelTracer:
         return self._provider.force_flush()
 
     def shutdown(self) -> None:
-        """Flush and stop."""
+        """Flush and stop, and stop tracing outbound HTTP."""
+        self._http.uninstrument()
         self._provider.shutdown()

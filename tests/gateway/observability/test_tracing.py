@@ -46,7 +46,10 @@ async def _receiver(capture_content: bool = False) -> AsyncIterator[OtlpReceiver
 
 
 @pytest.fixture
-async def receiver() -> AsyncIterator[OtlpReceiver]:
+async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OtlpReceiver]:
+    # The test's own client calls the proxy from this process: its requests are not traced,
+    # so the traceparent it sends is the one the proxy sees (another process's, in life).
+    monkeypatch.setenv("OTEL_PYTHON_AIOHTTP_CLIENT_EXCLUDED_URLS", "/openai/v1/")
     async for received in _receiver():
         yield received
 
@@ -208,8 +211,11 @@ async def test_issue25_a_loop_guard_halt_traces_the_model_calls_tools_and_the_ha
         chat.attributes[tracing.USAGE_INPUT_TOKENS],
         chat.attributes[tracing.USAGE_OUTPUT_TOKENS],
     ) == (10, 5)
-    # The model provider sees each call's own span as its parent.
-    assert traceparents[0].startswith(f"00-{chat.trace_id}-{chat.span_id}-")
+    # The model provider sees the HTTP client span of each call, under the call's own span.
+    _, trace_id, parent_id, _ = traceparents[0].split("-")
+    [http] = [span for span in spans if span.span_id == parent_id]
+    assert (trace_id, http.parent_id) == (chat.trace_id, chat.span_id)
+    assert http.name == "POST"
     assert [span.attributes[tracing.TOOL_ACTION] for span in tools][-2:] == ["block", "halt"]
     assert tools[-1].attributes[tracing.TOOL_CODE] == "no_progress_halt"
     halt = [span for span in children(spans, turn) if span.name == "apply_guardrail tool_loop"]
@@ -239,7 +245,9 @@ async def test_issue25_the_proxy_continues_the_clients_trace_to_a_loop_detected_
     assert all(span.parent_id == CLIENT_SPAN for span in chats)
     assert all(span.attributes[tracing.AGENT_NAME] == "billing-bot" for span in chats)
     forwarded, _, refused = chats
-    assert upstream_parents[0] == f"00-{CLIENT_TRACE}-{forwarded.span_id}-01"
+    _, trace_id, parent_id, _ = upstream_parents[0].split("-")
+    [http] = [span for span in spans if span.span_id == parent_id]
+    assert (trace_id, http.parent_id) == (CLIENT_TRACE, forwarded.span_id)
     assert forwarded.attributes[tracing.HTTP_STATUS] == 200
     assert refused.error
     assert refused.attributes[tracing.ERROR_TYPE] == "loop_detected"
