@@ -15,6 +15,7 @@ BENCHES = (
     "bench.pipeline_bench",
     "bench.console_bench",
     "bench.telegram_bench",
+    "bench.matrix_bench",
     "bench.room_guard_bench",
     "bench.state_bench",
     "bench.proxy_bench",

@@ -19,7 +19,9 @@ Decisions where DESIGN.md is silent:
   and the pipeline's dedupe answers each message once. Without a saved cursor the first
   sync only notes where "now" is: nothing before it is ever answered, and events that a
   later sync brings from before that time (the history of a room joined later) are
-  dropped as `before_first_sync`.
+  dropped as `before_first_sync`. A sync asks for up to `TIMELINE_LIMIT` events a room:
+  Synapse's default (10) leaves out the older events of a busier gap, which would never
+  be answered.
 - A batch is handed over room by room in order (`connectors.lanes`), rooms concurrently;
   an event the pipeline fails on is dropped (`sink_error`), one refused because the
   gateway is stopping ends the sync loop without saving the position (the next run
@@ -83,10 +85,16 @@ MAX_MESSAGE_LENGTH = 16_000
 TIMING = Timing(retry_delays=(0.5, 30.0))
 LIMIT_EXCEEDED = "M_LIMIT_EXCEEDED"
 NOT_FOUND = "M_NOT_FOUND"
+TIMELINE_LIMIT = 1000
+"""Events a sync brings per room; Synapse's default (10) skips the rest of a busier gap."""
 SYNC_FILTER: dict[str, Any] = {
     "presence": {"types": []},
     "account_data": {"types": []},
-    "room": {"ephemeral": {"types": []}, "account_data": {"types": []}},
+    "room": {
+        "ephemeral": {"types": []},
+        "account_data": {"types": []},
+        "timeline": {"limit": TIMELINE_LIMIT},
+    },
 }
 FIRST_SYNC_FILTER: dict[str, Any] = {**SYNC_FILTER, "room": {"timeline": {"limit": 1}}}
 

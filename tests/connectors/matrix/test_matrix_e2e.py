@@ -334,3 +334,21 @@ async def _replies_out(port: int) -> float:
         for sample in family.samples
         if sample.name == "replies_out_total" and sample.labels.get("platform") == "matrix"
     )
+
+
+async def test_issue23_more_messages_while_down_than_synapse_syncs_by_default_are_all_answered(
+    tmp_path: Path, synapse_server: SynapseServer, synapse: SynapseClient
+) -> None:
+    room = await _room(synapse, bots=1)
+    bot = room.bots[0].user_id
+    config = _config(tmp_path, synapse_server, room, state=_sqlite(tmp_path))
+    async with running(config):
+        await _say(synapse, room, room.alice, "warm up")
+        await _until(synapse, room, _answered(bot, ("warm up",)))
+    missed = tuple(f"while down {n}" for n in range(15))  # Synapse's default timeline is 10
+    for text in missed:
+        await _say(synapse, room, room.alice, text)
+    async with running(config):
+        bodies = await _until(synapse, room, _answered(bot, missed))
+
+    assert _replies(bodies, bot) == [f"echo: {t}" for t in ("warm up", *missed)]
