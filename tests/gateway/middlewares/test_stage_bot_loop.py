@@ -24,12 +24,9 @@ from tests.fakes.inmemory import (
     PipelineRig,
     rig_config,
 )
+from tests.gateway.middlewares.stage_rig import notices
 
 NO_CAP = "policy: {bot_loop: {max_consecutive_bot_turns: 0}}"
-
-
-def notices(room: InMemoryRoom) -> list[str]:
-    return [post.text for post in room.bot_posts() if post.text.startswith("Loop guard:")]
 
 
 async def ping_pong(

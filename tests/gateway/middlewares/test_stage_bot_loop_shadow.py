@@ -4,42 +4,15 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from gateway.state.base import StateStore
 from tests.fakes.inmemory import FakeClock, InMemoryRoom, PipelineRig, rig_config
-from tests.gateway.state.test_state_conformance import build_store
+from tests.gateway.middlewares.stage_rig import notices, pongs
 
-BACKENDS = ["memory", "sqlite", pytest.param("redis", marks=pytest.mark.redis)]
 SHADOW = "policy: {bot_loop: {mode: shadow, max_consecutive_bot_turns: 0}}"
 ROOM = "room:C1"
-
-
-def notices(room: InMemoryRoom) -> list[str]:
-    return [post.text for post in room.bot_posts() if post.text.startswith("Loop guard:")]
-
-
-def pongs(room: InMemoryRoom) -> int:
-    return sum(1 for post in room.bot_posts() if post.text == "pong")
-
-
-@pytest.fixture(params=BACKENDS)
-async def backend(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> AsyncIterator[tuple[StateStore, FakeClock]]:
-    """A started store of each backend on the clock the rig will use."""
-    name: str = request.param
-    url = request.getfixturevalue("redis_url") if name == "redis" else None
-    clock = FakeClock()
-    store = build_store(name, clock, workdir=tmp_path, redis_url=url)
-    await store.start()
-    try:
-        yield store, clock
-    finally:
-        await store.aclose()
 
 
 async def shadow_room(
