@@ -134,10 +134,8 @@ class DecisionLog:
         remember: bool = False,
     ) -> None:
         """Record that `stage` dropped this turn for `code`; `detail` explains it in words."""
-        ctx.decide(stage, code, detail, retry_after=retry_after, count=count)
+        _verdict(ctx, stage, code, detail, tracing.REFUSED, retry_after=retry_after, count=count)
         self.metrics.refusal(stage, code)
-        if (tracer := tracing.tracer()).enabled:
-            _guardrail(tracer, stage, code, detail, tracing.REFUSED)
         msg = ctx.message
         if remember:
             self.recent.add(msg.room, stage, code, detail, bot=msg.bot_id, sender=msg.sender_name)
@@ -158,10 +156,17 @@ class DecisionLog:
         shadow: bool = False,
     ) -> None:
         """Record an admitted guard verdict: counted always, logged at DEBUG."""
-        ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=shadow)
+        _verdict(
+            ctx,
+            guard,
+            code,
+            detail,
+            tracing.ALLOWED,
+            retry_after=retry_after,
+            count=count,
+            shadow=shadow,
+        )
         self.metrics.guard_decision(guard, code, shadow=shadow)
-        if (tracer := tracing.tracer()).enabled:
-            _guardrail(tracer, guard, code, detail, tracing.ALLOWED, shadow=shadow)
         _log(logging.DEBUG, ctx, stage=guard, code=code, detail=detail, who=who, shadow=shadow)
 
     def shadow(
@@ -176,10 +181,17 @@ class DecisionLog:
         count: int = 0,
     ) -> None:
         """Record what a guard in shadow mode would have refused; the turn goes on."""
-        ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=True)
+        _verdict(
+            ctx,
+            guard,
+            code,
+            detail,
+            tracing.SHADOW_REFUSED,
+            retry_after=retry_after,
+            count=count,
+            shadow=True,
+        )
         self.metrics.guard_decision(guard, code, shadow=True)
-        if (tracer := tracing.tracer()).enabled:
-            _guardrail(tracer, guard, code, detail, tracing.SHADOW_REFUSED, shadow=True)
         self.recent.add_shadowed(ctx.message.room, guard)
         if self.activity is not None:
             self.activity.decision("shadow", ctx.message, guard, code, detail)
@@ -196,10 +208,7 @@ class DecisionLog:
 
     def halted(self, ctx: TurnContext, guard: str, code: str) -> None:
         """Record that `guard` halted the agent's turn (`code`): on the turn and logged."""
-        detail = "the agent's turn was halted"
-        ctx.decide(guard, code, detail)
-        if (tracer := tracing.tracer()).enabled:
-            _guardrail(tracer, guard, code, detail, tracing.REFUSED)
+        _verdict(ctx, guard, code, "the agent's turn was halted", tracing.REFUSED)
         self.note(ctx, guard, code, f"halted the agent's turn ({code})")
 
     def note(self, ctx: TurnContext, stage: str, code: str, text: str) -> None:
@@ -210,6 +219,23 @@ class DecisionLog:
             decision_log.info(
                 "%s %s %s", ctx.message.room, stage, visible(text), extra=_extra(ctx, code, stage)
             )
+
+
+def _verdict(
+    ctx: TurnContext,
+    guard: str,
+    code: str,
+    detail: str,
+    result: str,
+    *,
+    retry_after: float = 0.0,
+    count: int = 0,
+    shadow: bool = False,
+) -> None:
+    """Put one verdict on the turn and, with tracing on, in its trace as a guardrail span."""
+    ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=shadow)
+    if (tracer := tracing.tracer()).enabled:
+        _guardrail(tracer, guard, code, detail, result, shadow=shadow)
 
 
 def _guardrail(
