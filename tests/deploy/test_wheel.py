@@ -10,10 +10,8 @@ a module that is not shipped (a test helper), fails here.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -22,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.demo_process import DEMO_ARGS, run_demo_until_cut
+
 ROOT = Path(__file__).resolve().parents[2]
-CUT = "cooldown opened for 20 s"
 WAIT_SECONDS = 60.0
 EXAMPLE_ENV = {
     "LOOPWARDEN_ADMIN_TOKEN": "an-admin-token-long-enough",
@@ -146,31 +145,9 @@ def test_issue22_the_installed_wheel_checks_the_example_config(venv: Path, tmp_p
 async def test_issue22_the_installed_wheel_runs_the_demo_until_the_room_answers(
     venv: Path, tmp_path: Path
 ) -> None:
-    process = await asyncio.create_subprocess_exec(
-        str(venv / "bin" / "loopwarden"),
-        "demo",
-        "--port",
-        "0",
-        "--no-browser",
-        "--delay",
-        "0",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        cwd=tmp_path,
-        env=_clean_env(),
+    command = [str(venv / "bin" / "loopwarden"), *DEMO_ARGS]
+    run = await run_demo_until_cut(
+        command, wait_seconds=WAIT_SECONDS, cwd=tmp_path, env=_clean_env()
     )
-    assert process.stdout is not None
-    lines: list[str] = []
-    try:
-        async with asyncio.timeout(WAIT_SECONDS):
-            while CUT not in (line := (await process.stdout.readline()).decode()):
-                assert line, f"the demo ended early: {lines}"
-                lines.append(line)
-            process.send_signal(signal.SIGINT)
-            _, errors = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode == 0, errors.decode()
-    assert "Traceback" not in errors.decode()
+    assert run.returncode == 0, run.errors
+    assert "Traceback" not in run.errors

@@ -8,7 +8,6 @@ import io
 import json
 import logging
 import re
-import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -33,11 +32,11 @@ from gateway.demo.room import (
     run_demo,
 )
 from tests.connectors.room.room_helpers import Event, from_sender, join, next_event, say
+from tests.gateway.demo_process import CUT, DEMO_ARGS, run_demo_until_cut
 
 WAIT_SECONDS = 30.0
 """A bound on each wait so a broken demo fails instead of hanging; never a pass condition."""
 
-CUT = "cooldown opened for 20 s"
 FINDER_STOP = messages.TOOL_LOOP_STOP.format(tool="find_document")
 ORACLE_STOP = messages.CALL_LOOP_STOP.format(pause="5 min")
 ORACLE_ASKS = "@oracle did the auditors answer?"
@@ -127,33 +126,13 @@ async def test_a_port_in_use_is_reported_without_a_traceback() -> None:
 
 
 async def test_demo_command_runs_until_sigint_and_exits_0() -> None:
-    args = ["demo", "--port", "0", "--no-browser", "--delay", "0"]
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "gateway",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    lines: list[str] = []
-    try:
-        async with asyncio.timeout(WAIT_SECONDS):
-            while CUT not in (line := (await process.stdout.readline()).decode()):
-                assert line, f"the demo ended early: {lines}"
-                lines.append(line)
-            process.send_signal(signal.SIGINT)
-            rest, errors = await process.communicate()
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    assert process.returncode == 0, errors.decode()
-    assert lines[0].startswith("loopwarden demo: open http://127.0.0.1:")
-    assert "[guard] room:lobby bot_loop refused budget_exceeded" in "".join(lines)
-    assert rest.decode().endswith("demo stopped\n")
-    assert "Traceback" not in errors.decode()
+    command = [sys.executable, "-m", "gateway", *DEMO_ARGS]
+    run = await run_demo_until_cut(command, wait_seconds=WAIT_SECONDS)
+    assert run.returncode == 0, run.errors
+    assert run.lines[0].startswith("loopwarden demo: open http://127.0.0.1:")
+    assert "[guard] room:lobby bot_loop refused budget_exceeded" in "".join(run.lines)
+    assert run.rest.endswith("demo stopped\n")
+    assert "Traceback" not in run.errors
 
 
 def test_options_default_to_the_documented_values() -> None:
