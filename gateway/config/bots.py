@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gateway.config.base import ChosenSecret, FieldError, Frozen, OptionalSecret, Token
 from gateway.config.limits import Duration
@@ -103,14 +103,25 @@ class MattermostBotConfig(_BotBase):
         return value.rstrip("/")
 
 
+def _matrix_id(value: str) -> str:
+    """A Matrix user id or glob: visible characters only (a control or bidi character, or
+    a space, would make an id that never matches anyone)."""
+    if any(char.isspace() or not char.isprintable() for char in value):
+        raise ValueError("must be a Matrix user id or glob of visible characters, no spaces")
+    return value
+
+
+MatrixId = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_matrix_id)]
+
+
 class MatrixBotConfig(_BotBase):
     """A Matrix bot: a user's access token on a homeserver, syncing its joined rooms."""
 
     platform: Literal["matrix"]
     homeserver: str = Field(max_length=2048)
-    user_id: str = Field(pattern=r"^@[^:\s]+:[^\s]+$", max_length=255)
+    user_id: Annotated[MatrixId, Field(pattern=r"^@[^:\s]+:[^\s]+$")]
     access_token: Token
-    bot_users: tuple[Annotated[str, Field(min_length=1, max_length=255)], ...] = ()
+    bot_users: tuple[MatrixId, ...] = Field(default=(), max_length=1_000)
     reply_msgtype: Literal["m.notice", "m.text"] = "m.notice"
     sync_timeout: Duration = Field(default=30.0, ge=0, le=300)
 

@@ -48,3 +48,45 @@ def test_issue23_a_bad_homeserver_or_user_id_names_its_field(
 
     assert refused.value.errors[0].path == field
     assert "syt_secret_token_value" not in str(refused.value)
+
+
+TOKEN_LINE = 'access_token: "${MATRIX_TOKEN}", agent: parrot'
+HOSTILE = """
+agents: {{parrot: {{kind: scripted, default: "echo: {{text}}"}}}}
+bots:
+  - {{id: helper-mx, platform: matrix, homeserver: "https://matrix.example.org",
+     user_id: "@helper:example.org", {token}, {field}: {value}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        ("bot_users", '["@bot\\u202e:example.org"]', "bots.0.bot_users.0"),
+        ("bot_users", '["@bot\\u0000:example.org"]', "bots.0.bot_users.0"),
+        ("bot_users", '["@a bot:example.org"]', "bots.0.bot_users.0"),
+        ("bot_users", f'["@{"b" * 5000}:example.org"]', "bots.0.bot_users.0"),
+        ("bot_users", '[""]', "bots.0.bot_users.0"),
+        ("bot_users", "{a: {b: {c: 1}}}", "bots.0.bot_users"),
+        ("bot_users", f"[{', '.join(['x'] * 1001)}]", "bots.0.bot_users"),
+        ("user_id", '"@help\\u200ber:example.org"', "bots.0.user_id"),
+        ("reply_msgtype", '"m.n\\u043etice"', "bots.0.reply_msgtype"),
+        ("reply_msgtype", "m.image", "bots.0.reply_msgtype"),
+        ("sync_timeout", ".inf", "bots.0.sync_timeout"),
+        ("sync_timeout", "1e308", "bots.0.sync_timeout"),
+        ("sync_timeout", "9" * 5000, "too many digits"),
+        ("sync_timeout", "-1", "bots.0.sync_timeout"),
+    ],
+)
+def test_issue23_hostile_matrix_fields_are_refused_naming_the_field(
+    field: str, value: str, path: str
+) -> None:
+    text = HOSTILE.format(token=TOKEN_LINE, field=field, value=value)
+    if field == "user_id":
+        text = text.replace('user_id: "@helper:example.org", ', "")
+    with pytest.raises(ConfigError) as refused:
+        parse_config(text, ENV)
+
+    where = [error.path for error in refused.value.errors]
+    assert path in where or (where == [""] and path in str(refused.value))
+    assert "syt_secret_token_value" not in str(refused.value)
