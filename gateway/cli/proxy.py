@@ -15,7 +15,7 @@ from gateway.cli.command import Subcommands, print_config_error
 from gateway.cli.serving import add_serving, stop_on_signals
 from gateway.cli.workers import Worker
 from gateway.config import Config
-from gateway.observability.telemetry import reset_tracing, setup_tracing
+from gateway.observability.telemetry import setup_telemetry
 from gateway.proxy.app import ProxyServer
 
 log = logging.getLogger("loopwarden")
@@ -43,7 +43,7 @@ async def serve_proxy(config: Config, worker: Worker | None = None) -> int:
     """Run the proxy for `config` (as `worker`, if one) until SIGINT/SIGTERM; the exit code."""
     try:
         server = ProxyServer(config, sock=None if worker is None else worker.sock)
-        setup_tracing(config.telemetry, "loopwarden-proxy")
+        telemetry = setup_telemetry(config.telemetry, "loopwarden-proxy", server.metrics)
     except ConfigError as exc:
         print_config_error(exc)
         return 2
@@ -60,5 +60,5 @@ async def serve_proxy(config: Config, worker: Worker | None = None) -> int:
             return 1
         finally:
             await server.stop()
-            reset_tracing()
+            telemetry.shutdown()
     return 0

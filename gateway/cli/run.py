@@ -19,7 +19,7 @@ from gateway.cli.command import Subcommands, print_config_error
 from gateway.cli.serving import add_serving, stop_on_signals
 from gateway.cli.workers import Worker
 from gateway.config import Config
-from gateway.observability.telemetry import reset_tracing, setup_tracing
+from gateway.observability.telemetry import setup_telemetry
 
 log = logging.getLogger("loopwarden")
 
@@ -45,7 +45,7 @@ async def serve(config: Config, worker: Worker | None = None) -> int:
     """Run a Gateway for `config` (as `worker`, if one) until SIGINT/SIGTERM; the exit code."""
     try:
         gateway = Gateway(config, sock=None if worker is None else worker.sock)
-        setup_tracing(config.telemetry, "loopwarden")
+        telemetry = setup_telemetry(config.telemetry, "loopwarden", gateway.metrics)
     except ConfigError as exc:
         print_config_error(exc)
         return 2
@@ -78,5 +78,5 @@ async def serve(config: Config, worker: Worker | None = None) -> int:
                 task.cancel()
             await asyncio.wait({starting, stopping})
             await gateway.stop(config.pipeline.drain_seconds)
-            reset_tracing()
+            telemetry.shutdown()
     return 0

@@ -2,9 +2,9 @@
 
 Decisions where DESIGN.md is silent:
 - `otlp_endpoint` is the collector's base URL (`http(s)://host:port`, checked like every URL
-  of the config, `gateway.config.urls`); traces go to `<endpoint>/v1/traces`. Unset (the
-  default), tracing is off and nothing of OpenTelemetry is imported
-  (`gateway.observability.tracing`).
+  of the config, `gateway.config.urls`); traces go to `<endpoint>/v1/traces` and metrics
+  to `<endpoint>/v1/metrics`. Unset (the default), both are off and nothing of
+  OpenTelemetry is imported (`gateway.observability.telemetry`).
 - The endpoint may carry a path (a collector behind a reverse proxy at `/otel`) but no
   credentials, query or fragment: headers an endpoint needs come from the standard
   `OTEL_EXPORTER_OTLP_HEADERS`, which the SDK reads and never logs.
@@ -46,3 +46,8 @@ class TelemetryConfig(Frozen):
     def traces_url(self) -> str | None:
         """Where spans are posted (`<otlp_endpoint>/v1/traces`), or None when tracing is off."""
         return None if self.otlp_endpoint is None else f"{self.otlp_endpoint}/v1/traces"
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where metrics are posted (`<otlp_endpoint>/v1/metrics`), or None when export is off."""
+        return None if self.otlp_endpoint is None else f"{self.otlp_endpoint}/v1/metrics"

@@ -21,12 +21,15 @@ Decisions where DESIGN.md is silent:
   most `MAX_BUDGET_GROUPS` budget groups (the most spent) get gauges.
 - Label sets fixed in advance start at zero (`spend_avoided_usd_total` per guard, the state
   errors per backend and operation), so `increase()` sees their first event.
-- The GenAI metrics follow OpenTelemetry's GenAI semantic conventions (1.37.0, status
-  Development): `gen_ai.client.token.usage` (`gen_ai_client_token_usage`, the tokens the
-  provider reported, by `gen_ai_token_type` input or output; estimated counts are not
-  recorded) and `gen_ai.client.operation.duration` (`gen_ai_client_operation_duration_seconds`,
-  from the call's start to its answer's end, with `error_type` the HTTP status or
-  `no_answer` for a failed call), with their advised bucket boundaries.
+- The GenAI metrics follow OpenTelemetry's GenAI semantic conventions at the version
+  `gateway.observability.semconv` pins (their names, attributes and advised bucket
+  boundaries come from there): `gen_ai.client.token.usage` (`gen_ai_client_token_usage`,
+  the tokens the provider reported, by `gen_ai_token_type` input or output; estimated
+  counts are not recorded) and `gen_ai.client.operation.duration`
+  (`gen_ai_client_operation_duration_seconds`, from the call's start to its answer's end,
+  with `error_type` the HTTP status or `no_answer` for a failed call). `call_logged`
+  decides what a call records, once; with OTLP export on, the same values go to the OTLP
+  histograms too (`ModelCallMetrics.also_record`, `gateway.observability.otel_metrics`).
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from gateway.observability import semconv
+
 if TYPE_CHECKING:  # the request log's entry, read by ModelCallMetrics
     from gateway.calls.entry import CallLogEntry
 
@@ -57,10 +62,10 @@ MAX_BUDGET_GROUPS = 200
 OTHER = "other"
 """The label value of everything past a bound."""
 
-TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
-"""`gen_ai.client.token.usage`'s advised boundaries (GenAI semantic conventions)."""
-DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48)
-"""`gen_ai.client.operation.duration`'s advised boundaries, in seconds."""
+TOKEN_USAGE_FAMILY = semconv.prometheus_name(semconv.TOKEN_USAGE)
+"""`gen_ai.client.token.usage` as Prometheus names it."""
+DURATION_FAMILY = f"{semconv.prometheus_name(semconv.OPERATION_DURATION)}_seconds"
+"""`gen_ai.client.operation.duration` as Prometheus names it (the unit as a suffix)."""
 STATE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 """State operations: from an in-memory step (~µs) to a slow Redis round trip."""
 SAVING_GUARDS = {"budget_exceeded": "spend"}
@@ -277,6 +282,20 @@ class Histogram(Collector):
         yield metric
 
 
+class GenAiRecorder(Protocol):
+    """Where a model call's GenAI client metrics go beside Prometheus (the OTLP histograms).
+
+    Each key holds the values of `semconv.TOKEN_USAGE_ATTRIBUTES` or
+    `semconv.OPERATION_DURATION_ATTRIBUTES`, in that order (`error.type` "" when none).
+    """
+
+    def token_usage(self, key: tuple[str, ...], tokens: float) -> None:
+        """Record one `gen_ai.client.token.usage` value."""
+
+    def operation_duration(self, key: tuple[str, ...], seconds: float) -> None:
+        """Record one `gen_ai.client.operation.duration` value."""
+
+
 class ModelCallMetrics:
     """Every guarded model call's GenAI client metrics, and the money its refusal saved.
 
@@ -287,22 +306,21 @@ class ModelCallMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self._models = BoundedValues(MAX_MODELS)
         self.tokens = Histogram(
-            "gen_ai_client_token_usage",
-            "gen_ai.client.token.usage: tokens a model call used, as its provider reported them",
-            (
-                "gen_ai_operation_name",
-                "gen_ai_provider_name",
-                "gen_ai_request_model",
-                "gen_ai_token_type",
-            ),
-            TOKEN_BUCKETS,
+            TOKEN_USAGE_FAMILY,
+            f"{semconv.TOKEN_USAGE}: tokens a model call used, as its provider reported them",
+            tuple(map(semconv.prometheus_name, semconv.TOKEN_USAGE_ATTRIBUTES)),
+            semconv.TOKEN_BUCKETS,
         )
         self.duration = Histogram(
-            "gen_ai_client_operation_duration_seconds",
-            "gen_ai.client.operation.duration: a model call's duration, sent to answered",
-            ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"),
-            DURATION_BUCKETS,
+            DURATION_FAMILY,
+            f"{semconv.OPERATION_DURATION}: a model call's duration, sent to answered",
+            tuple(map(semconv.prometheus_name, semconv.OPERATION_DURATION_ATTRIBUTES)),
+            semconv.DURATION_BUCKETS,
         )
+        self._token_sinks: list[Callable[[tuple[str, ...], float], None]] = [self.tokens.observe]
+        self._duration_sinks: list[Callable[[tuple[str, ...], float], None]] = [
+            self.duration.observe
+        ]
         self.saved = Counter(
             "spend_avoided_usd",
             "Estimated cost of the model calls a guard refused (the request log's cost saved)",
@@ -311,6 +329,18 @@ class ModelCallMetrics:
         self.saved.zero([("call_loop",), ("spend",)])
         for family in (self.tokens, self.duration, self.saved):
             registry.register(family)
+
+    def also_record(self, recorder: GenAiRecorder) -> Callable[[], None]:
+        """Send every later call's GenAI values to `recorder` too; returns how to stop."""
+        tokens, duration = recorder.token_usage, recorder.operation_duration
+        self._token_sinks.append(tokens)
+        self._duration_sinks.append(duration)
+
+        def stop() -> None:
+            self._token_sinks.remove(tokens)
+            self._duration_sinks.remove(duration)
+
+        return stop
 
     def call_logged(self, entry: CallLogEntry) -> None:
         """Count one call as its request-log entry states it."""
@@ -321,11 +351,14 @@ class ModelCallMetrics:
         provider, model = entry.provider, self._models.label(entry.model)
         failed = outcome == "upstream_error"
         error = "" if not failed else str(entry.status) if entry.status else "no_answer"
-        self.duration.observe(("chat", provider, model, error), entry.duration_ms / 1000)
+        seconds = entry.duration_ms / 1000
+        for duration in self._duration_sinks:
+            duration((semconv.CHAT, provider, model, error), seconds)
         if entry.estimated:
             return
-        self.tokens.observe(("chat", provider, model, "input"), entry.input_tokens or 0)
-        self.tokens.observe(("chat", provider, model, "output"), entry.output_tokens or 0)
+        for tokens in self._token_sinks:
+            tokens((semconv.CHAT, provider, model, semconv.TOKEN_INPUT), entry.input_tokens or 0)
+            tokens((semconv.CHAT, provider, model, semconv.TOKEN_OUTPUT), entry.output_tokens or 0)
 
 
 class StateMetrics:

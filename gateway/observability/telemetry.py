@@ -1,15 +1,116 @@
-"""Telemetry set-up: the tracer `telemetry:` asks for, installed for the whole process.
+"""Telemetry set-up: the tracer and the metrics export `telemetry:` asks for.
 
-The composition roots (the CLI's `run` and `proxy`, the demo) call `setup_tracing` once at
-start-up and `reset_tracing` when they stop. The OpenTelemetry SDK is imported here, lazily,
+The composition roots (the CLI's `run` and `proxy`) call `setup_telemetry` once at
+start-up with their metrics, and `Telemetry.shutdown` when they stop; `setup_tracing`
+and `reset_tracing` do the tracer alone. The OpenTelemetry SDK is imported here, lazily,
 and only when `telemetry.otlp_endpoint` is set.
+
+Decisions where DESIGN.md is silent: `OTEL_METRIC_EXPORT_INTERVAL` and
+`OTEL_METRIC_EXPORT_TIMEOUT` are checked here, not left to the SDK (which raises on 0,
+spins on a tiny interval and never exports at `inf` or past `threading`'s largest
+timeout): each is a number of milliseconds from 100 to 86,400,000 (a day), or a
+`ConfigError` naming the variable.
 """
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import CollectorRegistry
+
 from gateway.app.errors import ConfigError
 from gateway.config import TelemetryConfig
 from gateway.observability import tracing
+from gateway.observability.metrics import ModelCallMetrics
+
+if TYPE_CHECKING:  # imported at run time only when metrics are exported
+    from gateway.observability.otel_metrics import OtelMetrics
+
+EXPORT_MILLISECONDS = (100.0, 86_400_000.0)
+"""The bounds of `OTEL_METRIC_EXPORT_INTERVAL` and `OTEL_METRIC_EXPORT_TIMEOUT`."""
+EXPORT_DEFAULTS = {"OTEL_METRIC_EXPORT_INTERVAL": 60_000.0, "OTEL_METRIC_EXPORT_TIMEOUT": 30_000.0}
+"""The specification's defaults, in milliseconds."""
+
+
+class ExportedMetrics(Protocol):
+    """A server's metrics (`Metrics`, `ProxyMetrics`): its registry and its model calls."""
+
+    registry: CollectorRegistry
+    model_calls: ModelCallMetrics
+
+
+class Telemetry:
+    """What `setup_telemetry` started: the tracer and, when on, the metrics export."""
+
+    def __init__(
+        self,
+        tracer: tracing.Tracer,
+        metrics: OtelMetrics | None = None,
+        detach: Callable[[], None] | None = None,
+    ) -> None:
+        self.tracer = tracer
+        self.metrics = metrics
+        self._detach = detach
+
+    def force_flush(self) -> bool:
+        """Export every finished span and every metric now; False when one did not finish."""
+        spans = self.tracer.force_flush()
+        return (self.metrics is None or self.metrics.force_flush()) and spans
+
+    def shutdown(self) -> None:
+        """Stop recording, export the metrics a last time, flush and stop the tracer."""
+        if self._detach is not None:
+            self._detach()
+        if self.metrics is not None:
+            self.metrics.shutdown()
+        reset_tracing()
+
+
+def _milliseconds(variable: str) -> float:
+    """The variable's milliseconds (its default when unset), checked against the bounds."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return EXPORT_DEFAULTS[variable]
+    low, high = EXPORT_MILLISECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not low <= value <= high:
+        raise ConfigError(
+            variable, f"must be a number of milliseconds from {low:,.0f} to {high:,.0f}"
+        )
+    return value
+
+
+def setup_telemetry(config: TelemetryConfig, service: str, metrics: ExportedMetrics) -> Telemetry:
+    """Start the traces and metrics export `config` asks for; `Telemetry.shutdown` stops them.
+
+    With an `otlp_endpoint`, `metrics`' GenAI histograms are recorded over OTLP too and
+    every other family of its registry is read at each export
+    (`gateway.observability.otel_metrics`).
+    """
+    url = config.metrics_url
+    if url is None:
+        return Telemetry(setup_tracing(config, service))
+    interval = _milliseconds("OTEL_METRIC_EXPORT_INTERVAL")
+    timeout = _milliseconds("OTEL_METRIC_EXPORT_TIMEOUT")
+    tracer = setup_tracing(config, service)
+    # The SDK is there: setup_tracing raised otherwise.
+    from gateway.observability.otel_metrics import OtelMetrics
+
+    exporter = OtelMetrics(
+        url,
+        service=service,
+        registry=metrics.registry,
+        interval_ms=interval,
+        timeout_ms=timeout,
+    )
+    detach = metrics.model_calls.also_record(exporter.histograms)
+    return Telemetry(tracer, exporter, detach)
 
 
 def setup_tracing(config: TelemetryConfig, service: str) -> tracing.Tracer:

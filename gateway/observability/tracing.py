@@ -1,7 +1,8 @@
 """Traces (DESIGN.md §9): the span names and attributes in one place, and the tracer in use.
 
-Spans follow OpenTelemetry's GenAI semantic conventions at version 1.38.0 (`SEMCONV_VERSION`;
-still "Development" status, so every name loopwarden writes is here, to move in one edit):
+Spans follow OpenTelemetry's GenAI semantic conventions at the version pinned in
+`gateway.observability.semconv` (1.38.0, still "Development" status), whose names this module
+re-exports; the names that are loopwarden's own (`loopwarden.*`) are here:
 one trace per message a hosted bot receives (`message <platform>`: platform, room, bot),
 `invoke_agent` per turn, `chat` per model call (`gen_ai.request.model`,
 `gen_ai.provider.name`, token usage), `execute_tool` per tool call and `apply_guardrail`
@@ -26,41 +27,93 @@ from collections.abc import Mapping, MutableMapping
 from contextlib import AbstractContextManager
 from typing import Literal, Protocol
 
-SEMCONV_VERSION = "1.38.0"
-SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+from gateway.observability.semconv import (
+    AGENT_NAME,
+    ALLOWED,
+    APPLY_GUARDRAIL,
+    CHAT,
+    CONVERSATION_ID,
+    ERROR_TYPE,
+    EXECUTE_TOOL,
+    GUARDRAIL_CODE,
+    GUARDRAIL_NAME,
+    GUARDRAIL_RESULT,
+    GUARDRAIL_SHADOW,
+    HTTP_STATUS,
+    INPUT_MESSAGES,
+    INVOKE_AGENT,
+    OPERATION_NAME,
+    OUTPUT_MESSAGES,
+    PROVIDER_NAME,
+    REFUSED,
+    REQUEST_MODEL,
+    SCHEMA_URL,
+    SEMCONV_VERSION,
+    SHADOW_REFUSED,
+    TOOL_CALL_ID,
+    TOOL_NAME,
+    TOOL_TYPE,
+    USAGE_INPUT_TOKENS,
+    USAGE_OUTPUT_TOKENS,
+)
 
-# Operation names (`gen_ai.operation.name`, and the first word of each span's name).
-INVOKE_AGENT = "invoke_agent"
-CHAT = "chat"
-EXECUTE_TOOL = "execute_tool"
-APPLY_GUARDRAIL = "apply_guardrail"
+# The semantic-convention names are re-exported: spans are written as `tracing.CHAT`.
+__all__ = [
+    "SEMCONV_VERSION",
+    "SCHEMA_URL",
+    "INVOKE_AGENT",
+    "CHAT",
+    "EXECUTE_TOOL",
+    "APPLY_GUARDRAIL",
+    "OPERATION_NAME",
+    "PROVIDER_NAME",
+    "REQUEST_MODEL",
+    "AGENT_NAME",
+    "CONVERSATION_ID",
+    "TOOL_NAME",
+    "TOOL_CALL_ID",
+    "TOOL_TYPE",
+    "USAGE_INPUT_TOKENS",
+    "USAGE_OUTPUT_TOKENS",
+    "INPUT_MESSAGES",
+    "OUTPUT_MESSAGES",
+    "ERROR_TYPE",
+    "HTTP_STATUS",
+    "GUARDRAIL_NAME",
+    "GUARDRAIL_RESULT",
+    "GUARDRAIL_CODE",
+    "GUARDRAIL_SHADOW",
+    "ALLOWED",
+    "REFUSED",
+    "SHADOW_REFUSED",
+    "MESSAGE",
+    "PLATFORM",
+    "ROOM",
+    "BOT",
+    "MESSAGE_ID",
+    "SENDER_IS_BOT",
+    "STAGE",
+    "DETAIL",
+    "CIRCUIT",
+    "CALL_OUTCOME",
+    "TOOL_ACTION",
+    "TOOL_CODE",
+    "AttributeValue",
+    "Attributes",
+    "SpanKind",
+    "Span",
+    "Tracer",
+    "NO_SPAN",
+    "NO_TRACER",
+    "tracer",
+    "install",
+    "TokenUsage",
+    "call_outcome",
+    "text_messages",
+]
+
 MESSAGE = "message"
 """The root span of a message's trace (not a GenAI operation)."""
-
-# GenAI attributes (semantic conventions 1.38.0).
-OPERATION_NAME = "gen_ai.operation.name"
-PROVIDER_NAME = "gen_ai.provider.name"
-REQUEST_MODEL = "gen_ai.request.model"
-AGENT_NAME = "gen_ai.agent.name"
-CONVERSATION_ID = "gen_ai.conversation.id"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-TOOL_TYPE = "gen_ai.tool.type"
-USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
-USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
-INPUT_MESSAGES = "gen_ai.input.messages"
-OUTPUT_MESSAGES = "gen_ai.output.messages"
-ERROR_TYPE = "error.type"
-
-# Guardrail attributes (the GenAI group's proposal; not in 1.38.0).
-GUARDRAIL_NAME = "gen_ai.guardrail.name"
-GUARDRAIL_RESULT = "gen_ai.guardrail.result"
-GUARDRAIL_CODE = "gen_ai.guardrail.code"
-GUARDRAIL_SHADOW = "gen_ai.guardrail.shadow"
-ALLOWED = "allowed"
-REFUSED = "refused"
-SHADOW_REFUSED = "shadow_refused"
-"""The result of a refusal a guard in shadow mode would have made: the turn went on."""
 
 # loopwarden's own.
 PLATFORM = "loopwarden.platform"
@@ -72,7 +125,6 @@ STAGE = "loopwarden.stage"
 DETAIL = "loopwarden.detail"
 CIRCUIT = "loopwarden.circuit"
 CALL_OUTCOME = "loopwarden.call.outcome"
-HTTP_STATUS = "http.response.status_code"
 TOOL_ACTION = "loopwarden.tool.action"
 TOOL_CODE = "loopwarden.tool.code"
 
