@@ -38,6 +38,9 @@ class Skip(enum.StrEnum):
     """A message in an end-to-end encrypted room, which the gateway cannot read (Matrix)."""
     HISTORY = "before_first_sync"
     """A message older than the connector's first sync: history, never answered (Matrix)."""
+    CATCH_UP_LIMIT = "catch_up_limit"
+    """Made while the connection was down, past what a catch-up reads (Mattermost): a post,
+    or a channel whose posts were not read."""
     QUEUE_FULL = "queue_full"
     """Too many messages waiting for the pipeline in one channel, or in all of them."""
     STOPPING = "stopping"

@@ -2,10 +2,11 @@
 
 Why aiohttp directly: the one client library, `mattermostdriver` (7.3.2 on PyPI), has had no
 release since January 2022, is built on `requests` (blocking) with an async variant on the
-side, and would still leave reconnects, rate limits and bot identity to us. The API this
-connector needs is five calls and one websocket, which aiohttp (a core dependency) speaks
-already, so `loopwarden[mattermost]` adds no package. `connectors.mattermost.inbound` and
-`outbound` translate; this class only wires them to the server and the gateway's sink.
+side, and would still leave reconnects, catch-up, rate limits and bot identity to us. The
+API this connector needs is seven calls and one websocket, which aiohttp (a core
+dependency) speaks already, so `loopwarden[mattermost]` adds no package.
+`connectors.mattermost.inbound`, `outbound` and `catchup` translate; this class only wires
+them to the server and the gateway's sink.
 
 Decisions where DESIGN.md is silent:
 - `start` checks the token (`GET /users/me`: the bot's user id and username; a refused
@@ -14,13 +15,32 @@ Decisions where DESIGN.md is silent:
   `Authorization: Bearer <token>`; the token is never logged.
 - A websocket that closes or is cut (aiohttp's `heartbeat` pings find a dead one within
   about `heartbeat` seconds) marks the bot disconnected (`/readyz` 503) and is opened again
-  with doubling delays (`gateway.app.backoff`), until `aclose`. Posts made while it was down
-  are not fetched afterwards: Mattermost does not replay them to a new connection.
+  with doubling delays (`gateway.app.backoff`), until `aclose`.
+- No post is lost to a reconnect or a restart: Mattermost does not replay to a new
+  websocket what it missed, so after every `hello` (the first start's too) the connector
+  catches up before it reads a live event: `GET /users/{id}/channels`, then for each
+  channel whose `last_post_at` is newer than where the bot has read it up to,
+  `GET /channels/{id}/posts?since=<ms>`; the posts created after that position (not the
+  ones edited or deleted since, which were handled when made), oldest first, go through
+  the same translation and lanes as live events (`connectors.mattermost.catchup`). A post
+  made while the websocket opens can come both ways; the pipeline's dedupe (by post id)
+  answers it once. Bounded: the newest `CATCH_UP_POSTS` posts of a channel and the
+  `CATCH_UP_CHANNELS` most recently active channels; what is left out is logged and
+  counted as `catch_up_limit`. A 429 is waited out (up to three tries); a channel that
+  cannot be read is logged and read again at the next catch-up.
+- Each channel's position (newest `create_at` handled, and the ids handled at that
+  millisecond) moves once a post is handed over, or skipped (the bot's own, system
+  messages) in its turn, and is kept in the state backend's cursor store
+  (`connectors.mattermost.cursors`; with sqlite or redis state a restart catches up too).
+  A channel without a position is read from the floor: the first start ever, so nothing
+  posted before the connector first ran is answered, as on Matrix; after a complete
+  catch-up, the time that websocket opened. The floor is the gateway's clock, positions
+  the server's `create_at`: keep both clocks synchronised (NTP).
 - Messages of one channel are handed over in order, one at a time; channels run
   concurrently (`connectors.lanes`: at most 1,000 waiting per channel and 10,000 in all,
-  more are dropped as `queue_full`). A message the pipeline fails on (`sink_error`) or one
-  that arrives while the gateway stops (`stopping`) is dropped: the server never sends an
-  event again.
+  more are dropped as `queue_full`). A message the pipeline fails on is dropped
+  (`sink_error`); one that arrives while the gateway stops is counted `stopping` and its
+  channel's position stays before it, so the next start catches it up.
 - Bot identity, so the pair guard bites: a post flagged `props.from_bot`/`from_webhook` is
   a bot's; for any other sender the connector asks `GET /users/{id}` (`is_bot`) in the
   message's lane before handing it over, once per user (`connectors.mattermost.users`,
@@ -48,6 +68,15 @@ import aiohttp
 from aiohttp import WSMsgType
 
 from connectors.lanes import Lanes
+from connectors.mattermost.catchup import (
+    SINCE_LIMIT,
+    as_event,
+    listed_posts,
+    member_channels,
+    new_posts,
+    post_position,
+)
+from connectors.mattermost.cursors import ChannelCursors
 from connectors.mattermost.inbound import (
     MAX_FRAME_BYTES,
     PLATFORM,
@@ -55,11 +84,12 @@ from connectors.mattermost.inbound import (
     event_name,
     is_message_event,
     parse_frame,
+    posted_post,
     translate_event,
 )
 from connectors.mattermost.outbound import error_id, posted_id, retry_after, to_patch, to_post
 from connectors.mattermost.users import BotDirectory
-from connectors.runtime import ConnectorRuntime
+from connectors.runtime import ConnectorRuntime, Outcome
 from connectors.skips import Skip
 from connectors.tasks import BackgroundTasks
 from connectors.timing import Timing
@@ -77,9 +107,27 @@ HEARTBEAT = 30.0
 HELLO_TIMEOUT = 10.0
 """Seconds the server has to say `hello` after the authentication challenge."""
 REQUEST_TIMEOUT = 30.0
+CATCH_UP_POSTS = 500
+"""Posts of one channel fed by a catch-up, the newest; older ones are counted `catch_up_limit`."""
+CATCH_UP_CHANNELS = 500
+"""Channels read by a catch-up, the most recently active; the others count `catch_up_limit`."""
+CATCH_UP_ATTEMPTS = 3
+"""Tries of one catch-up request the server answers 429, waiting as it asks in between."""
+MAX_RETRY_AFTER = 60.0
+"""The longest a catch-up waits for a 429 before its next try (seconds)."""
 TIMING = Timing()
 _ID = re.compile(r"^[a-z0-9]{26}$")
-"""Mattermost ids (users, posts): 26 characters of its base-32 alphabet."""
+"""Mattermost ids (users, posts, channels): 26 characters of its base-32 alphabet."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Seen:
+    """A post that is not handed over (the bot's own, a system message…), queued in its
+    channel's lane so that the channel's position moves past it in order."""
+
+    channel_id: str
+    create_at: int
+    post_id: str
 
 
 class MattermostConnector:
@@ -103,6 +151,8 @@ class MattermostConnector:
         timing: Timing = TIMING,
         heartbeat: float = HEARTBEAT,
         hello_timeout: float = HELLO_TIMEOUT,
+        catch_up_posts: int = CATCH_UP_POSTS,
+        catch_up_channels: int = CATCH_UP_CHANNELS,
     ) -> None:
         self.bot_id = config.id
         self._token = config.token.get_secret_value()
@@ -116,12 +166,17 @@ class MattermostConnector:
         self._timing = timing
         self._heartbeat = heartbeat
         self._hello_timeout = hello_timeout
+        self._catch_up_posts = max(catch_up_posts, 1)
+        self._catch_up_channels = max(catch_up_channels, 1)
+        self._cursors = ChannelCursors(services.cursors, config.id)
+        self._opened_ms = 0
+        self._refused = False
         self._session: aiohttp.ClientSession | None = None
         self._socket: aiohttp.ClientWebSocketResponse | None = None
         self._identity: BotIdentity | None = None
         self._connected = False
         self._users = BotDirectory(self._lookup_is_bot)
-        self._lanes: Lanes[InboundMessage] = Lanes(self._hand_over)
+        self._lanes: Lanes[InboundMessage | _Seen] = Lanes(self._hand_over)
         self._tasks = BackgroundTasks()
 
     @property
@@ -137,10 +192,11 @@ class MattermostConnector:
     # ------------------------------------------------------------------- lifecycle
 
     async def start(self, sink: Sink) -> None:
-        """Check the token (`/users/me`), open the websocket, listen until closed."""
+        """Check the token (`/users/me`), open the websocket, catch up, listen until closed."""
         session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT))
         try:
             identity = await self._authenticate(session)
+            await self._cursors.start(self._now_ms())
             socket = await self._open_socket(session)
         except BaseException:
             await session.close()
@@ -157,6 +213,7 @@ class MattermostConnector:
         if socket is not None:
             await socket.close()
         await self._lanes.aclose()
+        await self._cursors.aclose()
         self._runtime.sink = None
         session, self._session = self._session, None
         if session is not None:
@@ -198,6 +255,7 @@ class MattermostConnector:
                     parsed = parse_frame(frame.data)
                     if parsed is not None and event_name(parsed) == "hello":
                         self._socket, self._connected = socket, True
+                        self._opened_ms = self._now_ms()
                         return socket
         except BaseException:
             await socket.close()
@@ -208,12 +266,15 @@ class MattermostConnector:
         )
 
     async def _listen(self, socket: aiohttp.ClientWebSocketResponse | None) -> None:
-        """Read events until the websocket ends, then reopen it with doubling delays."""
+        """Catch up, read events until the websocket ends, reopen it with doubling delays."""
         backoff = self._timing.backoff()
         while True:
             if socket is not None:
                 backoff.reset()
                 try:
+                    opened_ms = self._opened_ms
+                    if await self._catch_up():
+                        await self._cursors.set_floor(opened_ms)
                     await self._read(socket)
                 except Exception as exc:  # a broken connection must not end the listener
                     log.warning(
@@ -250,11 +311,19 @@ class MattermostConnector:
     # --------------------------------------------------------------------- inbound
 
     def _on_frame(self, text: str) -> None:
-        """Translate one event and queue it on its channel's lane, or count why it was not."""
+        """One websocket frame: an event for `_on_event`, or counted as malformed."""
         frame = parse_frame(text)
         if frame is None:
             self._runtime.drop(Skip.MALFORMED, "a websocket frame")
             return
+        self._on_event(frame)
+
+    def _on_event(self, frame: Mapping[str, object]) -> None:
+        """Translate one event (live or caught up) and queue it on its channel's lane.
+
+        A `posted` event that is not handed over (counted by its `Skip`) still queues a
+        `_Seen`, so the channel's position moves past it once the posts before it are done.
+        """
         identity = self._identity
         if identity is None or not is_message_event(frame):
             return
@@ -262,15 +331,134 @@ class MattermostConnector:
             lambda: translate_event(frame, bot=identity, received_at=self._timing.clock()),
             f"a {event_name(frame)} event",
         )
-        if message is not None and not self._lanes.put(message.channel_id, message):
-            self._runtime.drop(Skip.QUEUE_FULL, f"message {message.message_id}")
-            log.warning("mattermost bot %s: too many messages waiting, one dropped", self.bot_id)
+        if message is not None:
+            if not self._lanes.put(message.channel_id, message):
+                self._runtime.drop(Skip.QUEUE_FULL, f"message {message.message_id}")
+                log.warning(
+                    "mattermost bot %s: too many messages waiting, one dropped", self.bot_id
+                )
+            return
+        seen = _seen(frame)
+        if seen is not None:
+            self._lanes.put(seen.channel_id, seen)
 
-    async def _hand_over(self, message: InboundMessage) -> None:
-        """Settle whether the sender is a bot (asking the server once), then hand it over."""
+    async def _hand_over(self, item: InboundMessage | _Seen) -> None:
+        """Settle whether the sender is a bot (asking the server once), then hand it over;
+        move the channel's position past it, unless the gateway refused it (stopping)."""
+        if isinstance(item, _Seen):
+            if not self._refused:
+                self._cursors.advance(item.channel_id, item.create_at, item.post_id)
+            return
+        message = item
         if not message.sender_is_bot and await self._users.is_bot(message.sender_id):
             message = dataclasses.replace(message, sender_is_bot=True)
-        await self._runtime.hand_over(message)
+        outcome = await self._runtime.offer(message)
+        if outcome is Outcome.REFUSED:
+            # Not moved past: the next start catches this post up again.
+            self._refused = True
+            self._runtime.drop(Skip.STOPPING, f"message {message.message_id}")
+            return
+        if outcome is Outcome.FAILED:
+            self._runtime.drop(Skip.SINK_ERROR, f"message {message.message_id}")
+        at = post_position(message.raw) if isinstance(message.raw, Mapping) else None
+        if at is not None and not self._refused:
+            self._cursors.advance(message.channel_id, *at)
+
+    # ------------------------------------------------------------------- catch-up
+
+    async def _catch_up(self) -> bool:
+        """Feed the posts made while the websocket was down to the lanes, before live ones.
+
+        True when every channel that may be behind was read; False when the channel list
+        or a channel could not be read, or a bound left some out (the floor then stays).
+        """
+        identity = self._identity
+        if identity is None:
+            return False
+        answer = await self._fetch(f"/users/{identity.user_id}/channels", "GET channels")
+        if answer is None:
+            return False
+        behind = []
+        for channel in member_channels(answer):
+            if not _ID.match(channel.id):
+                continue
+            position = await self._cursors.position(channel.id)
+            if channel.last_post_at > position.at or (
+                channel.last_post_at == position.at and not position.ids
+            ):
+                behind.append((channel, position))
+        behind.sort(key=lambda item: item[0].last_post_at, reverse=True)
+        left_out = behind[self._catch_up_channels :]
+        for _ in left_out:
+            self._runtime.drop(Skip.CATCH_UP_LIMIT, "a channel left out of the catch-up")
+        if left_out:
+            log.warning(
+                "mattermost bot %s: %d channels with posts made while disconnected were "
+                "left out of the catch-up (at most %d are read)",
+                self.bot_id,
+                len(left_out),
+                self._catch_up_channels,
+            )
+        complete, fed = not left_out, 0
+        for channel, position in behind[: self._catch_up_channels]:
+            path = f"/channels/{channel.id}/posts?since={position.since()}"
+            answer = await self._fetch(path, "GET posts since")
+            if answer is None:
+                complete = False
+                continue
+            listed = listed_posts(answer)
+            posts = new_posts(listed, position)
+            excess = max(len(posts) - self._catch_up_posts, 0)
+            if excess or len(listed) >= SINCE_LIMIT:
+                log.warning(
+                    "mattermost bot %s: channel %s: %d posts made while disconnected, the "
+                    "newest %d answered (a catch-up takes %d a channel, the server gives "
+                    "at most %d)",
+                    self.bot_id,
+                    channel.id,
+                    len(posts),
+                    len(posts) - excess,
+                    self._catch_up_posts,
+                    SINCE_LIMIT,
+                )
+            for post in posts[:excess]:
+                self._runtime.drop(Skip.CATCH_UP_LIMIT, f"post {post.get('id')}")
+            for post in posts[excess:]:
+                self._on_event(as_event(post, channel))
+            fed += len(posts) - excess
+        if fed:
+            log.info("mattermost bot %s: caught up %d posts", self.bot_id, fed)
+        return complete
+
+    async def _fetch(self, path: str, what: str) -> object:
+        """A catch-up GET's JSON answer; None (logged) when the server did not give one.
+
+        A 429 is waited out as the server asks (at most `MAX_RETRY_AFTER`), up to
+        `CATCH_UP_ATTEMPTS` tries.
+        """
+        for attempt in range(1, CATCH_UP_ATTEMPTS + 1):
+            session = self._session
+            if session is None:
+                return None
+            try:
+                async with session.get(f"{self._api}{path}", headers=self._auth) as response:
+                    answer = _json_or_none(await response.read())
+                    status, headers = response.status, response.headers
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                why = type(exc).__name__
+            else:
+                if status == 200:
+                    return answer
+                why = error_id(status, answer)
+                if status == 429 and attempt < CATCH_UP_ATTEMPTS:
+                    await self._timing.sleep(min(retry_after(headers), MAX_RETRY_AFTER))
+                    continue
+            log.warning("mattermost bot %s: catch-up %s failed (%s)", self.bot_id, what, why)
+            return None
+        return None
+
+    def _now_ms(self) -> int:
+        return int(self._timing.clock() * 1000)
 
     async def _lookup_is_bot(self, user_id: str) -> bool | None:
         """`GET /users/{id}`'s `is_bot`; None (logged) when the server could not say."""
@@ -349,6 +537,16 @@ class MattermostConnector:
     @property
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"}
+
+
+def _seen(frame: Mapping[str, object]) -> _Seen | None:
+    """The position of a `posted` event's post, None for other events or a malformed post."""
+    post = posted_post(frame)
+    at = post_position(post) if post is not None else None
+    channel_id = post.get("channel_id") if post is not None else None
+    if at is None or not isinstance(channel_id, str) or not channel_id:
+        return None
+    return _Seen(channel_id, *at)
 
 
 def _json_or_none(body: bytes) -> object:

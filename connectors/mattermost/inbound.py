@@ -125,6 +125,14 @@ def translate_event(
     )
 
 
+def posted_post(frame: Mapping[str, object]) -> Mapping[str, object] | None:
+    """The post of a `posted` event, None for other events or one without a post object."""
+    data = frame.get("data")
+    if event_name(frame) != "posted" or not isinstance(data, Mapping):
+        return None
+    return _post(data)
+
+
 def to_inbound(
     frame: Mapping[str, object], *, bot: BotIdentity, received_at: float = 0.0
 ) -> InboundMessage | None:

@@ -3,11 +3,14 @@
 REST under `/api/v4`, authenticated by `Authorization: Bearer <token>` (or `Token <token>`,
 as Mattermost also reads); a missing or unknown token gets 401 with Mattermost's AppError
 JSON (`id`, `message`, `detailed_error`, `request_id`, `status_code`). Routes:
-`GET /users/me` and `GET /users/{id}` (a user object with `is_bot`), `GET /channels/{id}`
-(a private, direct or group channel only to its members), `POST /posts` (`channel_id`,
-`message`, `root_id`, `props`, `pending_post_id`; answers 201 and the post with `id`,
-`create_at`, `user_id`...; a bot's post gets `props.from_bot = "true"`, as on the server)
-and `PUT /posts/{id}/patch` (an author edits a post's `message` or `props`).
+`GET /users/me` and `GET /users/{id}` (a user object with `is_bot`),
+`GET /users/{id}/channels` (the caller's own channels, by `me` or its id, each with
+`last_post_at`), `GET /channels/{id}` (a private, direct or group channel only to its
+members), `GET /channels/{id}/posts` (a `PostList`: a page, or with `since` the posts
+changed after it, as the server answers it), `POST /posts` (`channel_id`, `message`,
+`root_id`, `props`, `pending_post_id`; answers 201 and the post with `id`, `create_at`,
+`user_id`...; a bot's post gets `props.from_bot = "true"`, as on the server) and
+`PUT /posts/{id}/patch` (an author edits a post's `message` or `props`).
 
 The websocket at `/api/v4/websocket`: a client authenticates with an `Authorization` header
 on the upgrade or with the `authentication_challenge` action (`{"seq": 1, "action":
@@ -23,13 +26,14 @@ and, when someone is mentioned by `@username`, `mentions` as a JSON string of us
 included.
 
 Hooks: `add_user` / `add_channel` build the world; `post_as` makes a person, a bot (then
-`props.from_bot`) or an incoming webhook (`props.from_webhook`) post, and `edit_as` edit one;
-`posts` lists the posts as they were made, `post(id)` and `texts` as they are now (edits
-included), `edits` what bots patched; `set_rate_limit(limit, per_second)` answers requests
-past a token bucket with 429, `limit exceeded` and the `X-RateLimit-Limit/Remaining/Reset`
-and `Retry-After` headers (the clock is injectable); `drop_connections` closes (or cuts)
-websockets; `wait_connected` waits for a user's authenticated socket; `send_event` sends any
-event.
+`props.from_bot`) or an incoming webhook (`props.from_webhook`) post, `edit_as` edit one
+and `delete_as` delete one (`post_deleted`); `posts` lists the posts as they were made,
+`post(id)` and `texts` as they are now (edits included), `edits` what bots patched;
+`set_rate_limit(limit, per_second)` answers requests past a token bucket with 429,
+`limit exceeded` and the `X-RateLimit-Limit/Remaining/Reset` and `Retry-After` headers (the
+clock is injectable); `drop_connections` closes (or cuts) websockets and
+`refuse_websockets = True` answers new ones 503 (an outage: post while it lasts);
+`wait_connected` waits for a user's authenticated socket; `send_event` sends any event.
 """
 
 from __future__ import annotations
@@ -57,6 +61,8 @@ TEAM_ID = "loopwardenteam0000000000ab"
 SERVER_VERSION = "10.11.0.0.fake.false"
 MAX_MESSAGE_RUNES = 16383
 """Mattermost's `PostMessageMaxRunesV2`: a longer message is refused with 400."""
+SINCE_LIMIT = 1000
+"""The most posts a `GET /channels/{id}/posts?since=` answer holds (the server's `LIMIT 1000`)."""
 _ID_ALPHABET = "ybndrfg8ejkmcpqxot1uwisza345h769"
 _ID = re.compile(r"^[a-z0-9]{26}$")
 
@@ -115,6 +121,7 @@ class FakeChannel:
     type: str
     members: set[str]
     team_id: str = TEAM_ID
+    last_post_at: int = 0
 
     def to_json(self) -> Json:
         """The channel object the API answers."""
@@ -129,7 +136,7 @@ class FakeChannel:
             "name": self.name,
             "header": "",
             "purpose": "",
-            "last_post_at": 0,
+            "last_post_at": self.last_post_at,
             "total_msg_count": 0,
             "extra_update_at": 0,
             "creator_id": "",
@@ -200,10 +207,13 @@ class MattermostFake:
         self._connected = asyncio.Condition()
         self._limit: tuple[int, float] | None = None
         self._buckets: dict[str, _Bucket] = {}
+        self.refuse_websockets = False
         app = web.Application(middlewares=[self._rate_limit_middleware])
         app.router.add_get(f"{API}/users/me", self._me)
         app.router.add_get(f"{API}/users/{{user_id}}", self._get_user)
+        app.router.add_get(f"{API}/users/{{user_id}}/channels", self._user_channels)
         app.router.add_get(f"{API}/channels/{{channel_id}}", self._get_channel)
+        app.router.add_get(f"{API}/channels/{{channel_id}}/posts", self._channel_posts)
         app.router.add_post(f"{API}/posts", self._create_post)
         app.router.add_put(f"{API}/posts/{{post_id}}/patch", self._patch_post)
         app.router.add_get(f"{API}/websocket", self._websocket)
@@ -294,6 +304,13 @@ class MattermostFake:
         post = self._posts[post_id]
         self._edit(post, message=message, props=None)
         return dict(post)
+
+    def delete_as(self, post_id: str) -> None:
+        """Delete a post (as its author would): `delete_at` is set and `post_deleted` sent."""
+        post = self._posts[post_id]
+        post["delete_at"] = post["update_at"] = self._millis()
+        channel = self.channels[str(post["channel_id"])]
+        self._send_to_channel(channel, "post_deleted", {"post": json.dumps(post)})
 
     def send_event(
         self, user: FakeUser, event: str, data: Mapping[str, Any], *, channel_id: str = ""
@@ -397,6 +414,7 @@ class MattermostFake:
             root["last_reply_at"] = now
         self._posts[post["id"]] = post
         self.posts.append(dict(post))
+        channel.last_post_at = max(channel.last_post_at, now)
         self._send_posted(user, channel, post)
         return dict(post)
 
@@ -511,6 +529,45 @@ class MattermostFake:
             return self._channel_for(user, request.match_info["channel_id"]).to_json()
 
         return _answer(channel)
+
+    async def _user_channels(self, request: web.Request) -> web.Response:
+        """`GET /users/{id}/channels`: every channel of every team the user is a member of."""
+
+        def channels() -> list[Json]:
+            user = self._user_of(request)
+            if request.match_info["user_id"] not in ("me", user.id):
+                raise _ApiError(*_NO_PERMISSION)
+            return [c.to_json() for c in self.channels.values() if user.id in c.members]
+
+        return _answer(channels)
+
+    async def _channel_posts(self, request: web.Request) -> web.Response:
+        """`GET /channels/{id}/posts`: a page of posts, or with `since` those changed after it.
+
+        With `since` (milliseconds), as the server's `GetPostsSince`: the posts created,
+        edited or deleted after it (`update_at > since`, deleted ones included) and the root
+        posts of the threads among them, newest first, at most `SINCE_LIMIT`. Without it,
+        page `page` (from 0) of `per_page` (default 60, at most 200) live posts, newest first.
+        """
+
+        def posts() -> Json:
+            user = self._user_of(request)
+            channel = self._channel_for(user, request.match_info["channel_id"])
+            here = [self._posts[p["id"]] for p in self.posts if p["channel_id"] == channel.id]
+            newest_first = sorted(here, key=lambda p: int(p["create_at"]), reverse=True)
+            since = request.query.get("since")
+            if since is None:
+                page = _query_int(request, "page", 0, 10**6)
+                per_page = min(_query_int(request, "per_page", 60, 10**6), 200)
+                live = [p for p in newest_first if not p["delete_at"]]
+                return _post_list(live[page * per_page : (page + 1) * per_page])
+            after = _query_int(request, "since", 0, 2**63 - 1)
+            changed = [p for p in newest_first if int(p["update_at"]) > after][:SINCE_LIMIT]
+            roots = {str(p["root_id"]) for p in changed if p["root_id"]}
+            roots -= {str(p["id"]) for p in changed}
+            return _post_list(changed + [self._posts[r] for r in sorted(roots)])
+
+        return _answer(posts)
 
     async def _create_post(self, request: web.Request) -> web.Response:
         body = await _json_body(request)
@@ -637,6 +694,8 @@ class MattermostFake:
             self._connected.notify_all()
 
     async def _websocket(self, request: web.Request) -> web.StreamResponse:
+        if self.refuse_websockets:
+            return web.Response(status=503, text="websockets refused by the test\n")
         ws = web.WebSocketResponse(autoping=True)
         await ws.prepare(request)
         conn = _Conn(ws, request.transport)
@@ -734,7 +793,32 @@ async def _write(ws: web.WebSocketResponse, outbox: asyncio.Queue[str | None]) -
             return
 
 
-def _answer(build: Callable[[], Json], *, status: int = 200) -> web.Response:
+def _post_list(posts: list[Json]) -> Json:
+    """A `PostList` answer of `posts`, in their order."""
+    return {
+        "order": [p["id"] for p in posts],
+        "posts": {p["id"]: dict(p) for p in posts},
+        "next_post_id": "",
+        "prev_post_id": "",
+        "has_next": False,
+    }
+
+
+def _query_int(request: web.Request, name: str, default: int, largest: int) -> int:
+    """A whole-number query parameter between 0 and `largest`, else 400 naming it."""
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if not (text.isascii() and text.isdigit()) or len(text) > 19 or int(text) > largest:
+        raise _ApiError(
+            400,
+            "api.context.invalid_url_param.app_error",
+            f"Invalid or missing {name} parameter in request URL.",
+        )
+    return int(text)
+
+
+def _answer(build: Callable[[], Json | list[Json]], *, status: int = 200) -> web.Response:
     try:
         return web.json_response(build(), status=status)
     except _ApiError as exc:

@@ -211,3 +211,66 @@ async def test_issue23_rate_limit_refuses_a_limit_that_cannot_refill(
         fake.set_rate_limit(5, per_second=0)
     with pytest.raises(ValueError, match="limit >= 1"):
         fake.set_rate_limit(0, per_second=1)
+
+
+async def test_issue23_posts_since_answers_what_changed_after_it_with_thread_roots(
+    fake: MattermostFake, http: aiohttp.ClientSession, clock: _Clock
+) -> None:
+    bot, alice, town = _world(fake)
+    other = fake.add_channel("other", [bot, alice])
+    root = fake.post_as(alice, town.id, "an old root")
+    clock.now += 1
+    edited = fake.post_as(alice, town.id, "will be edited")
+    fake.post_as(alice, other.id, "elsewhere")
+    clock.now += 1
+    since = int(clock.now * 1000) - 1
+    fake.edit_as(edited["id"], "edited")
+    clock.now += 1
+    reply = fake.post_as(alice, town.id, "a reply", root_id=root["id"])
+    gone = fake.post_as(alice, town.id, "deleted soon")
+    fake.delete_as(gone["id"])
+
+    url = f"{fake.url}/api/v4/channels/{town.id}/posts"
+    async with http.get(url, params={"since": str(since)}, headers=_auth(bot)) as answer:
+        assert answer.status == 200
+        listed = await answer.json()
+    assert set(listed["order"]) == {edited["id"], reply["id"], gone["id"], root["id"]}
+    assert listed["order"][-1] == root["id"]  # the thread's root, after the changed posts
+    assert listed["posts"][edited["id"]]["message"] == "edited"
+    assert listed["posts"][gone["id"]]["delete_at"] > 0
+    async with http.get(url, headers=_auth(bot)) as page:
+        assert (await page.json())["order"] == [reply["id"], edited["id"], root["id"]]
+    for bad in ("soon", "-1", "1e3", "9" * 5000):
+        async with http.get(url, params={"since": bad}, headers=_auth(bot)) as refused:
+            assert refused.status == 400
+            assert "since" in (await refused.json())["message"]
+
+
+async def test_issue23_user_channels_lists_the_callers_channels_with_their_last_post(
+    fake: MattermostFake, http: aiohttp.ClientSession, clock: _Clock
+) -> None:
+    bot, alice, town = _world(fake)
+    fake.add_channel("alice only", [alice], channel_type="P")
+    posted = fake.post_as(alice, town.id, "hello")
+    for who in ("me", bot.id):
+        async with http.get(f"{fake.url}/api/v4/users/{who}/channels", headers=_auth(bot)) as mine:
+            channels = await mine.json()
+        assert [(c["id"], c["last_post_at"]) for c in channels] == [(town.id, posted["create_at"])]
+    async with http.get(
+        f"{fake.url}/api/v4/users/{alice.id}/channels", headers=_auth(bot)
+    ) as others:
+        assert others.status == 403
+
+
+async def test_issue23_refused_websockets_answer_503_until_allowed_again(
+    fake: MattermostFake, http: aiohttp.ClientSession
+) -> None:
+    bot, _, _ = _world(fake)
+    fake.refuse_websockets = True
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(fake.websocket_url)
+    assert refused.value.status == 503
+    fake.refuse_websockets = False
+    async with http.ws_connect(fake.websocket_url) as ws:
+        hello, _ = await _challenge(ws, bot.token)
+        assert hello["event"] == "hello"
