@@ -38,6 +38,8 @@ class Skip(enum.StrEnum):
     """A message in an end-to-end encrypted room, which the gateway cannot read (Matrix)."""
     HISTORY = "before_first_sync"
     """A message older than the connector's first sync: history, never answered (Matrix)."""
+    SYNC_GAP = "sync_gap"
+    """A sync gap paged back only in part: counted once a gap, its older events unknown (Matrix)."""
     CATCH_UP_LIMIT = "catch_up_limit"
     """Made while the connection was down, past what a catch-up reads (Mattermost): a post,
     or a channel whose posts were not read."""

@@ -19,9 +19,17 @@ Decisions where DESIGN.md is silent:
   and the pipeline's dedupe answers each message once. Without a saved cursor the first
   sync only notes where "now" is: nothing before it is ever answered, and events that a
   later sync brings from before that time (the history of a room joined later) are
-  dropped as `before_first_sync`. A sync asks for up to `TIMELINE_LIMIT` events a room:
-  Synapse's default (10) leaves out the older events of a busier gap, which would never
-  be answered.
+  dropped as `before_first_sync`.
+- A sync asks for up to `timeline_limit` (`TIMELINE_LIMIT`) events a room, where
+  Synapse's default is 10, and leaves out the bot's own events (`not_senders`): they are
+  never answered, so a busy bot's replies fill neither a timeline nor a gap's pages. A
+  room whose timeline is still `limited` (more events arrived while the gateway was down
+  or busy) has its missed events paged back with `/messages` (`connectors.matrix.gap`):
+  up to `gap_pages` (`GAP_PAGES`) pages of `timeline_limit` events, down to the previous
+  sync position, handed over in order before the batch, each once. A gap still open after
+  that (or one the homeserver refuses to page) is a warning and one `sync_gap` counted,
+  and its older events are never answered; a connection failure while paging syncs the
+  batch again after a pause.
 - A batch is handed over room by room in order (`connectors.lanes`), rooms concurrently;
   an event the pipeline fails on is dropped (`sink_error`), one refused because the
   gateway is stopping ends the sync loop without saving the position (the next run
@@ -52,7 +60,6 @@ import aiohttp
 from nio import (
     AsyncClient,
     AsyncClientConfig,
-    ErrorResponse,
     RoomGetStateEventError,
     RoomSendResponse,
     SyncResponse,
@@ -60,6 +67,7 @@ from nio import (
 )
 
 from connectors.lanes import Lanes
+from connectors.matrix.gap import Gap, fill_gap
 from connectors.matrix.inbound import (
     ENCRYPTION,
     PLATFORM,
@@ -68,7 +76,14 @@ from connectors.matrix.inbound import (
     member_names,
     translate_event,
 )
-from connectors.matrix.outbound import retry_after, to_content, to_edit, transaction_id
+from connectors.matrix.outbound import (
+    LIMIT_EXCEEDED,
+    errcode,
+    retry_after,
+    to_content,
+    to_edit,
+    transaction_id,
+)
 from connectors.runtime import ConnectorRuntime, Outcome
 from connectors.skips import Skip
 from connectors.tasks import BackgroundTasks
@@ -83,20 +98,29 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_LENGTH = 16_000
 """Well inside Synapse's 65,536-byte event limit for any UTF-8 text (4 bytes a character)."""
 TIMING = Timing(retry_delays=(0.5, 30.0))
-LIMIT_EXCEEDED = "M_LIMIT_EXCEEDED"
 NOT_FOUND = "M_NOT_FOUND"
 TIMELINE_LIMIT = 1000
-"""Events a sync brings per room; Synapse's default (10) skips the rest of a busier gap."""
-SYNC_FILTER: dict[str, Any] = {
-    "presence": {"types": []},
-    "account_data": {"types": []},
-    "room": {
-        "ephemeral": {"types": []},
+"""Events a sync brings per room (and a gap's page holds); Synapse's default is 10."""
+GAP_PAGES = 10
+"""Pages of `/messages` that fill one room's sync gap, so 10,000 missed events a room."""
+
+
+def sync_filter(timeline_limit: int, events: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A sync's filter: room timelines of up to `timeline_limit` events (those `events`
+    lets through), no presence, receipts, typing or account data."""
+    return {
+        "presence": {"types": []},
         "account_data": {"types": []},
-        "timeline": {"limit": TIMELINE_LIMIT},
-    },
-}
-FIRST_SYNC_FILTER: dict[str, Any] = {**SYNC_FILTER, "room": {"timeline": {"limit": 1}}}
+        "room": {
+            "ephemeral": {"types": []},
+            "account_data": {"types": []},
+            "timeline": {"limit": timeline_limit, **(events or {})},
+        },
+    }
+
+
+FIRST_SYNC_FILTER = sync_filter(1)
+"""The first sync only notes where "now" is: one event a room is enough."""
 
 
 class MatrixConnector:
@@ -112,7 +136,13 @@ class MatrixConnector:
     )
 
     def __init__(
-        self, config: MatrixBotConfig, services: ConnectorServices, *, timing: Timing = TIMING
+        self,
+        config: MatrixBotConfig,
+        services: ConnectorServices,
+        *,
+        timing: Timing = TIMING,
+        timeline_limit: int = TIMELINE_LIMIT,
+        gap_pages: int = GAP_PAGES,
     ) -> None:
         self.bot_id = config.id
         self._config = config
@@ -127,6 +157,10 @@ class MatrixConnector:
         self._cursors = services.cursors
         self._cursor_key = f"{PLATFORM}:{config.id}"
         self._timing = timing
+        self._timeline_limit = timeline_limit
+        self._events_filter: dict[str, Any] = {"not_senders": [config.user_id]}
+        self._sync_filter = sync_filter(timeline_limit, self._events_filter)
+        self._gap_pages = gap_pages
         self._backoff = timing.backoff()
         self._identity = BotIdentity(config.id, config.user_id, config.bot_users)
         self._client: AsyncClient | None = None
@@ -188,7 +222,7 @@ class MatrixConnector:
         if not isinstance(answer, WhoamiResponse):
             raise ConnectorError(
                 PLATFORM,
-                f"bot {self.bot_id}: the homeserver refused the access token ({_errcode(answer)})",
+                f"bot {self.bot_id}: the homeserver refused the access token ({errcode(answer)})",
             )
         if answer.user_id != self._config.user_id:
             raise ConnectorError(
@@ -208,7 +242,7 @@ class MatrixConnector:
         answer = await client.sync(timeout=0, sync_filter=FIRST_SYNC_FILTER)
         if not isinstance(answer, SyncResponse):
             raise ConnectorError(
-                PLATFORM, f"bot {self.bot_id}: the first sync failed ({_errcode(answer)})"
+                PLATFORM, f"bot {self.bot_id}: the first sync failed ({errcode(answer)})"
             )
         self._since, self._since_ms = answer.next_batch, int(self._timing.clock() * 1000)
         self._learn_rooms(answer)
@@ -238,22 +272,23 @@ class MatrixConnector:
                 answer = await client.sync(
                     timeout=int(self._config.sync_timeout * 1000),
                     since=self._since,
-                    sync_filter=SYNC_FILTER,
+                    sync_filter=self._sync_filter,
                 )
+                gaps = await self._fill_gaps(client, answer)
             except Exception as exc:  # whatever went wrong, syncing goes on after a pause
                 await self._sync_failed(self._runtime.describe(exc))
                 continue
             if not isinstance(answer, SyncResponse):
-                if _errcode(answer) == LIMIT_EXCEEDED:
+                if errcode(answer) == LIMIT_EXCEEDED:
                     await self._timing.sleep(retry_after(answer.retry_after_ms))
                 else:
-                    await self._sync_failed(_errcode(answer))
+                    await self._sync_failed(errcode(answer))
                 continue
             if not self._connected:
                 log.info("matrix bot %s: syncing again", self.bot_id)
             self._connected = True
             self._backoff.reset()
-            if not await self._handle_batch(answer):
+            if not await self._handle_batch(answer, gaps):
                 log.info("matrix bot %s: the gateway is stopping, syncing ends", self.bot_id)
                 return
             self._since = answer.next_batch
@@ -269,14 +304,48 @@ class MatrixConnector:
         )
         await self._backoff.wait()
 
-    async def _handle_batch(self, answer: SyncResponse) -> bool:
-        """Hand a batch over, rooms concurrently and each in order; False when refused."""
+    async def _fill_gaps(self, client: AsyncClient, answer: object) -> dict[str, Gap]:
+        """The missed events of each room of a sync whose timeline is `limited`, by room."""
+        gaps: dict[str, Gap] = {}
+        if not isinstance(answer, SyncResponse) or self._since is None:
+            return gaps
+        for room_id, info in answer.rooms.join.items():
+            if not info.timeline.limited:
+                continue
+            gap = await fill_gap(
+                client,
+                room_id,
+                info.timeline,
+                since=self._since,
+                since_ms=self._since_ms,
+                page_size=self._timeline_limit,
+                events_filter=self._events_filter,
+                max_pages=self._gap_pages,
+                sleep=self._timing.sleep,
+            )
+            if not gap.complete:
+                log.warning(
+                    "matrix bot %s: room %s missed more events than a sync brings; %d found "
+                    "by paging back, older ones are not answered (%s)",
+                    self.bot_id,
+                    room_id,
+                    len(gap.events),
+                    gap.why,
+                )
+                self._runtime.drop(Skip.SYNC_GAP, f"the older events of room {room_id}")
+            gaps[room_id] = gap
+        return gaps
+
+    async def _handle_batch(self, answer: SyncResponse, gaps: dict[str, Gap]) -> bool:
+        """Hand a batch over, each room's missed events first; rooms concurrently, each in
+        order. False when the gateway refused it (stopping)."""
         self._learn_rooms(answer)
         try:
             for room_id, info in answer.rooms.join.items():
                 encrypted = await self._is_encrypted(room_id)
-                for event in info.timeline.events:
-                    message = self._translate(room_id, event.source, encrypted=encrypted)
+                missed = gaps[room_id].events if room_id in gaps else []
+                for event in (*missed, *(e.source for e in info.timeline.events)):
+                    message = self._translate(room_id, event, encrypted=encrypted)
                     if message is not None and not self._batch.put(room_id, message):
                         self._runtime.drop(Skip.QUEUE_FULL, f"event {message.message_id}")
             await self._batch.join()
@@ -328,7 +397,7 @@ class MatrixConnector:
         except (aiohttp.ClientError, TimeoutError):
             return True
         if isinstance(answer, RoomGetStateEventError):
-            if _errcode(answer) != NOT_FOUND:
+            if errcode(answer) != NOT_FOUND:
                 return True
             self._encrypted[room_id] = False
             return False
@@ -391,23 +460,16 @@ class MatrixConnector:
             raise DeliveryError(f"{where} failed ({type(exc).__name__})", retryable=True) from None
         if isinstance(answer, RoomSendResponse):
             return str(answer.event_id)
-        if _errcode(answer) == LIMIT_EXCEEDED:
+        if errcode(answer) == LIMIT_EXCEEDED:
             raise DeliveryError(
                 f"{where} rate limited",
                 retryable=True,
                 retry_after=retry_after(answer.retry_after_ms),
             )
-        raise DeliveryError(f"{where} failed ({_errcode(answer)})")
+        raise DeliveryError(f"{where} failed ({errcode(answer)})")
 
     async def typing(self, channel_id: str, thread_id: str | None) -> None:
         """No typing notifications on Matrix (see the module docstring)."""
-
-
-def _errcode(answer: object) -> str:
-    """A Matrix error answer's errcode (never the token or the request)."""
-    if isinstance(answer, ErrorResponse):
-        return str(answer.status_code or answer.message or "unknown error")[:100]
-    return type(answer).__name__
 
 
 def _parse_position(saved: str | None) -> tuple[str, int] | None:

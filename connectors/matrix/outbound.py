@@ -3,7 +3,8 @@
 `to_content` makes one chunk an `m.room.message` content (the configured msgtype, in the
 reply's thread, quoting the event it answers); `to_edit` makes the `m.replace` content
 that gives a posted message a streamed reply's new text; `transaction_id` names a send so
-the homeserver can refuse a duplicate; `retry_after` reads `retry_after_ms`. No I/O.
+the homeserver can refuse a duplicate; `retry_after` reads `retry_after_ms` and `errcode`
+an error answer's errcode. No I/O.
 
 Decisions where DESIGN.md is silent:
 - Every reply carries an empty `m.mentions`: a bot's answer pings nobody, whatever its
@@ -24,8 +25,11 @@ import hashlib
 import math
 from typing import Any
 
+from nio import ErrorResponse
+
 from gateway.app.types import Reply
 
+LIMIT_EXCEEDED = "M_LIMIT_EXCEEDED"
 DEFAULT_RETRY_AFTER = 1.0
 MAX_RETRY_AFTER = 3600.0
 
@@ -72,3 +76,10 @@ def retry_after(retry_after_ms: object) -> float:
     if not math.isfinite(seconds) or seconds < 0:
         return DEFAULT_RETRY_AFTER
     return min(seconds, MAX_RETRY_AFTER)
+
+
+def errcode(answer: object) -> str:
+    """A Matrix error answer's errcode (never the token or the request), else its type."""
+    if isinstance(answer, ErrorResponse):
+        return str(answer.status_code or answer.message or "unknown error")[:100]
+    return type(answer).__name__
