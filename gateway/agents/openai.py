@@ -711,7 +711,7 @@ class OpenAIAgent:
         group = verdict.refused or event.groups[0]  # the call's one group
         halt = self._budgets.refusal(verdict, group, settings)
         if isinstance(admission, OverBudget):
-            self._guarded.refused(call, None)
+            self._guarded.refused(call, None, unavailable=verdict.unavailable)
             notice = (
                 None
                 if spend.sender_is_bot

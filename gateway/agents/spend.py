@@ -33,6 +33,12 @@ Decisions where DESIGN.md is silent:
   timeout, a dropped connection, an unreadable answer) costs nothing.
 - The notice is posted once per room, group and period: a claim in the state store that
   lasts until the period ends, so replicas agree; later refused turns are silent.
+- A call refused because the budget could not be checked (`state.on_error: deny` while
+  Redis is unreachable, or too few replicas confirmed its hold: `state.wait_replicas`)
+  ends the turn with `Halt("spend", "state_unavailable")`; the humans get one sentence
+  (`messages.SPEND_UNAVAILABLE`) at most once per `UNAVAILABLE_NOTICE_SECONDS` per
+  room, claimed in the state store as the other notice (which, when it is the
+  unreachable Redis, refuses the claim under `deny`: then the turn ends silently).
 - With `mode: shadow` a call the budget would refuse is sent and charged afterwards
   (holding nothing) and counted as the `spend` guard's shadow refusal.
 - `/loop spend` lists the groups a call from the room is charged to: the room's, or with
@@ -77,6 +83,10 @@ log = logging.getLogger("loopwarden.spend")
 
 SPEND = "spend"
 """The stage (and guard) name of budget refusals in decisions, metrics and `status`."""
+UNAVAILABLE_CODE = "state_unavailable"
+"""The code of a refusal because the budget's shared state could not be reached."""
+UNAVAILABLE_NOTICE_SECONDS = 60.0
+"""How long one `state_unavailable` notice serves a room: later refused turns are silent."""
 PROVIDER = "openai"
 """The price catalogue's provider for the agents' models (they speak OpenAI's API)."""
 _OPENAI = OpenAIProvider()
@@ -197,6 +207,11 @@ class AgentBudgets:
 
     def refusal(self, verdict: SpendVerdict, group: SpendGroup, settings: SpendSettings) -> Halt:
         """The halt that ends a turn the budget refused, with the figures for the log."""
+        if verdict.unavailable:
+            detail = messages.spend_unavailable_detail(
+                budget=group.budget, retry_after=verdict.retry_after
+            )
+            return Halt(SPEND, UNAVAILABLE_CODE, detail, verdict.retry_after)
         limits = verdict.limits or group.limits
         alert = verdict.alert
         detail = messages.spend_refusal_detail(
@@ -219,6 +234,9 @@ class AgentBudgets:
         room: str,
     ) -> str | None:
         """The notice for the room's humans, the first time this period (else None)."""
+        if verdict.unavailable:
+            claimed = await state.claim(f"spend-unavailable:{room}", UNAVAILABLE_NOTICE_SECONDS)
+            return messages.SPEND_UNAVAILABLE if claimed else None
         key = f"spend-notice:{room}:{group.key}"
         if not await state.claim(key, max(verdict.retry_after, 1.0)):
             return None

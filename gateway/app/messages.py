@@ -311,6 +311,21 @@ def spend_notice(*, per: Sequence[str], limit: str, ends: str) -> str:
     return f"{whose} model budget for this period ({limit}) is used up; I answer again from {ends}."
 
 
+SPEND_UNAVAILABLE = (
+    "I can't check my model budget right now, so I'm not answering; please try again in a minute."
+)
+"""Posted to a room's humans when a model call was refused because its budget could not be
+checked (the shared state is unreachable): nothing of the cause, which is the operator's."""
+
+
+def spend_unavailable_detail(*, budget: str, retry_after: float) -> str:
+    """Why a model call was refused for an unreachable budget, for the decision log."""
+    return (
+        f"budget {budget} could not be checked: the shared state is unreachable "
+        f"(state.on_error: deny); retry in {format_duration(retry_after)}"
+    )
+
+
 def spend_refusal_detail(
     *, budget: str, group: str, spent: str | None, limit: str, ends: str, retry_after: float
 ) -> str:

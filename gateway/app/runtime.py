@@ -142,6 +142,7 @@ class Gateway:
         )
         self.calls = calls if calls is not None else build_call_store(config.state, clock=clock)
         self.metrics.watch_state(self.state)
+        self.metrics.watch_calls(self.calls)
         recent = RecentRefusals(clock=clock)
         budgets = AgentBudgets.from_config(config, wall_clock=wall_clock)
         prices = PriceTable.for_config(config.proxy)

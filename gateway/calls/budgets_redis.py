@@ -14,12 +14,15 @@ ends) and `spendlimit:<budget and period>`, an admin's limits (u, t; '' for none
 Both expire a minute after their period ends. Holds have owners (`gateway.calls.owners`):
 `owners`, a hash of each store instance's lease end, and `owned:<owner>`, a hash of what
 it holds per group record (`u<key>`, `t<key>`); `BEAT` renews a lease and gives back
-the holds of owners whose lease lapsed.
+the holds of owners whose lease lapsed. `charged:<owner>`, a sorted set of the ids of
+the owner's charges applied and not yet confirmed to it, makes a charge sent again
+(gateway.calls.redis_pending) count once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from gateway.calls import anomaly_redis
 from gateway.calls.budgets import (
@@ -31,6 +34,10 @@ from gateway.calls.budgets import (
     SpendGroup,
     SpendHold,
 )
+
+CHARGED_TTL_MS = 86_400_000
+"""How long an owner's set of applied charges outlives its last charge: a day, far beyond
+an outage its pending charges (gateway.calls.redis_pending) are kept through."""
 
 SPEND_PRELUDE = """
 local function spend_load(key, now)
@@ -115,22 +122,35 @@ end
 
 # KEYS: per group its record and its admin's limits, then (with the anomaly detector)
 # anomaly_redis.STEP's. ARGV: now, held nano-dollars and tokens, used (1) or released (0),
-# used nano-dollars and tokens, the group count, the owner's hash of holds, then per
+# used nano-dollars and tokens, the group count, the owner's hash of holds, the owner's
+# set of charges applied, this charge's id and the lowest id still unconfirmed, then per
 # group the config's limits and the period's end, then anomaly_redis.STEP's. Each group
-# gets back at most what the owner still holds there (`budgets.owned`). Returns {per
-# group {threshold, spent nano-dollars, spent tokens, limit nano-dollars, limit tokens}
-# when it crossed one, else false; the detector's `anomaly`}.
+# gets back at most what the owner still holds there (`budgets.owned`). A charge whose
+# id is in the set was applied already (its first try's answer was lost): it changes
+# nothing. The ids below the lowest unconfirmed one leave the set: their answers came.
+# Returns {per group {threshold, spent nano-dollars, spent tokens, limit nano-dollars,
+# limit tokens} when it crossed one, else false; the detector's `anomaly`}.
 CHARGE = (
     """
 local now = clock(ARGV[1])
 local hu, ht, used = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4] == '1'
 local uu, ut = tonumber(ARGV[5]), tonumber(ARGV[6])
 local ngroups, owned = tonumber(ARGV[7]), ARGV[8]
-local aargs = nil
-if #ARGV > 8 + 3 * ngroups then aargs = 8 + 3 * ngroups end
+local charged, id = ARGV[9], ARGV[10]
 local out = {}
+if redis.call('ZSCORE', charged, id) then
+  for j = 1, ngroups do out[j] = false end
+  return {out, false}
+end
+redis.call('ZREMRANGEBYSCORE', charged, '-inf', '(' .. ARGV[11])
+redis.call('ZADD', charged, id, id)
+redis.call('PEXPIRE', charged, """
+    + str(CHARGED_TTL_MS)
+    + """)
+local aargs = nil
+if #ARGV > 11 + 3 * ngroups then aargs = 11 + 3 * ngroups end
 for j = 1, ngroups do
-  local key, a = KEYS[2 * j - 1], 8 + 3 * (j - 1)
+  local key, a = KEYS[2 * j - 1], 11 + 3 * (j - 1)
   local o = redis.call('HMGET', owned, 'u' .. key, 't' .. key)
   local left_u, left_t = tonumber(o[1]) or 0, tonumber(o[2]) or 0
   local back_u, back_t = math.min(hu, left_u), math.min(ht, left_t)
@@ -242,7 +262,18 @@ def check_args(event: SpendEvent) -> list[str]:
     return [str(estimate.nano_usd), str(estimate.tokens), *group_args(event.groups)]
 
 
-def charge_args(now: str, hold: SpendHold, used: Amount | None, owned: str) -> list[str]:
+class ChargeId(NamedTuple):
+    """Who applied a charge: the owner's set of applied charges, its id, the lowest id of
+    the owner's charges not yet confirmed (the ids below it leave the set)."""
+
+    charged: str
+    id: int
+    floor: int
+
+
+def charge_args(
+    now: str, hold: SpendHold, used: Amount | None, owned: str, charge: ChargeId
+) -> list[str]:
     """The charge script's ARGV (the detector's, `anomaly_redis.args`, may follow)."""
     spent = used or Amount()
     held = hold.amount
@@ -255,6 +286,9 @@ def charge_args(now: str, hold: SpendHold, used: Amount | None, owned: str) -> l
         str(spent.tokens),
         str(len(hold.groups)),
         owned,
+        charge.charged,
+        str(charge.id),
+        str(charge.floor),
         *group_args(hold.groups),
     ]
 

@@ -50,5 +50,7 @@ def build_call_store(
             topology=importlib.import_module("gateway.state.redis_link").RedisTopology.of(state),
             clock=clock,
             log_keep=log_keep,
+            wait_replicas=state.wait_replicas,
+            wait_timeout_ms=state.wait_timeout_ms,
         ),
     )

@@ -57,9 +57,12 @@ _MONEY = frozenset({"cost", "cost_saved"})
 # then per hash: its hour, how many whole sums (ni) and money sums (nf), ni pairs
 # (field, increment) for HINCRBY, nf pairs for HINCRBYFLOAT.
 # The trimmed hours' hashes are named from the prefix (keys of one slot: `{calls}`).
+# A batch whose first entry is in the log already was written by an earlier try whose
+# answer was lost (gateway.calls.redis_pending): it changes nothing.
 LOG_SCRIPT = """
 local log, floorkey, hours = KEYS[1], KEYS[2], KEYS[3]
 local keep, prefix, n = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if n > 0 and redis.call('ZSCORE', log, ARGV[5]) then return end
 local function hour_of(t) return math.floor(t / 3600) * 3600 end
 local floor = redis.call('GET', floorkey)
 if not floor then

@@ -66,6 +66,7 @@ Decisions where DESIGN.md is silent:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -73,7 +74,10 @@ import uuid
 from collections.abc import AsyncGenerator, Callable, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from types import MappingProxyType
-from typing import cast
+from typing import Any, cast
+
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 
 from gateway.app.errors import StateError
 from gateway.calls import anomaly_redis, budgets_redis, codec, query_redis
@@ -89,7 +93,7 @@ from gateway.calls.budgets import (
     SpendHold,
     SpendVerdict,
 )
-from gateway.calls.budgets_redis import SPEND_CHECK, SPEND_HOLD, SPEND_PRELUDE
+from gateway.calls.budgets_redis import SPEND_CHECK, SPEND_HOLD, SPEND_PRELUDE, ChargeId
 from gateway.calls.entry import CallLogEntry
 from gateway.calls.owners import OwnerLease
 from gateway.calls.query import (
@@ -102,6 +106,7 @@ from gateway.calls.query import (
     SeriesBuilder,
     TotalsBuilder,
 )
+from gateway.calls.redis_pending import ChargeIds, PendingWrite, PendingWrites
 from gateway.calls.store import (
     ENFORCED,
     LOG_KEEP,
@@ -364,6 +369,8 @@ class RedisCallStore(RedisLinked):
         timeout: float = 2.0,
         probe_interval: float = 1.0,
         topology: RedisTopology = ONE_SERVER,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 100,
     ) -> None:
         self._link = RedisLink(
             url,
@@ -376,7 +383,7 @@ class RedisCallStore(RedisLinked):
             clock=clock,
             timeout=timeout,
             probe_interval=probe_interval,
-            on_recovered=self._forget_local,
+            on_recovered=self._recovered,
         )
         self._policy = policy or CallLoopPolicy()
         self._rules = tuple(rules_by_name(rules).values())
@@ -397,7 +404,16 @@ class RedisCallStore(RedisLinked):
         self._beat_script = script(_BEAT)
         self.owner = new_owner()
         self._owned = f"{self._base}owned:{self.owner}"
+        self._charged = f"{self._base}charged:{self.owner}"
         self._lease = OwnerLease(self._beat, name="lw-redis-calls-lease")
+        self._wait_replicas = wait_replicas
+        self._wait_timeout_ms = wait_timeout_ms
+        self._short = False
+        self.replica_waits_short = 0
+        """Budget writes fewer replicas than `wait_replicas` confirmed in time."""
+        self._charge_ids = ChargeIds()
+        self._pending = PendingWrites(log)
+        self._replaying: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Load the scripts, then take the holds' lease (`gateway.calls.owners`)."""
@@ -405,9 +421,69 @@ class RedisCallStore(RedisLinked):
         await self._lease.start()
 
     async def aclose(self) -> None:
-        """End the lease (giving back this owner's holds), then disconnect."""
+        """Write what is pending while Redis answers, end the lease (giving back this
+        owner's holds), then disconnect; pending writes left then are logged as lost."""
+        if self._replaying is not None:
+            await self._replaying
+        if self._pending.first() is not None and not self._link.degraded:
+            await self._replay()
+        if self._pending.entries:
+            log.warning(
+                "%d budget charges and request-log entries never reached Redis",
+                self._pending.entries,
+            )
         await self._lease.stop()
         await super().aclose()
+
+    @property
+    def pending_writes(self) -> int:
+        """Budget charges and request-log entries waiting for Redis to answer again."""
+        return self._pending.entries
+
+    @property
+    def pending_dropped(self) -> int:
+        """Charges and log entries dropped because `MAX_PENDING` were waiting already."""
+        return self._pending.dropped
+
+    async def _budget_write(
+        self,
+        script: AsyncScript,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        *,
+        money: bool = True,
+    ) -> tuple[Any, bool]:
+        """Run a script; when it writes budgets (`money`) and `wait_replicas` is set, WAIT.
+
+        Returns the script's reply and whether fewer replicas than asked hold the write:
+        then, with `on_error: deny`, the caller refuses what it admitted.
+        """
+        wanted = self._wait_replicas
+        if not wanted or not money:
+            return await script(keys=keys, args=args), False
+        reply, acknowledged = await self._link.run_waited(
+            script, keys, args, wanted, self._wait_timeout_ms
+        )
+        if acknowledged >= wanted:
+            if self._short:
+                self._short = False
+                log.info("budget writes reach %d replicas again", wanted)
+            return reply, False
+        self.replica_waits_short += 1
+        if not self._short:
+            self._short = True
+            log.warning(
+                "a budget write reached %d of %d replicas within %d ms (state.wait_replicas); "
+                "on_error=%s: %s until they keep up",
+                acknowledged,
+                wanted,
+                self._wait_timeout_ms,
+                self._link.on_error,
+                "refusing budgeted calls"
+                if self._link.on_error == "deny"
+                else "admitting them (a failover now may lose such writes)",
+            )
+        return reply, True
 
     async def _beat(self, seconds: float) -> int:
         """Renew this owner's lease; give back the holds of owners whose lease lapsed."""
@@ -498,7 +574,9 @@ class RedisCallStore(RedisLinked):
         flags = shadow.flags([rule for rule, _ in applied])
         args += [self._owned, flags, 0 if agent is None else 1, len(groups)]
         try:
-            reply = await self._link.guarded(lambda: self._decide(keys=keys, args=args))
+            reply, short = await self._link.guarded(
+                lambda: self._budget_write(self._decide, keys, args, money=bool(groups))
+            )
         except StateError:
             return await self._unavailable(
                 circuit, fingerprint, fields, spend, policy, shadow=shadow
@@ -506,6 +584,11 @@ class RedisCallStore(RedisLinked):
         kind, value, count, index = reply[:4]
         number, count = float(value), int(count)
         hold = SpendHold(groups, spend.estimate) if spend is not None and groups else None
+        deny = self._link.on_error == "deny"
+        if short and deny and hold is not None and _holds(kind, int(index), flags):
+            counted = [self._call_key(circuit, identity)]
+            counted += [self._rule_events_key(rule.name, key) for rule, key in applied]
+            return await self._unreplicated(hold, counted if kind == 0 else [], str(value))
         admitted = SpendVerdict(True, hold=hold)
         if kind == 5 and agent is not None:
             return Admission(agent_paused(agent, circuit, number, count), ADMITTED_FREE)
@@ -536,6 +619,19 @@ class RedisCallStore(RedisLinked):
             keys += [f"{self._base}spend:{group.key}", f"{self._base}spendlimit:{group.limit_key}"]
         return keys
 
+    async def _unreplicated(self, hold: SpendHold, counted: list[str], at: str) -> Admission:
+        """Refuse an admitted call whose hold too few replicas confirmed (`on_error: deny`):
+        its hold is given back and its count in the circuit and rules taken off."""
+        await self.settle(hold, None)
+        if counted:
+            try:
+                await self._link.guarded(lambda: self._uncount(keys=counted, args=[at]))
+            except StateError:
+                log.warning("a call refused for too few replicas stays counted in its circuit")
+        retry = max(STATE_RETRY_SECONDS, self._link.probe_interval)
+        refused = SpendVerdict(False, refused=hold.groups[0], retry_after=retry, unavailable=True)
+        return Admission(None, refused)
+
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
         """`step_charge` in one script call (while Redis is down: on the local records)."""
         return (await self.settle(hold, used)).alerts
@@ -543,17 +639,33 @@ class RedisCallStore(RedisLinked):
     async def settle(
         self, hold: SpendHold, used: Amount | None, anomaly: AnomalyCharge | None = None
     ) -> Settled:
-        """`step_charge` and `step_anomaly` in one script call (while down: the local records)."""
+        """`step_charge` and `step_anomaly` in one script call (while down: the local records).
+
+        A charge Redis did not answer is kept to be written again once it does
+        (gateway.calls.redis_pending), under an id that makes it count once.
+        """
+        ids = self._charge_ids
+        charge = ids.new()
         keys = self._spend_keys(hold.groups)
-        args = budgets_redis.charge_args(self._link.now(), hold, used, self._owned)
+        applied = ChargeId(self._charged, charge, ids.floor())
+        args = budgets_redis.charge_args(self._link.now(), hold, used, self._owned, applied)
         if anomaly is not None:
             keys += anomaly_redis.keys(self._base, anomaly, self._hold_key(anomaly.event.hold_key))
             args += anomaly_redis.args(anomaly)
         try:
-            reply = await self._link.guarded(lambda: self._charge(keys=keys, args=args))
+            reply, _ = await self._link.guarded(
+                lambda: self._budget_write(self._charge, keys, args)
+            )
         except StateError:
+            pending = PendingWrite("charge", tuple(keys), tuple(args), charge=charge, hold=hold)
+            if not self._pending.keep(pending):
+                ids.answered(charge)
             local = self._local
             return Settled([]) if local is None else await local.settle(hold, used, anomaly)
+        except BaseException:
+            ids.answered(charge)  # refused by Redis, or cancelled: never sent again
+            raise
+        ids.answered(charge)
         charged, found = reply
         alerts = budgets_redis.charge_alerts(hold, charged)
         return Settled(alerts, None if anomaly is None else anomaly_redis.alert(anomaly, found))
@@ -620,9 +732,45 @@ class RedisCallStore(RedisLinked):
             )
         return self._local
 
-    def _forget_local(self) -> None:
-        # Redis is back: its shared circuits decide again; the local counts are dropped.
+    def _recovered(self) -> None:
+        """Redis is back: its shared circuits decide again (the local counts are dropped),
+        and the writes kept while it was away are sent."""
         self._local = None
+        running = self._replaying is not None and not self._replaying.done()
+        if self._pending.first() is not None and not running:
+            self._replaying = asyncio.get_running_loop().create_task(self._replay())
+
+    async def _replay(self) -> None:
+        """Send the kept writes, oldest first, until none is left or Redis is away again."""
+        written = 0
+        while (write := self._pending.first()) is not None:
+            try:
+                written += await self._send(write)
+            except StateError:
+                return  # away again: the next recovery sends the rest
+            self._pending.done()
+            if write.charge is not None:
+                self._charge_ids.answered(write.charge)
+        if written:
+            log.info(
+                "wrote %d budget charges and request-log entries kept while Redis was away",
+                written,
+            )
+
+    async def _send(self, write: PendingWrite) -> int:
+        """Send one kept write; the entries it wrote (0: Redis refused it for good)."""
+        charge = write.kind == "charge"
+        script = self._charge if charge else self._log
+        try:
+            reply, _ = await self._link.guarded(
+                lambda: self._budget_write(script, write.keys, write.args, money=charge)
+            )
+        except RedisError:
+            log.exception("a kept %s was refused by Redis and dropped", write.kind)
+            return 0
+        if write.hold is not None:
+            _log_late_alerts(write.hold, reply)
+        return write.entries
 
     async def _unavailable(
         self,
@@ -710,7 +858,8 @@ class RedisCallStore(RedisLinked):
         try:
             await self._link.guarded(lambda: self._log(keys=keys, args=args))
         except StateError:
-            return
+            batch = PendingWrite("log", tuple(keys), tuple(args), len(entries))
+            self._pending.keep(batch)
 
     async def calls_since(self, seconds: float) -> list[CallLogEntry]:
         """Entries at or after now - seconds, oldest first, read in chunks."""
@@ -811,6 +960,33 @@ class RedisCallStore(RedisLinked):
             same = sum(1 for _, score in batch if score == lowest)
             skip = skip + same if high == repr(lowest) else same
             high = repr(lowest)
+
+
+def _holds(kind: int, index: int, flags: str) -> bool:
+    """Whether the decide script held the call's estimate: an allowed call does, and a
+    refusal of a guard in shadow mode (`flags`, the rule's or the circuit's)."""
+    if kind == 0:
+        return True
+    if kind not in (1, 2, 3):
+        return False
+    by = 1 if kind == 1 else index + 1
+    return flags[by - 1 : by] == "1"
+
+
+def _log_late_alerts(hold: SpendHold, reply: Sequence[object]) -> None:
+    """Log the thresholds a charge written late crossed (their call was answered long ago,
+    so no alert is sent: gateway.calls.redis_pending)."""
+    crossed = reply[0]
+    if not isinstance(crossed, list):
+        return
+    for alert in budgets_redis.charge_alerts(hold, crossed):
+        log.warning(
+            "budget %s for %s reached %d%% of its limit by a charge written late; "
+            "no alert is sent for it",
+            alert.budget,
+            alert.group,
+            alert.threshold,
+        )
 
 
 def _encode(entry: CallLogEntry) -> dict[str, object]:

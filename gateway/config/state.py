@@ -14,6 +14,15 @@ Decisions where DESIGN.md is silent:
   or IP addresses, `[...]` for IPv6, a port from 1 to 65535) and need `service_name`
   (ASCII letters, digits, `.`, `_` and `-`, at most 64); `cluster` and `sentinels`
   exclude each other, and both are for `backend: redis` only.
+- `state.wait_replicas` (0 to `MAX_WAIT_REPLICAS`, default 0: off) is how many replicas
+  must hold each budget write (a call's reservation, its charge or refund) before the
+  call goes on: the call store sends `WAIT wait_replicas wait_timeout_ms` after it on the
+  same connection (`gateway.calls.redis_store`). `state.wait_timeout_ms` (1 to
+  `MAX_WAIT_TIMEOUT_MS`, default 100) stays well under the client's 2 s read timeout, so
+  a WAIT that times out is an answer (too few replicas), not an outage. A whole number
+  of replicas, not `auto`: the operator knows how many replicas the deployment keeps,
+  and a count read from the master would shrink to 0 as replicas fail, which is when
+  the wait matters.
 """
 
 from __future__ import annotations
@@ -22,7 +31,14 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from gateway.config.base import FieldError, Frozen
 from gateway.config.limits import (
@@ -32,6 +48,8 @@ from gateway.config.limits import (
 )
 
 MAX_SENTINELS = 16
+MAX_WAIT_REPLICAS = 100
+MAX_WAIT_TIMEOUT_MS = 1000
 _HOST = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]")
 _PORT = re.compile(r"[0-9]{1,5}")
 _SERVICE = re.compile(r"[A-Za-z0-9._-]{1,64}")
@@ -48,6 +66,13 @@ def sentinel_address(value: str) -> str:
         )
     if not 1 <= int(port) <= 65_535:
         raise ValueError("must have a port from 1 to 65535")
+    return value
+
+
+def _not_bool(value: object) -> object:
+    """`value`, unless it is true or false: a count written as a flag is a slip, not a 1."""
+    if isinstance(value, bool):
+        raise ValueError("must be a whole number, not true or false")  # noqa: TRY004
     return value
 
 
@@ -69,6 +94,12 @@ class StateConfig(Frozen):
     )
     service_name: Annotated[str, AfterValidator(_service_name)] = ""
     on_error: Literal["allow", "deny"] = "allow"
+    wait_replicas: Annotated[int, BeforeValidator(_not_bool)] = Field(
+        default=0, ge=0, le=MAX_WAIT_REPLICAS
+    )
+    wait_timeout_ms: Annotated[int, BeforeValidator(_not_bool)] = Field(
+        default=100, ge=1, le=MAX_WAIT_TIMEOUT_MS
+    )
     key_prefix: str = "lw:"
     max_transcript_bytes: int = Field(
         default=DEFAULT_TRANSCRIPT_BYTES, ge=MIN_TRANSCRIPT_BYTES, le=MAX_TRANSCRIPT_BYTES
@@ -101,6 +132,8 @@ class StateConfig(Frozen):
         if (self.cluster or self.sentinels) and self.backend != "redis":
             field = "cluster" if self.cluster else "sentinels"
             raise FieldError(field, "is for backend: redis only")
+        if self.wait_replicas and self.backend != "redis":
+            raise FieldError("wait_replicas", "is for backend: redis only")
         if self.cluster and self.sentinels:
             raise FieldError("sentinels", "give either cluster: true or sentinels, not both")
         if self.sentinels and not self.service_name:

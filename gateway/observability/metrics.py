@@ -165,6 +165,50 @@ def watch_outages(registry: CollectorRegistry, store: object) -> None:
         registry.register(_StateHealth(store))
 
 
+@runtime_checkable
+class ReportsPendingWrites(Protocol):
+    """A call store that keeps the writes Redis missed (gateway.calls.redis_pending)."""
+
+    @property
+    def pending_writes(self) -> int: ...
+
+    @property
+    def pending_dropped(self) -> int: ...
+
+    @property
+    def replica_waits_short(self) -> int: ...
+
+
+class _PendingWrites(Collector):
+    """A call store's kept writes and short replica waits, read at scrape time."""
+
+    def __init__(self, store: ReportsPendingWrites) -> None:
+        self._store = store
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "state_pending_writes",
+            "Budget charges and request-log entries kept in this process until Redis answers",
+            value=self._store.pending_writes,
+        )
+        yield CounterMetricFamily(
+            "state_pending_dropped",
+            "Budget charges and request-log entries dropped: too many were kept already",
+            value=self._store.pending_dropped,
+        )
+        yield CounterMetricFamily(
+            "state_replica_waits_short",
+            "Budget writes fewer replicas than state.wait_replicas confirmed in time",
+            value=self._store.replica_waits_short,
+        )
+
+
+def watch_pending(registry: CollectorRegistry, store: object) -> None:
+    """Expose a call store's kept writes and short replica waits, when it reports them."""
+    if isinstance(store, ReportsPendingWrites):
+        registry.register(_PendingWrites(store))
+
+
 class BoundedValues:
     """A label's values as seen: the first `limit` keep their name, any later one is `other`."""
 
@@ -515,6 +559,10 @@ class Metrics:
     def watch_state(self, store: object) -> None:
         """Expose a state backend's outage flag and count, when it reports them."""
         watch_outages(self.registry, store)
+
+    def watch_calls(self, store: object) -> None:
+        """Expose a call store's kept writes and short replica waits, when it reports them."""
+        watch_pending(self.registry, store)
 
     def value(self, name: str, **labels: str) -> float:
         """The sum of the samples of `name` whose labels include `labels`, 0 when none does.

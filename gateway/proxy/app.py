@@ -118,6 +118,7 @@ class ProxyServer:
             state if state is not None else build_state(config.state, metrics=self.metrics.state)
         )
         self.metrics.watch_state(self.state)
+        self.metrics.watch_calls(self.store)
         self.alerter = alerter if alerter is not None else Alerter.from_config(proxy.alerts)
         self._auth = Authenticator(proxy.keys)
         prices = PriceTable(proxy.prices, proxy.default_output_tokens)
@@ -290,9 +291,7 @@ class ProxyServer:
         """Admit the call on its budgets and the call guard; refuse it, or forward and relay."""
         admitted = await self._budgets.admit(call)
         if isinstance(admitted, OverBudget):
-            # Refused for a state outage: the request log is in that unreachable Redis too.
-            if not admitted.spend.unavailable:
-                self._guarded.refused(call, None)
+            self._guarded.refused(call, None, unavailable=admitted.spend.unavailable)
             return self._budgets.refusal(call, admitted.spend)
         decision = call.decision = admitted.decision
         if not admitted.sent:

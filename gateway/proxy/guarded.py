@@ -164,11 +164,15 @@ class GuardedCalls:
         )
         return Admitted(decision, spend, waived=True)
 
-    def refused(self, call: LoggedRequest, decision: CallDecision | None) -> None:
-        """Log a refused call: `budget_exceeded` (no decision), else the guard's code and rule."""
+    def refused(
+        self, call: LoggedRequest, decision: CallDecision | None, *, unavailable: bool = False
+    ) -> None:
+        """Log a refused call: `budget_exceeded` (no decision; `state_unavailable` when the
+        budgets' shared state was unreachable), else the guard's code and rule."""
         if decision is None:
-            _guardrail("spend", "budget_exceeded", tracing.REFUSED)
-            self.record(call, "budget_exceeded", None, None)
+            code: CallOutcome = "state_unavailable" if unavailable else "budget_exceeded"
+            _guardrail("spend", code, tracing.REFUSED)
+            self.record(call, code, None, None)
         else:
             _guardrail("call_loop", shadow_code(decision), tracing.REFUSED)
             self.record(call, refusal_outcome(decision), None, None, rule=decision.rule)

@@ -37,9 +37,16 @@ from gateway.observability.metrics import (
     ModelCallMetrics,
     StateMetrics,
     watch_outages,
+    watch_pending,
 )
 
-REFUSAL_CODES = ("loop_detected", "loop_paused", "duplicate_call", "budget_exceeded")
+REFUSAL_CODES = (
+    "loop_detected",
+    "loop_paused",
+    "duplicate_call",
+    "budget_exceeded",
+    "state_unavailable",
+)
 """The outcomes of a refused call (`gateway.calls.entry.CallOutcome`)."""
 UPSTREAM_ERRORS = ("no_answer", "status_4xx", "status_5xx", "broken_off")
 ANOMALY_ACTIONS = ("alert", "pause")
@@ -133,6 +140,10 @@ class ProxyMetrics:
     def watch_state(self, store: object) -> None:
         """Expose a state backend's outage flag and count, when it reports them."""
         watch_outages(self.registry, store)
+
+    def watch_calls(self, store: object) -> None:
+        """Expose a call store's kept writes and short replica waits, when it reports them."""
+        watch_pending(self.registry, store)
 
     def render(self) -> bytes:
         """The text exposition format, for `/metrics`."""

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import unquote, urlsplit
 
 from redis import exceptions as redis_errors
@@ -220,6 +220,46 @@ class RedisLink:
         script = self._client.register_script(source)
         self._scripts.append(script)
         return script
+
+    async def run_waited(
+        self,
+        script: AsyncScript,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        replicas: int,
+        timeout_ms: int,
+    ) -> tuple[Any, int]:
+        """Run a script, then `WAIT replicas timeout_ms` on the same connection (one round
+        trip, a pipeline); the script's reply and how many replicas hold its writes.
+
+        On a cluster the WAIT goes to the master of the first key's slot, where the
+        pipeline sends the script (a MOVED script is followed there; the WAIT is not, and
+        then counts the old master's replicas). Wrap the call in `guarded`.
+        """
+        try:
+            return await self._script_then_wait(script, keys, args, replicas, timeout_ms)
+        except redis_errors.NoScriptError:  # a restarted server lost its script cache
+            await self._client.script_load(script.script)
+            return await self._script_then_wait(script, keys, args, replicas, timeout_ms)
+
+    async def _script_then_wait(
+        self,
+        script: AsyncScript,
+        keys: Sequence[str],
+        args: Sequence[str | int],
+        replicas: int,
+        timeout_ms: int,
+    ) -> tuple[Any, int]:
+        client = self._client
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            if isinstance(client, RedisCluster):
+                node = client.get_node_from_key(keys[0])
+                pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
+            else:
+                pipe.execute_command("WAIT", replicas, timeout_ms)
+            reply, acknowledged = await pipe.execute()
+        return reply, int(acknowledged)
 
     async def start(self) -> None:
         """Load the scripts; an unreachable Redis is an outage (logged), not a start failure."""

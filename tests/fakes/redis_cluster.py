@@ -7,12 +7,14 @@ which scripts/system-deps.sh installs). The cluster is six `redis-server
 --sentinel` watching them (quorum 1). Both run without persistence and with short
 failure timeouts (`NODE_TIMEOUT_MS`, `DOWN_AFTER_MS`), so a killed master is replaced
 within seconds. A node can be killed (SIGKILL, an outage) and started again on its port
-and files, where it rejoins as a replica of whoever took over.
+and files, where it rejoins as a replica of whoever took over, or frozen (SIGSTOP) and
+thawed, so a replica stops acknowledging writes without its master noticing at once.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -105,6 +107,17 @@ class Node:
                 args, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir
             )
         _wait(f"redis node {self.address}", lambda: _command(self.port, "PING").strip() == "PONG")
+
+    def freeze(self) -> None:
+        """SIGSTOP: the node stops answering (and acknowledging replication) but keeps its
+        connections, as a host stalled by its hypervisor or a long GC pause would."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT: a frozen node goes on where it stopped."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
         """SIGKILL: the node vanishes as a crashed host would."""

@@ -12,6 +12,7 @@
     "loop_paused",
     "duplicate_call",
     "budget_exceeded",
+    "state_unavailable",
     "upstream_error",
   ];
   const TEXT_FILTERS = [
