@@ -24,11 +24,13 @@ from tests.connectors.connector_helpers import (
     GatewayProcess,
     gateway_process,
     running,
+    wait_for,
 )
 from tests.connectors.matrix.rooms import (
     User,
     answered,
     count,
+    messages_of,
     new_room,
     posted_by,
     say,
@@ -42,6 +44,9 @@ from tests.fakes.synapse_server import (
     SynapseServer,
     running_synapse,
 )
+
+TURN_CAP = 3
+"""The slow-loop test's bot-turn cap: bot messages in a row a room answers."""
 
 
 async def test_issue23_two_hosted_bots_ping_pong_is_cut_at_the_pair_budget(
@@ -61,6 +66,33 @@ async def test_issue23_two_hosted_bots_ping_pong_is_cut_at_the_pair_budget(
     events = await synapse.messages(room.alice.token, room.room_id)
     replies = [e for e in events if e["sender"] != room.alice.user_id]
     assert {e["content"]["msgtype"] for e in replies} == {"m.notice"}
+
+
+async def test_issue23_a_slow_loop_under_the_pair_budget_is_cut_at_the_bot_turn_cap(
+    tmp_path: Path, synapse_server: SynapseServer, synapse: SynapseClient
+) -> None:
+    room = await new_room(synapse, bots=2)
+    rule = f"""channels:
+  - match: {{platform: matrix, channel: "{room.room_id}"}}
+    policy: {{bot_loop: {{max_events_per_window: 1000, max_consecutive_bot_turns: {TURN_CAP}}}}}
+"""
+    async with running(write_config(tmp_path, synapse_server, room, extra=rule)) as gateway:
+
+        def capped() -> float:
+            return gateway.metrics.value("refusals_total", stage="bot_loop", reason="bot_turn_cap")
+
+        await say(synapse, room, room.alice, "hi bots")
+        # Both answer alice (bot turns 1 and 2), each the other (3 and 4), one of them the
+        # third turn (5): turns 4 and 5 are over the cap, and nobody answers them.
+        await wait_for(lambda: capped() == 2)
+        cut = await messages_of(synapse, room)
+        await say(synapse, room, room.alice, "a human again")
+        after = await until(synapse, room, lambda b: count(b, "echo: a human again") == 2)
+
+    assert len([t for _, t in cut if t.startswith("echo: echo:")]) == TURN_CAP
+    assert count(cut, "echo: hi bots") == 2
+    assert not any(t.startswith(NOTICE) for _, t in after)  # the cap is quiet, no cooldown
+    assert gateway.metrics.value("refusals_total", stage="bot_loop", reason="cooldown") == 0
 
 
 async def test_issue23_no_reply_is_never_posted(
