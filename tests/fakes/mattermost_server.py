@@ -207,6 +207,7 @@ class MattermostFake:
         self._connected = asyncio.Condition()
         self._limit: tuple[int, float] | None = None
         self._buckets: dict[str, _Bucket] = {}
+        self._retry_after_header = True
         self.refuse_websockets = False
         app = web.Application(middlewares=[self._rate_limit_middleware])
         app.router.add_get(f"{API}/users/me", self._me)
@@ -339,13 +340,18 @@ class MattermostFake:
         """How many authenticated websockets `user` has now."""
         return len(self._conns_of(user.id))
 
-    def set_rate_limit(self, limit: int, *, per_second: float) -> None:
-        """Each API token may make `limit` requests at once, refilled at `per_second`; then 429."""
+    def set_rate_limit(self, limit: int, *, per_second: float, retry_after: bool = True) -> None:
+        """Each API token may make `limit` requests at once, refilled at `per_second`; then 429.
+
+        `retry_after=False` leaves `Retry-After` out of a 429: only `X-RateLimit-Reset` says
+        when to come back (as a proxy that drops the header would).
+        """
         if limit < 1 or not per_second > 0:
             raise ValueError(
                 f"set_rate_limit needs limit >= 1 and per_second > 0, not {limit}, {per_second}"
             )
         self._limit = (limit, per_second)
+        self._retry_after_header = retry_after
         self._buckets.clear()
 
     def clear_rate_limit(self) -> None:
@@ -664,7 +670,8 @@ class MattermostFake:
         }
         if limited:
             self.calls.append((request.method, request.path, None))
-            headers["Retry-After"] = str(math.ceil((1 - bucket.tokens) / per_second))
+            if self._retry_after_header:
+                headers["Retry-After"] = str(math.ceil((1 - bucket.tokens) / per_second))
             return web.Response(status=429, text="limit exceeded\n", headers=headers)
         response = await handler(request)
         response.headers.update(headers)

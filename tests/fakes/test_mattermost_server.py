@@ -184,6 +184,14 @@ async def test_issue23_rate_limit_answers_429_with_its_headers(
     assert last.headers["Retry-After"] == "1"
     assert fake.texts(bot) == ["hello", "hello", "hello"]
 
+    fake.set_rate_limit(1, per_second=1, retry_after=False)
+    for _ in range(2):
+        async with http.post(url, json=body, headers=_auth(bot)) as answer:
+            reset_only = answer
+    assert reset_only.status == 429
+    assert "Retry-After" not in reset_only.headers
+    assert reset_only.headers["X-RateLimit-Reset"] == "1"
+
 
 async def test_issue23_dropped_websockets_close_and_reconnect(
     fake: MattermostFake, http: aiohttp.ClientSession

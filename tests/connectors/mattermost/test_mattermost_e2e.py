@@ -10,6 +10,7 @@ that a test's outcome depends on.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ HOSTED = """  - id: {id}
     agent: parrot
 """
 TURN_CAP = 3
+RECONNECT_SECONDS = 30.0
+"""The bound on a wait that spans a reconnect (its backoff doubles from 1 s) or a restart."""
 
 
 class Clock:
@@ -111,8 +114,13 @@ async def say(world: World, text: str, sender: FakeUser, channel: FakeChannel) -
 
 
 @contextmanager
-def outside_bot_answers(world: World) -> Iterator[None]:
-    """The outside bot answers every post of the hosted bot in the lobby, while in the block."""
+def outside_bot_answers(world: World, *, webhook: bool = False) -> Iterator[None]:
+    """The outside bot answers every post of the hosted bot in the lobby, while in the block.
+
+    With `webhook`, an incoming webhook answers instead: it posts as its owner, mallory (a
+    person's account), and only its `props.from_webhook` says a script is speaking.
+    """
+    author = world.mallory if webhook else world.outsider
 
     async def answer() -> None:
         seen = len(world.fake.posts)
@@ -120,7 +128,13 @@ def outside_bot_answers(world: World) -> Iterator[None]:
             posts = world.fake.posts
             for post in posts[seen:]:
                 if post["user_id"] == world.helper.id and post["channel_id"] == world.lobby.id:
-                    world.fake.post_as(world.outsider, world.lobby.id, f"ping {post['id'][:6]}")
+                    world.fake.post_as(
+                        author,
+                        world.lobby.id,
+                        f"ping {post['id'][:6]}",
+                        webhook=webhook,
+                        override_username="ci-hook" if webhook else None,
+                    )
             seen = len(posts)
             await asyncio.sleep(0.01)
 
@@ -239,12 +253,14 @@ async def test_issue23_loop_reset_works_for_an_admin_and_is_refused_to_anyone_el
         assert len(notices(world)) == 1
 
 
+@pytest.mark.parametrize("retry_after", [True, False], ids=["retry-after", "ratelimit-reset"])
 async def test_issue23_a_429_is_waited_out_and_the_reply_posted_once(
-    tmp_path: Path, world: World
+    tmp_path: Path, world: World, retry_after: bool
 ) -> None:
+    """With `Retry-After`, and with `X-RateLimit-Reset` alone saying when to come back."""
     async with running(write_config(tmp_path, world, world.helper)):
         await say(world, "warm up", world.alice, world.lobby)  # alice's lookup is cached now
-        world.fake.set_rate_limit(1, per_second=1)
+        world.fake.set_rate_limit(1, per_second=1, retry_after=retry_after)
         async with (
             aiohttp.ClientSession() as http,
             http.get(
@@ -299,3 +315,81 @@ async def test_issue23_subprocess_answers_exits_zero_on_sigterm_and_never_prints
     assert "DEBUG" in gateway.output
     assert world.helper.token is not None
     assert_no_secret(gateway.output, world.helper.token)
+
+
+async def test_issue23_a_webhook_answering_the_bot_is_a_bot_and_cut_at_the_pair_budget(
+    tmp_path: Path, world: World
+) -> None:
+    async with running(write_config(tmp_path, world, world.helper)):
+        with outside_bot_answers(world, webhook=True):
+            await say(world, "start the ping-pong", world.alice, world.lobby)
+            await wait_for(lambda: bool(notices(world)))
+            await settled(world)
+        answers = [t for t in texts(world, world.helper) if t.startswith("echo: ping")]
+        assert len(answers) == BUDGET
+        assert len(notices(world)) == 1
+
+
+def sqlite_config(tmp_path: Path, world: World) -> Path:
+    """The end-to-end config with a sqlite state in `tmp_path` (kept across restarts)."""
+    path = write_config(tmp_path, world, world.helper)
+    state = f"state: {{backend: sqlite, path: {tmp_path / 'state.db'}}}"
+    path.write_text(path.read_text().replace("state: {backend: memory}", state))
+    return path
+
+
+def posted_later(world: World, channel: FakeChannel, *texts: str) -> None:
+    """Alice posts `texts`, each a second after the one before (on the fake's clock)."""
+    for text in texts:
+        world.clock.now += 1
+        world.fake.post_as(world.alice, channel.id, text)
+
+
+def echoes(*texts: str) -> list[str]:
+    return [f"echo: {text}" for text in texts]
+
+
+async def test_issue23_posts_made_while_the_websocket_was_down_are_answered_once_after_it(
+    tmp_path: Path, world: World
+) -> None:
+    down = ("while down 0", "while down 1", "while down 2")
+    async with running(write_config(tmp_path, world, world.helper)) as gateway:
+        connector = gateway.hosted["helper-mm"].connector
+        assert isinstance(connector, MattermostConnector)
+        await say(world, "before the outage", world.alice, world.lobby)
+        world.fake.refuse_websockets = True
+        await world.fake.drop_connections(world.helper, abrupt=True)
+        await wait_for(lambda: not connector.connected)
+        posted_later(world, world.lobby, *down)
+        world.fake.refuse_websockets = False
+        await wait_for(lambda: len(texts(world, world.helper)) == 4, limit=RECONNECT_SECONDS)
+        world.clock.now += 1
+        await say(world, "after the outage", world.alice, world.lobby)
+        await settled(world)
+    assert texts(world, world.helper) == echoes("before the outage", *down, "after the outage")
+
+
+async def test_issue23_a_restart_after_sigkill_answers_what_was_posted_meanwhile_once(
+    tmp_path: Path, world: World
+) -> None:
+    """Nothing twice, nothing lost, nothing from before the first start (sqlite state)."""
+    config = sqlite_config(tmp_path, world)
+    world.clock.now = time.time() - 3600  # the server's clock: an hour before the first start
+    world.fake.post_as(world.alice, world.lobby.id, "before the first start")
+    down = ("while down 0", "while down 1", "while down 2")
+    async with gateway_process(config) as first:
+        await first.ready()
+        world.clock.now = time.time() + 3600  # every post from now on is after it
+        await say(world, "warm up", world.alice, world.lobby)
+        await first.kill()
+    posted_later(world, world.lobby, *down)
+    async with gateway_process(config) as second:
+        await second.ready()
+        await wait_for(lambda: len(texts(world, world.helper)) == 4, limit=RECONNECT_SECONDS)
+        world.clock.now += 1
+        await say(world, "after the restart", world.alice, world.lobby)
+        await settled(world)
+        output = second.output
+    assert texts(world, world.helper) == echoes("warm up", *down, "after the restart")
+    assert world.helper.token is not None
+    assert_no_secret(output, world.helper.token)
