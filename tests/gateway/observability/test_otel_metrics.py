@@ -3,17 +3,22 @@
 The proxy in front of the fake LLM provider, and the Gateway runtime with an `openai`
 agent on the fake platform, each with `setup_telemetry` pointed at the receiver in
 `tests/fakes/otlp_receiver.py`. Every export is forced with `Telemetry.force_flush` (in a
-thread: the exporter's HTTP post is answered by this event loop), never waited for.
+thread: the exporter's HTTP post is answered by this event loop), never waited for; and
+`loopwarden proxy` as a process, whose last export comes when it stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
+import openai
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, Sum
@@ -23,6 +28,7 @@ from prometheus_client.registry import Collector
 from gateway.app.errors import ConfigError
 from gateway.app.runtime import Gateway
 from gateway.app.types import InboundMessage
+from gateway.cli.main import main
 from gateway.config import TelemetryConfig, parse_config
 from gateway.observability import semconv, tracing
 from gateway.observability.metrics import Metrics
@@ -30,7 +36,8 @@ from gateway.observability.otel_metrics import RegistryBridge
 from gateway.observability.telemetry import ExportedMetrics, Telemetry, setup_telemetry
 from tests.fakes.llm_upstream import INPUT_TOKENS, OUTPUT_TOKENS, FakeLLM, tool_call_response
 from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedPoint
-from tests.gateway.proxy.proxy_helpers import MODEL, running_proxy
+from tests.gateway.proxy.proxy_helpers import MODEL, PROXY_KEY, proxy_yaml, running_proxy
+from tests.gateway.proxy.test_proxy_cli import free_port
 from tests.gateway.proxy.test_proxy_metrics import chat, scrape, value
 from tests.gateway.runtime_helpers import FakePlatform
 
@@ -59,11 +66,8 @@ async def flushed(telemetry: Telemetry) -> None:
     assert await asyncio.to_thread(telemetry.force_flush)
 
 
-def attributes(point: ReceivedPoint) -> dict[str, object]:
-    return dict(point.attributes)
-
-
 def genai(provider: str, model: str, **more: str) -> dict[str, object]:
+    """A chat call's GenAI attributes, and `more` (dotted names passed as a dict)."""
     return {
         semconv.OPERATION_NAME: semconv.CHAT,
         semconv.PROVIDER_NAME: provider,
@@ -292,3 +296,71 @@ def test_issue25_one_export_reads_the_registry_once() -> None:
             ]
     finally:
         provider.shutdown()
+
+
+async def test_issue25_loopwarden_proxy_exports_its_metrics_when_it_stops(tmp_path: Path) -> None:
+    port = free_port()
+    async with FakeLLM() as upstream, OtlpReceiver() as receiver:
+        path = tmp_path / "loopwarden.yaml"
+        telemetry = f"telemetry: {{otlp_endpoint: '{receiver.endpoint}'}}\n"
+        path.write_text(proxy_yaml(upstream.url, port=port) + telemetry, encoding="utf-8")
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gateway",
+            "proxy",
+            "--config",
+            str(path),
+            stderr=asyncio.subprocess.PIPE,
+            # No scheduled export: only the last one, when the proxy stops, posts.
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                "OTEL_METRIC_EXPORT_INTERVAL": "86400000",
+            },
+        )
+        assert process.stderr is not None
+        try:
+            started = b""
+            while b"proxy listening" not in started:
+                started = await asyncio.wait_for(process.stderr.readline(), timeout=20)
+            url = f"http://127.0.0.1:{port}/openai/v1"
+            async with openai.AsyncOpenAI(base_url=url, api_key=PROXY_KEY) as sdk:
+                for _ in range(5):
+                    await sdk.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "hello"}]
+                    )
+                with pytest.raises(openai.RateLimitError):
+                    await sdk.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "hello"}]
+                    )
+            assert not receiver.metric_exports
+            process.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(process.wait(), timeout=30)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert code == 0
+    [export] = receiver.metric_exports
+    refusals = [point for point in export if point.name == "proxy_refusals"]
+    refused = one(refusals, provider="openai", code="loop_detected")
+    assert (refused.value, refused.service) == (1, "loopwarden-proxy")
+    [tokens] = [
+        p
+        for p in export
+        if p.name == semconv.TOKEN_USAGE and p.attributes[semconv.TOKEN_TYPE] == "input"
+    ]
+    assert tokens.count == 5
+
+
+def test_issue25_loopwarden_proxy_refuses_an_absurd_export_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "0")
+    path = tmp_path / "loopwarden.yaml"
+    telemetry = "telemetry: {otlp_endpoint: 'http://127.0.0.1:9'}\n"
+    path.write_text(proxy_yaml("http://127.0.0.1:9") + telemetry, encoding="utf-8")
+    assert main(["proxy", "--config", str(path)]) == 2
+    error = capsys.readouterr().err
+    assert "OTEL_METRIC_EXPORT_INTERVAL: must be a number of milliseconds" in error
