@@ -48,7 +48,13 @@ from gateway.config import Config
 from gateway.config.limits import duration_text
 from gateway.demo.room import DESCRIPTION as DEMO_DESCRIPTION
 from gateway.demo.room import add_arguments as add_demo_arguments
-from gateway.observability.metrics import BudgetFigure, Metrics, ModelCallMetrics, StateMetrics
+from gateway.observability.metrics import (
+    BudgetFigure,
+    Metrics,
+    ModelCallMetrics,
+    StateMetrics,
+    watch_pending,
+)
 from gateway.proxy.metrics import ProxyMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -334,10 +340,14 @@ def cli_markdown() -> str:
 
 @dataclass(frozen=True, slots=True)
 class _HealthyStore:
-    """A state backend reporting no outage, so the state gauges are collected."""
+    """A state backend reporting no outage and nothing pending, so the state gauges (and a
+    call store's pending writes) are collected."""
 
     degraded: bool = False
     unavailable_calls: int = 0
+    pending_writes: int = 0
+    pending_dropped: int = 0
+    replica_waits_short: int = 0
 
 
 _SAMPLE_LABEL = "x"
@@ -381,6 +391,7 @@ def _proxy_registry() -> CollectorRegistry:
     """The proxy's registry with every family shown."""
     metrics = ProxyMetrics([_SAMPLE_LABEL])
     metrics.watch_state(_HealthyStore())
+    metrics.watch_calls(_HealthyStore())
     _model_calls(metrics, metrics.state)
     metrics.call_logged(
         CallLogEntry(
@@ -402,6 +413,7 @@ def _gateway_registry() -> CollectorRegistry:
     """The gateway's registry with every family shown."""
     metrics = Metrics()
     metrics.watch_state(_HealthyStore())
+    watch_pending(metrics.registry, _HealthyStore())
     _count_once_each(metrics)
     return metrics.registry
 

@@ -72,7 +72,7 @@ from gateway.calls.store import CallStore
 from gateway.config import BotConfig, Config
 from gateway.delivery.sender import Delivery
 from gateway.observability.activity import ActivityFeed
-from gateway.observability.metrics import Metrics
+from gateway.observability.metrics import Metrics, watch_pending
 from gateway.proxy.pricing import PriceTable
 from gateway.proxy.request_log import RequestLog
 from gateway.state.base import StateStore
@@ -142,7 +142,7 @@ class Gateway:
         )
         self.calls = calls if calls is not None else build_call_store(config.state, clock=clock)
         self.metrics.watch_state(self.state)
-        self.metrics.watch_calls(self.calls)
+        watch_pending(self.metrics.registry, self.calls)
         recent = RecentRefusals(clock=clock)
         budgets = AgentBudgets.from_config(config, wall_clock=wall_clock)
         prices = PriceTable.for_config(config.proxy)

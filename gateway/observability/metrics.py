@@ -560,10 +560,6 @@ class Metrics:
         """Expose a state backend's outage flag and count, when it reports them."""
         watch_outages(self.registry, store)
 
-    def watch_calls(self, store: object) -> None:
-        """Expose a call store's kept writes and short replica waits, when it reports them."""
-        watch_pending(self.registry, store)
-
     def value(self, name: str, **labels: str) -> float:
         """The sum of the samples of `name` whose labels include `labels`, 0 when none does.
 
