@@ -30,10 +30,15 @@ Decisions where DESIGN.md is silent:
   that (or one the homeserver refuses to page) is a warning and one `sync_gap` counted,
   and its older events are never answered; a connection failure while paging syncs the
   batch again after a pause.
-- A batch is handed over room by room in order (`connectors.lanes`), rooms concurrently;
-  an event the pipeline fails on is dropped (`sink_error`), one refused because the
-  gateway is stopping ends the sync loop without saving the position (the next run
-  takes the batch again).
+- A batch is handed over room by room in order (`connectors.lanes`), rooms concurrently.
+  A room's lane holds `timeline_limit` messages and all lanes 10,000; when they are full
+  (a gap's pages before the batch, or many busy rooms) the connector waits for them to
+  empty instead of dropping (`queue_full` is never counted here): the next sync is only
+  asked for once the batch is handed over, so the homeserver holds the rest meanwhile, and
+  the missed events of every limited room of one sync (at most `gap_pages` pages a room)
+  are the most held at once. An event the pipeline fails on is dropped (`sink_error`);
+  one refused because the gateway is stopping ends the sync loop without saving the
+  position (the next run takes the batch again).
 - An encrypted room (its `m.room.encryption` state in a sync, or found by asking the
   homeserver for that state the first time a room speaks) is refused: a warning the
   first time, and every message of it dropped and counted as `encrypted_room`.
@@ -172,7 +177,7 @@ class MatrixConnector:
         self._encrypted: dict[str, bool] = {}
         self._names: dict[str, dict[str, str]] = {}
         self._answering: dict[str, tuple[str, int]] = {}
-        self._batch: Lanes[InboundMessage] = Lanes(self._hand_over)
+        self._batch: Lanes[InboundMessage] = Lanes(self._hand_over, per_lane=timeline_limit)
         self._tasks = BackgroundTasks()
 
     @property
@@ -347,7 +352,8 @@ class MatrixConnector:
                 for event in (*missed, *(e.source for e in info.timeline.events)):
                     message = self._translate(room_id, event, encrypted=encrypted)
                     if message is not None and not self._batch.put(room_id, message):
-                        self._runtime.drop(Skip.QUEUE_FULL, f"event {message.message_id}")
+                        await self._batch.join()  # full: let the lanes empty, then queue
+                        self._batch.put(room_id, message)
             await self._batch.join()
         finally:
             await self._batch.aclose()
