@@ -3,12 +3,15 @@
 Run with `.venv/bin/python -m bench.tracing_bench [--quick]` (needs the `[otel]` extra).
 
 Tracing on is the real exporter (`telemetry.otlp_endpoint`, every trace sampled, the
-batch span processor posting OTLP/HTTP protobuf) to a sink on loopback that answers 200
-in a thread of its own. The batch queue is made large enough (`OTEL_BSP_MAX_QUEUE_SIZE`)
-that no span is dropped, so every span is paid for. In one run, alternating off and on:
+export thread posting OTLP/HTTP protobuf with the SDK's exporter) to a sink on loopback
+that answers 200 in a thread of its own. The export queue is made large enough
+(`OTEL_BSP_MAX_QUEUE_SIZE`) that no span is dropped, so every span is paid for. In one
+run, alternating off and on:
 - the pipeline (bench/pipeline_bench.py's workload and pipeline, room memory off): msg/s
-  in the event loop's thread CPU time, off and on, best of the runs; the exporter's own
-  thread is not in that figure, the time `force_flush` then takes is printed beside it;
+  in the event loop's thread CPU time, off and on, best of the runs; the export thread
+  (`gateway.observability.otel_batch`) is not in that figure: its own CPU time over the
+  run and the flush after it is printed beside it (it runs on the other core, taking
+  turns with the event loop for the GIL);
 - the proxy (bench/proxy_bench.py's request, memory state): requests alternating direct
   and through the proxy, one at a time; the added p50 off and on, median of the rounds.
 Targets: the pipeline at least 0.85× its rate with tracing off, and the proxy's added
@@ -32,6 +35,7 @@ from bench.pipeline_bench import BOT_MESSAGES_PER_ROOM, CONFIG, NO_ROOM_MEMORY, 
 from bench.proxy_bench import PROXY_KEY, Send, _config, _sender, _sequential
 from gateway.config import TelemetryConfig, parse_config
 from gateway.observability import tracing
+from gateway.observability.otel_batch import EXPORT_THREAD
 from gateway.observability.telemetry import reset_tracing, setup_tracing
 from gateway.proxy.alerts import Alerter
 from gateway.proxy.app import ProxyServer
@@ -58,27 +62,29 @@ class _Sink(BaseHTTPRequestHandler):
 async def _pipeline(on: tracing.Tracer, rooms: int, repeat: int) -> None:
     bench = Bench(parse_config(CONFIG + NO_ROOM_MEMORY, env={}))
     await timed(bench, bench.through_pipeline, rooms // 10 or 1)  # warm-up
-    off_runs, on_runs, flushes = [], [], []
+    on.force_flush()
+    exporter = _export_clock()
+    off_runs, on_runs, exports = [], [], []
     for _ in range(repeat):
         tracing.install(tracing.NO_TRACER)
         off_runs.append(await timed(bench, bench.through_pipeline, rooms))
         tracing.install(on)
+        began = time.clock_gettime(exporter)
         on_runs.append(await timed(bench, bench.through_pipeline, rooms))
-        began = time.perf_counter()
         on.force_flush()
-        flushes.append(time.perf_counter() - began)
+        exports.append(time.clock_gettime(exporter) - began)
     tracing.install(tracing.NO_TRACER)
     count = rooms * (1 + BOT_MESSAGES_PER_ROOM)
     off = 1 / min(run.cpu for run in off_runs)
     traced = 1 / min(run.cpu for run in on_runs)
     ratio = traced / off
     added_us = (1 / traced - 1 / off) * 1e6
-    flush_us = min(flushes) / count * 1e6
+    export_us = min(exports) / count * 1e6
     print(f"pipeline, {count:,} messages a run, best of {repeat} (event-loop thread CPU)")
     print(f"  tracing off           {off:>10,.0f} msg/s")
     print(f"  tracing on            {traced:>10,.0f} msg/s  (+{added_us:.2f} µs/msg)")
     print(f"  on / off              {ratio:>10.2f} ×  (target ≥ {TARGET_RATIO})")
-    print(f"  export after the run  {flush_us:>10.2f} µs/msg of force_flush (exporter thread)")
+    print(f"  export thread         {export_us:>10.2f} µs/msg of its own CPU, not in the above")
     verdict = "meets" if ratio >= TARGET_RATIO else "misses"
     print(f"  {verdict} the target")
 
@@ -119,6 +125,14 @@ async def _proxy(on: tracing.Tracer, requests: int, rounds: int) -> None:
     more = on_ms - off_ms
     verdict = "meets" if more <= TARGET_ADDED_MS else "misses"
     print(f"  tracing adds            {more:+.3f} ms  (target ≤ +{TARGET_ADDED_MS} ms): {verdict}")
+
+
+def _export_clock() -> int:
+    """The CPU clock of the tracer's export thread."""
+    [thread] = [thread for thread in threading.enumerate() if thread.name == EXPORT_THREAD]
+    if thread.ident is None:
+        raise RuntimeError("the export thread has not started")
+    return time.pthread_getcpuclockid(thread.ident)
 
 
 def _shifted(send: Send, offset: int) -> Send:
