@@ -17,9 +17,9 @@ websocket would have sent, so it takes the same inbound path as a live one.
   `create_at`, then id); a post whose id or time is not of the right type is left out.
 - `as_event` wraps a post as a `posted` event: the channel's type says whether it is a
   direct message; the sender's name is a webhook's `override_username`, else unknown (the
-  translation then uses the user id, as for an event without `sender_name`); the server's
-  `mentions` list is not in a REST answer, so a caught-up post mentions the bot only by
-  `@username` in its text.
+  translation uses the user id, and the connector asks the server for the username); the
+  server's `mentions` list is not in a REST answer, so a caught-up post mentions the bot
+  only by `@username` in its text.
 """
 
 from __future__ import annotations

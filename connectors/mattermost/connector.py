@@ -44,7 +44,8 @@ Decisions where DESIGN.md is silent:
 - Bot identity, so the pair guard bites: a post flagged `props.from_bot`/`from_webhook` is
   a bot's; for any other sender the connector asks `GET /users/{id}` (`is_bot`) in the
   message's lane before handing it over, once per user (`connectors.mattermost.users`,
-  bounded). A sender the server could not answer about counts as a bot (fail closed).
+  bounded). A sender the server could not answer about counts as a bot (fail closed). The
+  same answer names a caught-up post's sender (a REST post has no `sender_name`).
 - `send` is one `POST /posts` (`root_id` for a thread); `edit` (streamed replies,
   `Capabilities.edits`) one `PUT /posts/{id}/patch`. A 429 raises
   `DeliveryError(retryable=True, retry_after=…)` from `Retry-After` or `X-RateLimit-Reset`,
@@ -88,7 +89,7 @@ from connectors.mattermost.inbound import (
     translate_event,
 )
 from connectors.mattermost.outbound import error_id, posted_id, retry_after, to_patch, to_post
-from connectors.mattermost.users import BotDirectory
+from connectors.mattermost.users import Account, BotDirectory
 from connectors.runtime import ConnectorRuntime, Outcome
 from connectors.skips import Skip
 from connectors.tasks import BackgroundTasks
@@ -118,6 +119,8 @@ MAX_RETRY_AFTER = 60.0
 TIMING = Timing()
 _ID = re.compile(r"^[a-z0-9]{26}$")
 """Mattermost ids (users, posts, channels): 26 characters of its base-32 alphabet."""
+_USERNAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+"""A username as Mattermost allows them (at most 22 of these characters), with room."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -175,7 +178,7 @@ class MattermostConnector:
         self._socket: aiohttp.ClientWebSocketResponse | None = None
         self._identity: BotIdentity | None = None
         self._connected = False
-        self._users = BotDirectory(self._lookup_is_bot)
+        self._users = BotDirectory(self._lookup_account)
         self._lanes: Lanes[InboundMessage | _Seen] = Lanes(self._hand_over)
         self._tasks = BackgroundTasks()
 
@@ -349,9 +352,7 @@ class MattermostConnector:
             if not self._refused:
                 self._cursors.advance(item.channel_id, item.create_at, item.post_id)
             return
-        message = item
-        if not message.sender_is_bot and await self._users.is_bot(message.sender_id):
-            message = dataclasses.replace(message, sender_is_bot=True)
+        message = await self._with_account(item)
         outcome = await self._runtime.offer(message)
         if outcome is Outcome.REFUSED:
             # Not moved past: the next start catches this post up again.
@@ -363,6 +364,20 @@ class MattermostConnector:
         at = post_position(message.raw) if isinstance(message.raw, Mapping) else None
         if at is not None and not self._refused:
             self._cursors.advance(message.channel_id, *at)
+
+    async def _with_account(self, message: InboundMessage) -> InboundMessage:
+        """The message with what the server says of its sender: a bot account (asked unless
+        the post says so; fail closed), and its username when the post did not carry one
+        (a caught-up post)."""
+        unnamed = message.sender_name == message.sender_id
+        if message.sender_is_bot and not unnamed:
+            return message
+        account = await self._users.account(message.sender_id)
+        is_bot = message.sender_is_bot or account is None or account.is_bot
+        name = account.username if unnamed and account and account.username else None
+        return dataclasses.replace(
+            message, sender_is_bot=is_bot, sender_name=name or message.sender_name
+        )
 
     # ------------------------------------------------------------------- catch-up
 
@@ -460,8 +475,8 @@ class MattermostConnector:
     def _now_ms(self) -> int:
         return int(self._timing.clock() * 1000)
 
-    async def _lookup_is_bot(self, user_id: str) -> bool | None:
-        """`GET /users/{id}`'s `is_bot`; None (logged) when the server could not say."""
+    async def _lookup_account(self, user_id: str) -> Account | None:
+        """`GET /users/{id}`'s `is_bot` and `username`; None (logged) when it could not say."""
         session = self._session
         if session is None or not _ID.match(user_id):
             return None
@@ -484,7 +499,9 @@ class MattermostConnector:
                 error_id(status, answer),
             )
             return None
-        return is_bot
+        username = answer.get("username") if isinstance(answer, Mapping) else None
+        named = isinstance(username, str) and _USERNAME.match(username)
+        return Account(is_bot, username if named and isinstance(username, str) else "")
 
     # -------------------------------------------------------------------- outbound
 

@@ -272,6 +272,7 @@ async def test_issue23_posts_made_while_the_websocket_was_down_are_handed_over_b
 
     assert in_channel(inbox, town) == ["before", "while down 1", "while down 2", "live again"]
     assert in_channel(inbox, quiet) == ["in a channel the bot saw nothing of yet"]
+    assert {m.sender_name for m in inbox.messages} == {"alice"}  # caught up: asked the server
     assert mm.dropped["own_message"] == 1
     assert "caught up 4 posts" in caplog.text  # the bot's own post read, then skipped
     assert helper.token is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from connectors.mattermost.users import BotDirectory
+from connectors.mattermost.users import Account, BotDirectory
 
 
 class _Server:
@@ -16,10 +16,11 @@ class _Server:
         self.gate = asyncio.Event()
         self.gate.set()
 
-    async def __call__(self, user_id: str) -> bool | None:
+    async def __call__(self, user_id: str) -> Account | None:
         self.asked.append(user_id)
         await self.gate.wait()
-        return self.answers.get(user_id)
+        is_bot = self.answers.get(user_id)
+        return None if is_bot is None else Account(is_bot, user_id)
 
 
 async def test_issue23_a_sender_is_looked_up_once_even_when_asked_at_once() -> None:
@@ -53,3 +54,12 @@ async def test_issue23_the_directory_keeps_at_most_max_users_least_recent_first_
     await directory.is_bot("u0")  # kept: asked more recently than u1
     await directory.is_bot("u1")  # forgotten: asked again
     assert server.asked == ["u0", "u1", "u2", "u1"]
+
+
+async def test_issue23_the_directory_keeps_each_users_name_with_the_bot_flag() -> None:
+    server = _Server({"alice": False})
+    directory = BotDirectory(server)
+    assert await directory.account("alice") == Account(is_bot=False, username="alice")
+    assert await directory.account("ghost") is None
+    assert not await directory.is_bot("alice")
+    assert server.asked == ["alice", "ghost"]
