@@ -8,6 +8,7 @@ error (exit 2); a proxy that fails to start exits 1.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from gateway.app.errors import ConfigError
@@ -50,8 +51,10 @@ async def serve_proxy(config: Config, worker: Worker | None = None) -> int:
     if worker is not None:
         worker.attach(server.app, server.metrics.render)
     with stop_on_signals("stopping the proxy") as stop:
+        fresh: asyncio.Task[None] | None = None
         try:
             await server.start()
+            fresh = asyncio.create_task(telemetry.keep_fresh(server.refresh_budget_gauges))
             if worker is not None:
                 worker.serving()
             await stop.wait()
@@ -59,6 +62,8 @@ async def serve_proxy(config: Config, worker: Worker | None = None) -> int:
             log.exception("the proxy failed to start")
             return 1
         finally:
+            if fresh is not None:
+                fresh.cancel()
             await server.stop()
             telemetry.shutdown()
     return 0

@@ -152,6 +152,8 @@ class OtelMetrics:
         interval_ms: float,
         timeout_ms: float,
     ) -> None:
+        self.interval_seconds = interval_ms / 1000
+        """How often the reader exports."""
         attributes: dict[str, str] = {}
         if not os.environ.get("OTEL_SERVICE_NAME"):
             attributes[SERVICE_NAME] = service

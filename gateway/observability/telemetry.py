@@ -14,9 +14,10 @@ timeout): each is a number of milliseconds from 100 to 86,400,000 (a day), or a
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -54,6 +55,18 @@ class Telemetry:
         self.tracer = tracer
         self.metrics = metrics
         self._detach = detach
+
+    async def keep_fresh(self, refresh: Callable[[], Awaitable[None]]) -> None:
+        """Await `refresh` now and every export interval until cancelled (metrics off: never).
+
+        For figures a `/metrics` scrape reads first (the proxy's budget gauges): over OTLP
+        nothing scrapes, so they are read once an interval instead.
+        """
+        if self.metrics is None:
+            return
+        while True:
+            await refresh()
+            await asyncio.sleep(self.metrics.interval_seconds)
 
     def force_flush(self) -> bool:
         """Export every finished span and every metric now; False when one did not finish."""

@@ -224,21 +224,29 @@ class ProxyServer:
         await self._log.settle()
         await self.alerter.settle()
 
+    async def refresh_budget_gauges(self) -> None:
+        """Read the budget groups' spend and limits from the call store into the gauges.
+
+        Before each `/metrics` scrape, and every export interval when metrics go over OTLP
+        (`Telemetry.keep_fresh`). A failed read keeps the last figures.
+        """
+        budgets = self._budgets
+        if not budgets.budgets:
+            return
+        try:
+            rows = await spend_rows(
+                self.store, budgets.budgets, budgets.periods, self._wall_clock()
+            )
+        except Exception:  # a scrape still answers; the gauges keep their last figures
+            log.exception("reading the budget groups for the budget gauges failed")
+        else:
+            self.metrics.budget_figures(
+                BudgetFigure(row.budget, row.group, row.spent_usd, row.limit_usd) for row in rows
+            )
+
     async def _prometheus(self, request: web.Request) -> web.Response:
         """`/metrics`: the budget gauges read from the call store, then every series."""
-        budgets = self._budgets
-        if budgets.budgets:
-            try:
-                rows = await spend_rows(
-                    self.store, budgets.budgets, budgets.periods, self._wall_clock()
-                )
-            except Exception:  # a scrape still answers; the gauges keep their last figures
-                log.exception("reading the budget groups for /metrics failed")
-            else:
-                self.metrics.budget_figures(
-                    BudgetFigure(row.budget, row.group, row.spent_usd, row.limit_usd)
-                    for row in rows
-                )
+        await self.refresh_budget_gauges()
         return web.Response(
             body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type}
         )

@@ -364,3 +364,30 @@ def test_issue25_loopwarden_proxy_refuses_an_absurd_export_interval(
     assert main(["proxy", "--config", str(path)]) == 2
     error = capsys.readouterr().err
     assert "OTEL_METRIC_EXPORT_INTERVAL: must be a number of milliseconds" in error
+
+
+async def test_issue25_over_otlp_the_budget_gauges_are_read_every_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "100")
+    async with (
+        OtlpReceiver() as receiver,
+        running_proxy(LIMITED) as rig,
+        exporting(receiver, rig.proxy.metrics, "x") as telemetry,
+    ):
+        fresh = asyncio.create_task(telemetry.keep_fresh(rig.proxy.refresh_budget_gauges))
+        try:
+            assert [await chat(rig, f"question {n}") for n in range(2)] == [200, 200]
+            await rig.proxy.settle()
+            # No /metrics scrape: the exports carry the spend once a refresh has read it.
+            while not any(point.value > 0 for point in receiver.latest("budget_spend_usd")):
+                receiver.metrics_posted.clear()
+                await asyncio.wait_for(receiver.metrics_posted.wait(), 60)
+        finally:
+            fresh.cancel()
+        samples = await scrape(rig)
+    [spend] = receiver.latest("budget_spend_usd")
+    assert spend.attributes == {"budget": "agent-daily", "group": "agent=billing-bot"}
+    assert spend.value == value(samples, "budget_spend_usd", budget="agent-daily")
+    [limit] = receiver.latest("budget_limit_usd")
+    assert limit.value == 0.5
