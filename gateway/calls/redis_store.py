@@ -25,7 +25,9 @@ themselves, the TTL only frees memory.
 
 - `{calls}:owners` and `{calls}:owned:<owner>`: who holds which budget estimates
   (gateway.calls.budgets_redis, gateway.calls.owners): a replica's lease, renewed while
-  it runs, and its holds, given back by any replica once the lease lapses.
+  it runs, and its holds, given back by any replica once the lease lapses;
+  `{calls}:charged:<owner>`: the ids of its charges applied but not yet answered, so a
+  charge sent again counts once (gateway.calls.redis_pending).
 
 The scripts are the one sanctioned second version of `guards.call_loop.step_call`,
 `step_reopen` and `uncount`: the same steps over the same record, held to them by
@@ -46,10 +48,18 @@ Decisions where DESIGN.md is silent:
   own limit's worth through), `deny` (fail closed, issue 24) refuses it, holding
   nothing, with a `SpendVerdict` marked `unavailable` and a retry after the probe
   interval, at least `STATE_RETRY_SECONDS`.
-  A lost log entry is dropped; `reopen`, `paused` and `calls_since` raise `StateError`,
+  A charge or log batch Redis did not answer is kept and sent again once it answers
+  (gateway.calls.redis_pending); `reopen`, `paused` and `calls_since` raise `StateError`,
   so an admin is never told a change was made or that nothing is paused when Redis did
   not answer. The first failure logs one warning and the recovery one line; while down,
   one call per `probe_interval` goes to Redis and the others fail fast.
+- `wait_replicas` (`state.wait_replicas`, issue 24): each script call that writes
+  budgets (a call's hold, its charge or refund) is followed by `WAIT` on the same
+  connection (`RedisLink.run_waited`). Fewer replicas in time: under `deny` an admitted
+  call is refused `state_unavailable` as in an outage, its hold given back and its count
+  in the circuit and rules taken off; under `allow` it goes on; a charge goes on either
+  way (the call was answered). The first such write logs one warning, the first full
+  one after it one line; `replica_waits_short` counts them.
 - The request log is a sorted set rather than a stream: it is read by time range, and
   the entries' times come from the replicas, not from Redis.
 - A batch of log entries is one script call: the entries, their hours' sums

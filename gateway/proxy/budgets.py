@@ -41,7 +41,9 @@ Decisions where DESIGN.md is silent:
   keep-alive connection's next request never waits on the charge's write: on Redis one
   script call decides a call before it is forwarded (agent pause, budgets, circuit and
   rules together) and one more charges it afterwards (budgets and anomaly together). A
-  charge that fails (the store is unreachable) is logged; the call was already served.
+  charge Redis does not answer is kept and written once it answers
+  (gateway.calls.redis_pending); one that fails otherwise is logged: the call was
+  already served.
 - Without budgets or a pausing detector the admission is the plain repeat-guard decision.
 """
 

@@ -17,7 +17,8 @@ counted in this one place.
 
 Decisions where DESIGN.md is silent: a batch holds `BATCH_MAX` entries at most, so one
 write never holds the event loop for long, and a full one is written without waiting; a
-failed write loses its batch only (logged); `settle` still waits until every entry
+failed write loses its batch only (logged; a batch Redis does not answer is kept and
+written once it answers, gateway.calls.redis_pending); `settle` still waits until every entry
 queued before it is written.
 """
 
