@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
 from gateway.app.errors import ConfigError, StateError
 from gateway.calls.budgets import Amount, GroupSpend, SpendGroup
@@ -165,6 +166,31 @@ async def test_issue24_a_charge_whose_answer_was_lost_is_sent_again_and_counted_
         assert record is not None
         assert record.spent == USED  # once, though Redis ran it two or three times
         assert record.held == Amount()
+
+
+async def test_issue24_the_set_of_applied_charges_stays_as_small_as_the_charges_in_flight(
+    redis: RedisServer,
+) -> None:
+    budget = daily()
+    async with started(RedisCallStore(redis.url, key_prefix="small24:")) as store:
+        holds = []
+        for n in range(20):
+            spend = event(budget, usd=0.01)
+            admitted = await store.admit(circuit_key("bot", "s"), fingerprint(n), {}, spend)
+            assert admitted.spend.hold is not None
+            holds.append(admitted.spend.hold)
+        await asyncio.gather(*(store.charge(hold, Amount(1, 1)) for hold in holds))
+        await store.charge(holds[0], None)  # one more, after every answer came
+        charged = f"small24:{{calls}}:charged:{store.owner}"
+        client = Redis.from_url(redis.url)
+        try:
+            assert await client.zcard(charged) == 1
+            assert 0 < await client.pttl(charged) <= 86_400_000
+        finally:
+            await client.aclose()
+        record = await spent(store, budget.key)
+        assert record is not None
+        assert record.spent == Amount(20, 20)
 
 
 async def test_issue24_a_log_batch_whose_answer_was_lost_is_logged_once(
