@@ -107,7 +107,8 @@ class Halt:
     `guard` is `tool_loop` (the code is the tool call's HALT verdict, e.g.
     `no_progress_halt`), `call_loop` (`loop_detected`, `loop_paused`), `spend`
     (`budget_exceeded`: `detail` names the budget's group and figures, `retry_after` is the
-    time to the period's end) or `agent` (the agent's own limit, e.g. `max_tool_rounds`).
+    time to the period's end; `state_unavailable`: the budget could not be checked) or
+    `agent` (the agent's own limit, e.g. `max_tool_rounds`).
     """
 
     guard: str
