@@ -93,10 +93,11 @@ class ChannelInfo:
     last_post_at: int
 
 
-def member_channels(answer: object) -> list[ChannelInfo]:
-    """The live channels of a `GET /users/{id}/channels` answer (malformed ones left out)."""
+def member_channels(answer: object) -> list[ChannelInfo] | None:
+    """The live channels of a `GET /users/{id}/channels` answer (malformed ones left out);
+    None when the answer is not a list at all (the catch-up is then incomplete)."""
     if not isinstance(answer, list):
-        return []
+        return None
     channels = []
     for item in answer:
         if not isinstance(item, Mapping) or _millis(item.get("delete_at", 0)) != 0:
@@ -116,11 +117,12 @@ def post_position(post: Mapping[str, object]) -> tuple[int, str] | None:
     return create_at, post_id
 
 
-def listed_posts(answer: object) -> list[Mapping[str, object]]:
-    """The post objects of a `PostList` answer (`posts`, keyed by id), in no given order."""
+def listed_posts(answer: object) -> list[Mapping[str, object]] | None:
+    """The post objects of a `PostList` answer (`posts`, keyed by id), in no given order;
+    None when the answer is not a `PostList` (that channel is then not caught up)."""
     posts = answer.get("posts") if isinstance(answer, Mapping) else None
     if not isinstance(posts, Mapping):
-        return []
+        return None
     return [post for post in posts.values() if isinstance(post, Mapping)]
 
 

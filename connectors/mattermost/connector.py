@@ -26,8 +26,11 @@ Decisions where DESIGN.md is silent:
   made while the websocket opens can come both ways; the pipeline's dedupe (by post id)
   answers it once. Bounded: the newest `CATCH_UP_POSTS` posts of a channel and the
   `CATCH_UP_CHANNELS` most recently active channels; what is left out is logged and
-  counted as `catch_up_limit`. A 429 is waited out (up to three tries); a channel that
-  cannot be read is logged and read again at the next catch-up.
+  counted as `catch_up_limit`. A 429 (after the wait it asks for), a 5xx or a failed
+  connection (after doubling delays) is tried again, three tries in all; a channel list or
+  a channel that still cannot be read (or is no list) is logged, the floor stays, and that
+  channel is read again at the next catch-up, unless a live post there moved its position
+  first (then what was posted while down is not answered).
 - Each channel's position (newest `create_at` handled, and the ids handled at that
   millisecond) moves once a post is handed over, or skipped (the bot's own, system
   messages) in its turn, and is kept in the state backend's cursor store
@@ -61,9 +64,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 from aiohttp import WSMsgType
@@ -113,7 +117,7 @@ CATCH_UP_POSTS = 500
 CATCH_UP_CHANNELS = 500
 """Channels read by a catch-up, the most recently active; the others count `catch_up_limit`."""
 CATCH_UP_ATTEMPTS = 3
-"""Tries of one catch-up request the server answers 429, waiting as it asks in between."""
+"""Tries of one catch-up request that may pass: a 429, a 5xx, a connection that failed."""
 MAX_RETRY_AFTER = 60.0
 """The longest a catch-up waits for a 429 before its next try (seconds)."""
 TIMING = Timing()
@@ -391,10 +395,13 @@ class MattermostConnector:
         if identity is None:
             return False
         answer = await self._fetch(f"/users/{identity.user_id}/channels", "GET channels")
-        if answer is None:
+        channels = member_channels(answer)
+        if channels is None:
+            if answer is not None:
+                log.warning("mattermost bot %s: catch-up: the channel list is no list", self.bot_id)
             return False
         behind = []
-        for channel in member_channels(answer):
+        for channel in channels:
             if not _ID.match(channel.id):
                 continue
             position = await self._cursors.position(channel.id)
@@ -418,10 +425,16 @@ class MattermostConnector:
         for channel, position in behind[: self._catch_up_channels]:
             path = f"/channels/{channel.id}/posts?since={position.since()}"
             answer = await self._fetch(path, "GET posts since")
-            if answer is None:
+            listed = listed_posts(answer)
+            if listed is None:
+                if answer is not None:
+                    log.warning(
+                        "mattermost bot %s: catch-up: channel %s answered no post list",
+                        self.bot_id,
+                        channel.id,
+                    )
                 complete = False
                 continue
-            listed = listed_posts(answer)
             posts = new_posts(listed, position)
             excess = max(len(posts) - self._catch_up_posts, 0)
             if excess or len(listed) >= SINCE_LIMIT:
@@ -448,28 +461,35 @@ class MattermostConnector:
     async def _fetch(self, path: str, what: str) -> object:
         """A catch-up GET's JSON answer; None (logged) when the server did not give one.
 
-        A 429 is waited out as the server asks (at most `MAX_RETRY_AFTER`), up to
-        `CATCH_UP_ATTEMPTS` tries.
+        What may pass is tried again, up to `CATCH_UP_ATTEMPTS` tries: a 429 after the wait
+        the server asks for (at most `MAX_RETRY_AFTER`), a 5xx or a failed connection after
+        the reconnect delays (doubling). Any other answer is final.
         """
+        backoff = self._timing.backoff()
         for attempt in range(1, CATCH_UP_ATTEMPTS + 1):
             session = self._session
             if session is None:
                 return None
+            pause: Callable[[], Awaitable[None]] | None = None
             try:
                 async with session.get(f"{self._api}{path}", headers=self._auth) as response:
                     answer = _json_or_none(await response.read())
                     status, headers = response.status, response.headers
             except (aiohttp.ClientError, TimeoutError) as exc:
-                why = type(exc).__name__
+                why, pause = type(exc).__name__, backoff.wait
             else:
                 if status == 200:
                     return answer
                 why = error_id(status, answer)
-                if status == 429 and attempt < CATCH_UP_ATTEMPTS:
-                    await self._timing.sleep(min(retry_after(headers), MAX_RETRY_AFTER))
-                    continue
-            log.warning("mattermost bot %s: catch-up %s failed (%s)", self.bot_id, what, why)
-            return None
+                if status == 429:
+                    wait = min(retry_after(headers), MAX_RETRY_AFTER)
+                    pause = functools.partial(self._timing.sleep, wait)
+                elif status >= 500:
+                    pause = backoff.wait
+            if pause is None or attempt == CATCH_UP_ATTEMPTS:
+                log.warning("mattermost bot %s: catch-up %s failed (%s)", self.bot_id, what, why)
+                return None
+            await pause()
         return None
 
     def _now_ms(self) -> int:

@@ -33,7 +33,9 @@ and `delete_as` delete one (`post_deleted`); `posts` lists the posts as they wer
 `limit exceeded` and the `X-RateLimit-Limit/Remaining/Reset` and `Retry-After` headers (the
 clock is injectable); `drop_connections` closes (or cuts) websockets and
 `refuse_websockets = True` answers new ones 503 (an outage: post while it lasts);
-`wait_connected` waits for a user's authenticated socket; `send_event` sends any event.
+`wait_connected` waits for a user's authenticated socket; `send_event` sends any event;
+`break_route` answers a route with any body (a broken proxy, a server bug) until
+`mend_routes`.
 """
 
 from __future__ import annotations
@@ -208,6 +210,7 @@ class MattermostFake:
         self._limit: tuple[int, float] | None = None
         self._buckets: dict[str, _Bucket] = {}
         self._retry_after_header = True
+        self._broken: dict[str, tuple[int, str]] = {}
         self.refuse_websockets = False
         app = web.Application(middlewares=[self._rate_limit_middleware])
         app.router.add_get(f"{API}/users/me", self._me)
@@ -353,6 +356,14 @@ class MattermostFake:
         self._limit = (limit, per_second)
         self._retry_after_header = retry_after
         self._buckets.clear()
+
+    def break_route(self, path: str, body: str, *, status: int = 200) -> None:
+        """Answer every request for `path` (under `/api/v4`) with `body` as JSON, until mended."""
+        self._broken[f"{API}{path}"] = (status, body)
+
+    def mend_routes(self) -> None:
+        """Answer every route as the server does again."""
+        self._broken.clear()
 
     def clear_rate_limit(self) -> None:
         """No rate limit (the default)."""
@@ -652,6 +663,10 @@ class MattermostFake:
         self, request: web.Request, handler: Handler
     ) -> web.StreamResponse:
         """Mattermost's throttling: every API request of a token spends one from its bucket."""
+        broken = self._broken.get(request.path)
+        if broken is not None:
+            self.calls.append((request.method, request.path, None))
+            return web.Response(status=broken[0], text=broken[1], content_type="application/json")
         if self._limit is None or request.path == f"{API}/websocket":
             return await handler(request)
         limit, per_second = self._limit

@@ -21,6 +21,7 @@ from gateway.app.errors import ConnectorError, DeliveryError
 from gateway.app.types import Reply
 from gateway.config import MattermostBotConfig
 from gateway.state.base import CursorStore
+from gateway.state.memory import MemoryStateStore
 from gateway.state.sqlite import SqliteStateStore
 from tests.connectors.connector_helpers import Inbox, services, wait_for
 from tests.fakes.mattermost_server import FakeChannel, FakeUser, MattermostFake, new_id
@@ -379,3 +380,50 @@ async def test_issue23_a_rate_limited_catch_up_waits_as_the_server_asks_then_rea
     assert limited[0][:2] == ("GET", f"/api/v4/channels/{town.id}/posts")
     assert once(inbox) == ["alice is known now", "while down"]
     assert "catch-up" not in caplog.text
+
+
+async def test_issue23_a_catch_up_survives_odd_answers_and_reads_the_channel_again_next_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    store = MemoryStateStore(clock=clock)
+    async with MattermostFake(clock=clock) as fake:
+        helper = fake.add_user("helper", is_bot=True)
+        alice = fake.add_user("alice")
+        town = fake.add_channel("town", [helper, alice])
+        mm = on_clock(fake, clock, helper.token, cursors=store)
+        inbox = Inbox()
+        await mm.start(inbox)
+        try:
+            floor = await store.cursor_get("mattermost:helper-mm")
+            await outage(fake, helper, mm)
+            clock.tick()
+            fake.post_as(alice, town.id, "while down")
+            posts = f"/channels/{town.id}/posts"
+            odd = (
+                (f"/users/{helper.id}/channels", '{"channels": []}', 200, "is no list"),
+                (posts, "[1, 2, 3]", 200, "answered no post list"),
+                (posts, '{"id": "app.oops", "status_code": 503}', 503, "failed (app.oops)"),
+                (posts, '{"message": "' + "x" * 100_000 + '"}', 404, "failed (HTTP 404)"),
+            )
+            for path, body, status, logged in odd:
+                fake.break_route(path, body, status=status)
+                before = len(fake.calls)
+                fake.refuse_websockets = False
+                await wait_for(functools.partial(logged_text, caplog, logged))
+                tries = [c for c in fake.calls[before:] if c[1] == f"/api/v4{path}"]
+                assert len(tries) == (3 if status == 503 else 1)
+                assert await store.cursor_get("mattermost:helper-mm") == floor
+                fake.mend_routes()
+                await outage(fake, helper, mm)
+            assert inbox.texts() == []
+            fake.refuse_websockets = False
+            await wait_for(lambda: "while down" in inbox.texts())
+            await wait_for(lambda: mm.connected)
+        finally:
+            await mm.aclose()
+    assert await store.cursor_get("mattermost:helper-mm") != floor  # a complete catch-up
+
+
+def logged_text(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    return text in caplog.text
