@@ -220,7 +220,7 @@ class MattermostConnector:
         if socket is not None:
             await socket.close()
         await self._lanes.aclose()
-        await self._cursors.aclose()
+        await self._cursors.flush()
         self._runtime.sink = None
         session, self._session = self._session, None
         if session is not None:
@@ -449,6 +449,8 @@ class MattermostConnector:
                     self._catch_up_posts,
                     SINCE_LIMIT,
                 )
+            if posts:
+                self._cursors.hold(channel.id, position)
             for post in posts[:excess]:
                 self._runtime.drop(Skip.CATCH_UP_LIMIT, f"post {post.get('id')}")
             for post in posts[excess:]:

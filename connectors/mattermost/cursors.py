@@ -10,9 +10,11 @@ store they last as long as the process.
   `mattermost:<bot id>` the floor (`{"floor_ms": …}`): the time from which a channel the
   bot has no position for is read. The first start ever sets it to "now", so nothing
   posted before the connector first ran is ever answered (as on Matrix). After a
-  complete catch-up it moves to the time the websocket that followed was opened: every
+  complete catch-up it moves to the time that catch-up's websocket opened: every
   post after that reaches the bot live and moves a position, and a channel that has none
-  yet had no post since the floor.
+  yet had no post since the floor. A channel the catch-up found posts in gets its position
+  (`hold`) before the floor moves, so a crash before those posts are handled still reads
+  them from where they began.
 - `advance` moves a position in memory at once; the writes follow in the background, one
   at a time, each of the channel's newest position (a burst costs a few writes, not one
   each). A write that fails is logged and the position is written again with the next
@@ -50,7 +52,7 @@ class ChannelCursors:
         self._bot_id = bot_id
         self._max_channels = max_channels
         self._positions: OrderedDict[str, Position] = OrderedDict()
-        self._unsaved: dict[str, None] = {}
+        self._unsaved: dict[str, Position] = {}
         self._writing: asyncio.Task[None] | None = None
         self.floor = 0
 
@@ -64,7 +66,9 @@ class ChannelCursors:
             self.floor = floor
 
     async def set_floor(self, floor_ms: int) -> None:
-        """Read channels without a position from `floor_ms` on (saved at once)."""
+        """Read channels without a position from `floor_ms` on (saved at once, after every
+        position not saved yet: a channel `hold` kept must not fall under the new floor)."""
+        await self.flush()
         self.floor = floor_ms
         await self._set(f"{_PREFIX}:{self._bot_id}", json.dumps({"floor_ms": floor_ms}))
 
@@ -76,36 +80,45 @@ class ChannelCursors:
         saved = parse_position(await self._get(self._key(channel_id)))
         return saved if saved is not None else Position(self.floor)
 
+    def hold(self, channel_id: str, position: Position) -> None:
+        """Keep `position` for a channel that has none in memory (saved in the background)."""
+        if channel_id not in self._positions:
+            self._remember(channel_id, position)
+
     def advance(self, channel_id: str, create_at: int, post_id: str) -> None:
         """Note a post of `channel_id` handled; the new position is saved in the background."""
         known = self._positions.get(channel_id)
         current = known if known is not None else Position(0)
         moved = current.after(create_at, post_id)
-        if moved is current:
-            return
+        if moved is not current:
+            self._remember(channel_id, moved)
+
+    async def flush(self) -> None:
+        """Write the positions not saved yet (before a stop or a new floor)."""
+        if self._writing is not None:
+            await self._writing
+        await self._write_unsaved()
+
+    def __len__(self) -> int:
+        """How many channels' positions are held in memory."""
+        return len(self._positions)
+
+    def _remember(self, channel_id: str, moved: Position) -> None:
         self._positions[channel_id] = moved
         self._positions.move_to_end(channel_id)
         while len(self._positions) > self._max_channels:
             self._positions.popitem(last=False)
         if self._store is None:
             return
-        self._unsaved[channel_id] = None
+        self._unsaved[channel_id] = moved
         if self._writing is None or self._writing.done():
             self._writing = asyncio.create_task(self._write_unsaved())
-
-    async def aclose(self) -> None:
-        """Write the positions not saved yet (a stop loses none)."""
-        if self._writing is not None:
-            await self._writing
-        await self._write_unsaved()
 
     async def _write_unsaved(self) -> None:
         while self._unsaved:
             channel_id = next(iter(self._unsaved))
-            del self._unsaved[channel_id]
-            position = self._positions.get(channel_id)
-            if position is not None:
-                await self._set(self._key(channel_id), position.dumps())
+            position = self._unsaved.pop(channel_id)
+            await self._set(self._key(channel_id), position.dumps())
 
     def _key(self, channel_id: str) -> str:
         return f"{_PREFIX}:{self._bot_id}:{channel_id}"
