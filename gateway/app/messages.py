@@ -321,8 +321,8 @@ checked (the shared state is unreachable): nothing of the cause, which is the op
 def spend_unavailable_detail(*, budget: str, retry_after: float) -> str:
     """Why a model call was refused for an unreachable budget, for the decision log."""
     return (
-        f"budget {budget} could not be checked: the shared state is unreachable "
-        f"(state.on_error: deny); retry in {format_duration(retry_after)}"
+        f"budget {budget} could not be checked: the shared state is unreachable or its "
+        f"replicas are behind (state.on_error: deny); retry in {format_duration(retry_after)}"
     )
 
 

@@ -88,10 +88,12 @@ def budget_refusal(*, budget: str, group: str, limit: str, ends: str, unpriced: 
 
 
 def state_unavailable(*, budget: str, seconds: float) -> str:
-    """A budgeted call refused while the shared state is down (`state.on_error: deny`)."""
+    """A budgeted call refused while the shared state is down or its replicas lag behind
+    `state.wait_replicas` (`state.on_error: deny`)."""
     return (
         f"loopwarden: budget {budget} cannot be checked: the proxy's shared state is "
-        f"unreachable (state.on_error: deny); nothing was sent. Retry in {seconds:.0f} s."
+        "unreachable or its replicas are behind (state.on_error: deny); nothing was sent. "
+        f"Retry in {seconds:.0f} s."
     )
 
 
