@@ -18,19 +18,12 @@ Decisions where DESIGN.md is silent:
   with doubling delays (`gateway.app.backoff`), until `aclose`.
 - No post is lost to a reconnect or a restart: Mattermost does not replay to a new
   websocket what it missed, so after every `hello` (the first start's too) the connector
-  catches up before it reads a live event: `GET /users/{id}/channels`, then for each
-  channel whose `last_post_at` is newer than where the bot has read it up to,
-  `GET /channels/{id}/posts?since=<ms>`; the posts created after that position (not the
-  ones edited or deleted since, which were handled when made), oldest first, go through
-  the same translation and lanes as live events (`connectors.mattermost.catchup`). A post
-  made while the websocket opens can come both ways; the pipeline's dedupe (by post id)
-  answers it once. Bounded: the newest `CATCH_UP_POSTS` posts of a channel and the
-  `CATCH_UP_CHANNELS` most recently active channels; what is left out is logged and
-  counted as `catch_up_limit`. A 429 (after the wait it asks for), a 5xx or a failed
-  connection (after doubling delays) is tried again, three tries in all; a channel list or
-  a channel that still cannot be read (or is no list) is logged, the floor stays, and that
-  channel is read again at the next catch-up, unless a live post there moved its position
-  first (then what was posted while down is not answered).
+  catches up before it reads a live event (`connectors.mattermost.missed`: the channels
+  with a newer post, then `GET /channels/{id}/posts?since=<ms>`, bounded); the posts
+  created after each channel's position (not the ones edited or deleted since, which were
+  handled when made), oldest first, go through the same translation and lanes as live
+  events. A post made while the websocket opens can come both ways; the pipeline's dedupe
+  (by post id) answers it once.
 - Each channel's position (newest `create_at` handled, and the ids handled at that
   millisecond) moves once a post is handed over, or skipped (the bot's own, system
   messages) in its turn, and is kept in the state backend's cursor store
@@ -64,25 +57,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import WSMsgType
 
 from connectors.lanes import Lanes
-from connectors.mattermost.catchup import (
-    SINCE_LIMIT,
-    as_event,
-    listed_posts,
-    member_channels,
-    new_posts,
-    post_position,
-)
+from connectors.mattermost.catchup import post_position
 from connectors.mattermost.cursors import ChannelCursors
 from connectors.mattermost.inbound import (
+    MATTERMOST_ID,
     MAX_FRAME_BYTES,
     PLATFORM,
     BotIdentity,
@@ -92,6 +78,7 @@ from connectors.mattermost.inbound import (
     posted_post,
     translate_event,
 )
+from connectors.mattermost.missed import CATCH_UP_CHANNELS, CATCH_UP_POSTS, Answer, MissedPosts
 from connectors.mattermost.outbound import error_id, posted_id, retry_after, to_patch, to_post
 from connectors.mattermost.users import Account, BotDirectory
 from connectors.runtime import ConnectorRuntime, Outcome
@@ -112,17 +99,7 @@ HEARTBEAT = 30.0
 HELLO_TIMEOUT = 10.0
 """Seconds the server has to say `hello` after the authentication challenge."""
 REQUEST_TIMEOUT = 30.0
-CATCH_UP_POSTS = 500
-"""Posts of one channel fed by a catch-up, the newest; older ones are counted `catch_up_limit`."""
-CATCH_UP_CHANNELS = 500
-"""Channels read by a catch-up, the most recently active; the others count `catch_up_limit`."""
-CATCH_UP_ATTEMPTS = 3
-"""Tries of one catch-up request that may pass: a 429, a 5xx, a connection that failed."""
-MAX_RETRY_AFTER = 60.0
-"""The longest a catch-up waits for a 429 before its next try (seconds)."""
 TIMING = Timing()
-_ID = re.compile(r"^[a-z0-9]{26}$")
-"""Mattermost ids (users, posts, channels): 26 characters of its base-32 alphabet."""
 _USERNAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 """A username as Mattermost allows them (at most 22 of these characters), with room."""
 
@@ -173,8 +150,6 @@ class MattermostConnector:
         self._timing = timing
         self._heartbeat = heartbeat
         self._hello_timeout = hello_timeout
-        self._catch_up_posts = max(catch_up_posts, 1)
-        self._catch_up_channels = max(catch_up_channels, 1)
         self._cursors = ChannelCursors(services.cursors, config.id)
         self._opened_ms = 0
         self._refused = False
@@ -185,6 +160,15 @@ class MattermostConnector:
         self._users = BotDirectory(self._lookup_account)
         self._lanes: Lanes[InboundMessage | _Seen] = Lanes(self._hand_over)
         self._tasks = BackgroundTasks()
+        self._missed = MissedPosts(
+            get=self._get,
+            cursors=self._cursors,
+            runtime=self._runtime,
+            feed=self._on_event,
+            timing=timing,
+            max_posts=catch_up_posts,
+            max_channels=catch_up_channels,
+        )
 
     @property
     def connected(self) -> bool:
@@ -280,7 +264,7 @@ class MattermostConnector:
                 backoff.reset()
                 try:
                     opened_ms = self._opened_ms
-                    if await self._catch_up():
+                    if await self._missed.read(self.bot_user_id):
                         await self._cursors.set_floor(opened_ms)
                     await self._read(socket)
                 except Exception as exc:  # a broken connection must not end the listener
@@ -383,116 +367,14 @@ class MattermostConnector:
             message, sender_is_bot=is_bot, sender_name=name or message.sender_name
         )
 
-    # ------------------------------------------------------------------- catch-up
-
-    async def _catch_up(self) -> bool:
-        """Feed the posts made while the websocket was down to the lanes, before live ones.
-
-        True when every channel that may be behind was read; False when the channel list
-        or a channel could not be read, or a bound left some out (the floor then stays).
-        """
-        identity = self._identity
-        if identity is None:
-            return False
-        answer = await self._fetch(f"/users/{identity.user_id}/channels", "GET channels")
-        channels = member_channels(answer)
-        if channels is None:
-            if answer is not None:
-                log.warning("mattermost bot %s: catch-up: the channel list is no list", self.bot_id)
-            return False
-        behind = []
-        for channel in channels:
-            if not _ID.match(channel.id):
-                continue
-            position = await self._cursors.position(channel.id)
-            if channel.last_post_at > position.at or (
-                channel.last_post_at == position.at and not position.ids
-            ):
-                behind.append((channel, position))
-        behind.sort(key=lambda item: item[0].last_post_at, reverse=True)
-        left_out = behind[self._catch_up_channels :]
-        for _ in left_out:
-            self._runtime.drop(Skip.CATCH_UP_LIMIT, "a channel left out of the catch-up")
-        if left_out:
-            log.warning(
-                "mattermost bot %s: %d channels with posts made while disconnected were "
-                "left out of the catch-up (at most %d are read)",
-                self.bot_id,
-                len(left_out),
-                self._catch_up_channels,
-            )
-        complete, fed = not left_out, 0
-        for channel, position in behind[: self._catch_up_channels]:
-            path = f"/channels/{channel.id}/posts?since={position.since()}"
-            answer = await self._fetch(path, "GET posts since")
-            listed = listed_posts(answer)
-            if listed is None:
-                if answer is not None:
-                    log.warning(
-                        "mattermost bot %s: catch-up: channel %s answered no post list",
-                        self.bot_id,
-                        channel.id,
-                    )
-                complete = False
-                continue
-            posts = new_posts(listed, position)
-            excess = max(len(posts) - self._catch_up_posts, 0)
-            if excess or len(listed) >= SINCE_LIMIT:
-                log.warning(
-                    "mattermost bot %s: channel %s: %d posts made while disconnected, the "
-                    "newest %d answered (a catch-up takes %d a channel, the server gives "
-                    "at most %d)",
-                    self.bot_id,
-                    channel.id,
-                    len(posts),
-                    len(posts) - excess,
-                    self._catch_up_posts,
-                    SINCE_LIMIT,
-                )
-            if posts:
-                self._cursors.hold(channel.id, position)
-            for post in posts[:excess]:
-                self._runtime.drop(Skip.CATCH_UP_LIMIT, f"post {post.get('id')}")
-            for post in posts[excess:]:
-                self._on_event(as_event(post, channel))
-            fed += len(posts) - excess
-        if fed:
-            log.info("mattermost bot %s: caught up %d posts", self.bot_id, fed)
-        return complete
-
-    async def _fetch(self, path: str, what: str) -> object:
-        """A catch-up GET's JSON answer; None (logged) when the server did not give one.
-
-        What may pass is tried again, up to `CATCH_UP_ATTEMPTS` tries: a 429 after the wait
-        the server asks for (at most `MAX_RETRY_AFTER`), a 5xx or a failed connection after
-        the reconnect delays (doubling). Any other answer is final.
-        """
-        backoff = self._timing.backoff()
-        for attempt in range(1, CATCH_UP_ATTEMPTS + 1):
-            session = self._session
-            if session is None:
-                return None
-            pause: Callable[[], Awaitable[None]] | None = None
-            try:
-                async with session.get(f"{self._api}{path}", headers=self._auth) as response:
-                    answer = _json_or_none(await response.read())
-                    status, headers = response.status, response.headers
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                why, pause = type(exc).__name__, backoff.wait
-            else:
-                if status == 200:
-                    return answer
-                why = error_id(status, answer)
-                if status == 429:
-                    wait = min(retry_after(headers), MAX_RETRY_AFTER)
-                    pause = functools.partial(self._timing.sleep, wait)
-                elif status >= 500:
-                    pause = backoff.wait
-            if pause is None or attempt == CATCH_UP_ATTEMPTS:
-                log.warning("mattermost bot %s: catch-up %s failed (%s)", self.bot_id, what, why)
-                return None
-            await pause()
-        return None
+    async def _get(self, path: str) -> Answer | None:
+        """One GET of the API for the catch-up; None once the connector is closing."""
+        session = self._session
+        if session is None:
+            return None
+        async with session.get(f"{self._api}{path}", headers=self._auth) as response:
+            body = _json_or_none(await response.read())
+            return Answer(response.status, response.headers, body)
 
     def _now_ms(self) -> int:
         return int(self._timing.clock() * 1000)
@@ -500,7 +382,7 @@ class MattermostConnector:
     async def _lookup_account(self, user_id: str) -> Account | None:
         """`GET /users/{id}`'s `is_bot` and `username`; None (logged) when it could not say."""
         session = self._session
-        if session is None or not _ID.match(user_id):
+        if session is None or not MATTERMOST_ID.match(user_id):
             return None
         try:
             async with session.get(f"{self._api}/users/{user_id}", headers=self._auth) as response:
@@ -536,7 +418,7 @@ class MattermostConnector:
 
     async def edit(self, channel_id: str, message_id: str, reply: Reply) -> None:
         """Give a posted message new text; a 429 raises a retryable DeliveryError."""
-        if not _ID.match(message_id):
+        if not MATTERMOST_ID.match(message_id):
             raise DeliveryError(
                 f"mattermost bot {self.bot_id}: post id {message_id[:40]!r} is not a post id"
             )

@@ -44,6 +44,8 @@ from gateway.app.types import InboundMessage
 PLATFORM = "mattermost"
 MAX_FRAME_BYTES = 1024 * 1024
 """A websocket frame larger than this is dropped unread (a post is at most 16,383 runes)."""
+MATTERMOST_ID = re.compile(r"^[a-z0-9]{26}$")
+"""Mattermost ids (users, posts, channels): 26 characters of its base-32 alphabet."""
 _MESSAGE_EVENTS = frozenset({"posted", "post_edited"})
 
 
