@@ -1,15 +1,19 @@
-"""A call in flight when Redis goes away is charged when it comes back (issue 24).
+"""Money through the proxy when Redis fails (issue 24): charged late, never lost, refused.
 
 Real parts: the proxy app before the fake upstream, whose stream is held after its first
 chunk (`gate`) while a real redis-server is stopped (SIGKILL, no persistence) and
 started again empty. The charge and the request-log entry Redis could not take are kept
 in the proxy and written once it answers: `/admin/spend` and the log show the call once.
+With `state.wait_replicas` on a master whose replica is frozen (SIGSTOP), a budgeted
+call is refused `state_unavailable` under `deny`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,6 +21,7 @@ import pytest
 from gateway.calls.budgets import nano
 from gateway.calls.redis_store import RedisCallStore
 from tests.fakes.llm_upstream import FakeLLM
+from tests.fakes.redis_cluster import SentinelPair, running_sentinel
 from tests.fakes.redis_server import RedisServer
 from tests.gateway.proxy.proxy_helpers import ADMIN_TOKEN, MODEL, PROXY_KEY, Rig, running_proxy
 
@@ -40,6 +45,17 @@ def call_store(rig: Rig) -> RedisCallStore:
     store = rig.store
     assert isinstance(store, RedisCallStore)
     return store
+
+
+async def chat(rig: Rig) -> tuple[int, dict[str, object]]:
+    """A plain chat completion; its status and JSON body."""
+    headers = {"Authorization": f"Bearer {PROXY_KEY}"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}]}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{rig.url}{CHAT}", json=body, headers=headers) as answer,
+    ):
+        return answer.status, json.loads(await answer.read())
 
 
 async def stream(rig: Rig) -> tuple[int, bytes]:
@@ -75,8 +91,9 @@ async def written(rig: Rig) -> list[dict[str, object]]:
     """Poll `/admin/spend` until Redis answers and nothing waits to be written."""
     store = call_store(rig)
     for _ in range(POLLS):
-        groups = await admin_spend(rig)
-        if groups is not None and not store.pending_writes:
+        waiting = store.pending_writes
+        groups = await admin_spend(rig)  # also lets the proxy find Redis back
+        if groups is not None and not waiting:
             return groups
         await asyncio.sleep(POLL_SECONDS)
     raise AssertionError(f"{store.pending_writes} writes still wait for Redis")
@@ -118,14 +135,9 @@ async def test_issue24_a_refusal_for_unreachable_state_is_logged_state_unavailab
 ) -> None:
     async with running_proxy(BUDGET, state=state(redis, "deny")) as rig:
         redis.stop()
-        headers = {"Authorization": f"Bearer {PROXY_KEY}"}
-        body = {"model": MODEL, "messages": [{"role": "user", "content": "q"}]}
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(f"{rig.url}{CHAT}", json=body, headers=headers) as answer,
-        ):
-            assert answer.status == 503
-            assert json.loads(await answer.read())["error"]["code"] == "state_unavailable"
+        status, answer = await chat(rig)
+        assert status == 503
+        assert answer["error"]["code"] == "state_unavailable"  # type: ignore[index]
         await rig.proxy.settle()
         assert (
             rig.proxy.metrics.registry.get_sample_value("state_pending_writes") == 1
@@ -140,3 +152,31 @@ async def test_issue24_a_refusal_for_unreachable_state_is_logged_state_unavailab
             "proxy_refusals_total", {"provider": "openai", "code": "state_unavailable"}
         )
         assert refusals == 1
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[SentinelPair]:
+    with running_sentinel(tmp_path / "sentinel") as started:
+        yield started
+        started.replica.thaw()
+
+
+async def test_issue24_wait_replicas_from_the_config_refuses_when_the_replica_lags(
+    pair: SentinelPair,
+) -> None:
+    url = f"redis://127.0.0.1:{pair.master.port}/0"
+    state = f"{{backend: redis, url: '{url}', on_error: deny, wait_replicas: 1}}"
+    async with running_proxy(BUDGET, state=state) as rig:
+        assert (await chat(rig))[0] == 200
+        pair.replica.freeze()
+        status, answer = await chat(rig)
+        assert status == 503
+        assert answer["error"]["code"] == "state_unavailable"  # type: ignore[index]
+        assert len(rig.upstream.requests) == 1
+        short = rig.proxy.metrics.registry.get_sample_value("state_replica_waits_short_total")
+        assert short is not None
+        assert short >= 1
+        pair.replica.thaw()
+        assert (await chat(rig))[0] == 200
+        outcomes = [entry.outcome for entry in await rig.logged()]
+        assert sorted(outcomes) == ["forwarded", "forwarded", "state_unavailable"]
