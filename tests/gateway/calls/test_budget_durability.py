@@ -246,11 +246,12 @@ async def test_issue24_an_acknowledged_charge_survives_the_master_s_death(
             await asyncio.sleep(POLL_SECONDS)
         assert pair.current_master() == pair.replica.port
 
+        record = None
         for _ in range(POLLS):
             try:
                 record = await spent(store, budget.key)
                 break
-            except StateError:
+            except StateError:  # until the store asks the Sentinel for the new master
                 await asyncio.sleep(POLL_SECONDS)
         assert record is not None
         assert record.spent == USED
