@@ -234,34 +234,17 @@ def _verdict(
 ) -> None:
     """Put one verdict on the turn and, with tracing on, in its trace as a guardrail span."""
     ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=shadow)
-    if (tracer := tracing.tracer()).enabled:
-        _guardrail(tracer, guard, code, detail, result, shadow=shadow)
+    if tracing.tracer().enabled:
+        _guardrail(guard, code, detail, result, shadow=shadow)
 
 
-def _guardrail(
-    tracer: tracing.Tracer,
-    guard: str,
-    code: str,
-    detail: str,
-    result: str,
-    *,
-    shadow: bool = False,
-) -> None:
+def _guardrail(guard: str, code: str, detail: str, result: str, *, shadow: bool) -> None:
     """An `apply_guardrail` span for one verdict, in the current turn's trace.
 
-    Called only with tracing on (the callers test `tracer.enabled` first), so that tracing
-    off costs each verdict one attribute read, not a call and its arguments.
+    Called only with tracing on (the callers test `tracer().enabled` first), so that
+    tracing off costs each verdict one attribute read, not a call and its arguments.
     """
-    attributes: dict[str, tracing.AttributeValue] = {
-        tracing.OPERATION_NAME: tracing.APPLY_GUARDRAIL,
-        tracing.GUARDRAIL_NAME: guard,
-        tracing.GUARDRAIL_CODE: code,
-        tracing.GUARDRAIL_RESULT: result,
-        tracing.GUARDRAIL_SHADOW: shadow,
-        tracing.DETAIL: visible(detail),
-    }
-    with tracer.span(f"{tracing.APPLY_GUARDRAIL} {guard}", attributes):
-        pass  # a verdict takes no time of its own: the span marks where in the turn it fell
+    tracing.guardrail(guard, code, result, shadow=shadow, detail=visible(detail))
 
 
 def _log(

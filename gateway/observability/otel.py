@@ -237,6 +237,18 @@ class OtelTracer:
             record.extra = dict(decided.attributes)
         return record
 
+    def instant(self, name: str, attributes: Attributes) -> None:
+        """A span that ends as it starts, under the current span (a trace of its own outside)."""
+        current = _current.get()
+        if current is None:
+            with self.span(name, attributes):
+                return
+        begun = current.trace
+        if begun.sampled:
+            record = _Record(name, "internal", attributes, begun, current.span_id)
+            record.end = record.start
+            begun.queue.add(record)
+
     def current(self) -> Span:
         """The current span, or `NO_SPAN` when none is recording."""
         record = _current.get()

@@ -43,7 +43,9 @@ def _env_count(name: str, default: int) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
-    if raw.isdigit() and 0 < int(raw) < 2**31:
+    # ASCII digits only (int() also reads look-alikes such as "١٢"), and few enough of them
+    # that int() takes them: a 5,000-digit value is refused, not raised on.
+    if raw.isascii() and raw.isdigit() and len(raw) <= 10 and 0 < int(raw) < 2**31:
         return int(raw)
     log.warning("%s is not a positive whole number; using %d", name, default)
     return default
@@ -75,13 +77,18 @@ class SpanBatcher(Generic[Item]):
         self.thread.start()
 
     def add(self, item: Item) -> None:
-        """Queue one finished span (the hot path: a length test and an append)."""
+        """Queue one finished span (the hot path: an append and a length test)."""
         queue = self._queue
-        if len(queue) >= self.max_queue:
-            self.dropped += 1
-            return
         queue.append(item)
-        if len(queue) >= self.max_batch and not self._wake.is_set():
+        if len(queue) >= self.max_batch:
+            self._full(queue)
+
+    def _full(self, queue: deque[Item]) -> None:
+        """A batch is waiting: wake the thread; past `max_queue`, drop the newest span."""
+        if len(queue) > self.max_queue:
+            queue.pop()
+            self.dropped += 1
+        if not self._wake.is_set():
             self._wake.set()
 
     def flush(self, timeout: float = FLUSH_TIMEOUT_S) -> bool:

@@ -164,6 +164,12 @@ class Tracer(Protocol):
         of a request from a traced caller), or none with `root`.
         """
 
+    def instant(self, name: str, attributes: Attributes) -> None:
+        """A span that takes no time, under the current span: where a verdict fell.
+
+        What `with span(name, attributes): pass` records, without making it current.
+        """
+
     def current(self) -> Span:
         """The span current in this task (a no-op span outside any)."""
 
@@ -215,6 +221,9 @@ class _NoTracer:
     ) -> AbstractContextManager[Span]:
         """`NO_SPAN`."""
         return NO_SPAN
+
+    def instant(self, name: str, attributes: Attributes) -> None:
+        """Records nothing."""
 
     def current(self) -> Span:
         """`NO_SPAN`."""
@@ -275,6 +284,27 @@ def call_outcome(outcome: str, status: int | None, usage: TokenUsage | None) -> 
         span.set_attribute(USAGE_OUTPUT_TOKENS, usage.output_tokens)
     if outcome != "forwarded":
         span.set_error(outcome)
+
+
+def guardrail(guard: str, code: str, result: str, *, shadow: bool, detail: str = "") -> None:
+    """One guard's verdict as an `apply_guardrail <guard>` span under the current span.
+
+    The span takes no time (`Tracer.instant`): it marks where in the turn or call the
+    verdict fell. `detail`, the verdict in words, is left out when empty.
+    """
+    tracer = _active
+    if not tracer.enabled:
+        return
+    attributes: dict[str, AttributeValue] = {
+        OPERATION_NAME: APPLY_GUARDRAIL,
+        GUARDRAIL_NAME: guard,
+        GUARDRAIL_CODE: code,
+        GUARDRAIL_RESULT: result,
+        GUARDRAIL_SHADOW: shadow,
+    }
+    if detail:
+        attributes[DETAIL] = detail
+    tracer.instant(f"{APPLY_GUARDRAIL} {guard}", attributes)
 
 
 def text_messages(role: str, text: str) -> str:

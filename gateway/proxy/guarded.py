@@ -195,15 +195,4 @@ class GuardedCalls:
 
 def _guardrail(guard: str, code: str, result: str) -> None:
     """An `apply_guardrail` span for the call guard's or a budget's verdict (tracing on)."""
-    tracer = tracing.tracer()
-    if not tracer.enabled:
-        return
-    attributes: dict[str, tracing.AttributeValue] = {
-        tracing.OPERATION_NAME: tracing.APPLY_GUARDRAIL,
-        tracing.GUARDRAIL_NAME: guard,
-        tracing.GUARDRAIL_CODE: code,
-        tracing.GUARDRAIL_RESULT: result,
-        tracing.GUARDRAIL_SHADOW: result == tracing.SHADOW_REFUSED,
-    }
-    with tracer.span(f"{tracing.APPLY_GUARDRAIL} {guard}", attributes):
-        pass  # a verdict takes no time of its own: the span marks where in the call it fell
+    tracing.guardrail(guard, code, result, shadow=result == tracing.SHADOW_REFUSED)
