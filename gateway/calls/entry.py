@@ -55,9 +55,10 @@ class CallLogEntry:
     `outcome` is "forwarded" (the provider answered below 400), a refusal code, or
     "upstream_error" (the provider answered 400 or more, or not at all; `status` tells
     which, None when there was no answer). "state_unavailable": a call a budget applies
-    to, refused because the shared state was unreachable (`state.on_error: deny`). `cost` is in the price table's currency, None
-    when the model has no price; `estimated` marks a cost (and the token counts it came
-    from) estimated rather than reported by the provider: every refused call's cost is an
+    to, refused because the shared state was unreachable or its replicas behind
+    (`state.on_error: deny`). `cost` is in the price table's currency, None when the
+    model has no price; `estimated` marks a cost (and the token counts it came from)
+    estimated rather than reported by the provider: every refused call's cost is an
     estimate of what it would have cost. `fields` are the rule fields the call carried.
     """
 
