@@ -79,7 +79,14 @@ from connectors.mattermost.inbound import (
     translate_event,
 )
 from connectors.mattermost.missed import CATCH_UP_CHANNELS, CATCH_UP_POSTS, Answer, MissedPosts
-from connectors.mattermost.outbound import error_id, posted_id, retry_after, to_patch, to_post
+from connectors.mattermost.outbound import (
+    error_id,
+    pending_post_id,
+    posted_id,
+    retry_after,
+    to_patch,
+    to_post,
+)
 from connectors.mattermost.users import Account, BotDirectory
 from connectors.runtime import ConnectorRuntime, Outcome
 from connectors.skips import Skip
@@ -160,6 +167,7 @@ class MattermostConnector:
         self._users = BotDirectory(self._lookup_account)
         self._lanes: Lanes[InboundMessage | _Seen] = Lanes(self._hand_over)
         self._tasks = BackgroundTasks()
+        self._answering: dict[str, tuple[str, int]] = {}
         self._missed = MissedPosts(
             get=self._get,
             cursors=self._cursors,
@@ -410,11 +418,21 @@ class MattermostConnector:
     # -------------------------------------------------------------------- outbound
 
     async def send(self, channel_id: str, reply: Reply) -> str | None:
-        """Post one chunk; a 429 raises a retryable DeliveryError with the server's wait."""
-        answer = await self._call(
-            "POST", "/posts", to_post(channel_id, reply).body(), "POST /posts"
-        )
-        return posted_id(answer)
+        """Post one chunk; a 429 raises a retryable DeliveryError with the server's wait.
+
+        Its `pending_post_id` is derived from the message answered (the first chunk's
+        `reply_to`) and the chunk's index in the channel, so the server keeps one post for
+        a chunk a restart sends again soon after (`connectors.mattermost.outbound`).
+        """
+        if reply.reply_to:
+            answered, chunk = reply.reply_to, 0
+        else:
+            answered, previous = self._answering.get(channel_id, ("", -1))
+            chunk = previous + 1
+        self._answering[channel_id] = (answered, chunk)
+        pending = pending_post_id(self.bot_id, channel_id, answered, chunk, reply.text)
+        body = to_post(channel_id, reply, pending_post_id=pending).body()
+        return posted_id(await self._call("POST", "/posts", body, "POST /posts"))
 
     async def edit(self, channel_id: str, message_id: str, reply: Reply) -> None:
         """Give a posted message new text; a 429 raises a retryable DeliveryError."""

@@ -9,7 +9,8 @@ JSON (`id`, `message`, `detailed_error`, `request_id`, `status_code`). Routes:
 members), `GET /channels/{id}/posts` (a `PostList`: a page, or with `since` the posts
 changed after it, as the server answers it), `POST /posts` (`channel_id`, `message`,
 `root_id`, `props`, `pending_post_id`; answers 201 and the post with `id`, `create_at`,
-`user_id`...; a bot's post gets `props.from_bot = "true"`, as on the server) and
+`user_id`...; a bot's post gets `props.from_bot = "true"`, as on the server, and a
+`pending_post_id` seen in the last 30 seconds answers its post again, posting nothing) and
 `PUT /posts/{id}/patch` (an author edits a post's `message` or `props`).
 
 The websocket at `/api/v4/websocket`: a client authenticates with an `Authorization` header
@@ -63,6 +64,8 @@ TEAM_ID = "loopwardenteam0000000000ab"
 SERVER_VERSION = "10.11.0.0.fake.false"
 MAX_MESSAGE_RUNES = 16383
 """Mattermost's `PostMessageMaxRunesV2`: a longer message is refused with 400."""
+PENDING_POST_TTL = 30.0
+"""Seconds the server remembers a `pending_post_id` (`PendingPostIDsCacheTTL`)."""
 SINCE_LIMIT = 1000
 """The most posts a `GET /channels/{id}/posts?since=` answer holds (the server's `LIMIT 1000`)."""
 _ID_ALPHABET = "ybndrfg8ejkmcpqxot1uwisza345h769"
@@ -211,6 +214,7 @@ class MattermostFake:
         self._buckets: dict[str, _Bucket] = {}
         self._retry_after_header = True
         self._broken: dict[str, tuple[int, str]] = {}
+        self._pending: dict[str, tuple[float, str]] = {}
         self.refuse_websockets = False
         app = web.Application(middlewares=[self._rate_limit_middleware])
         app.router.add_get(f"{API}/users/me", self._me)
@@ -620,7 +624,10 @@ class MattermostFake:
                     400, "api.post.create_post.root_id.app_error", "Invalid RootId parameter."
                 )
             pending = body.get("pending_post_id")
-            return self._create(
+            seen = self._pending.get(pending) if isinstance(pending, str) and pending else None
+            if seen is not None and self.clock() - seen[0] < PENDING_POST_TTL:
+                return dict(self._posts[seen[1]])
+            created = self._create(
                 user,
                 channel,
                 message,
@@ -628,6 +635,9 @@ class MattermostFake:
                 props=dict(props),
                 pending_post_id=pending if isinstance(pending, str) else "",
             )
+            if isinstance(pending, str) and pending:
+                self._pending[pending] = (self.clock(), str(created["id"]))
+            return created
 
         return _answer(create, status=201)
 

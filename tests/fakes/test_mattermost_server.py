@@ -282,3 +282,19 @@ async def test_issue23_refused_websockets_answer_503_until_allowed_again(
     async with http.ws_connect(fake.websocket_url) as ws:
         hello, _ = await _challenge(ws, bot.token)
         assert hello["event"] == "hello"
+
+
+async def test_issue23_a_pending_post_id_seen_in_the_last_30_seconds_posts_nothing_again(
+    fake: MattermostFake, http: aiohttp.ClientSession, clock: _Clock
+) -> None:
+    bot, _, town = _world(fake)
+    url = f"{fake.url}/api/v4/posts"
+    body = {"channel_id": town.id, "message": "once", "pending_post_id": "lw123"}
+    ids = []
+    for wait in (0, 29, 2):
+        clock.now += wait
+        async with http.post(url, json=body, headers=_auth(bot)) as answer:
+            assert answer.status == 201
+            ids.append((await answer.json())["id"])
+    assert ids[0] == ids[1] != ids[2]  # 31 seconds after the first, it is a new post
+    assert fake.texts(bot) == ["once", "once"]

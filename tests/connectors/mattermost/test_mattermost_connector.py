@@ -163,6 +163,11 @@ async def test_issue23_send_edit_and_the_final_failures(fake: MattermostFake) ->
         assert not denied.value.retryable
         with pytest.raises(DeliveryError, match="not a post id"):
             await mm.edit(town.id, "../../users/me", Reply("x"))
+        for _ in range(2):  # the same chunk sent again (a restart): the server keeps one
+            await mm.send(town.id, Reply("answer", reply_to="p" * 26))
+        await mm.send(town.id, Reply("answer"))  # the answer's second chunk
+        assert fake.texts(helper)[-2:] == ["answer", "answer"]
+        assert len(fake.texts(helper)) == 3
         fake.set_rate_limit(1, per_second=0.5)
         await mm.send(town.id, Reply("spends the bucket"))
         with pytest.raises(DeliveryError) as limited:

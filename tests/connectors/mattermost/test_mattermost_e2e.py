@@ -10,15 +10,17 @@ that a test's outcome depends on.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from connectors.mattermost import MattermostConnector
 from gateway.app.messages import REFUSAL
@@ -393,3 +395,54 @@ async def test_issue23_a_restart_after_sigkill_answers_what_was_posted_meanwhile
     assert texts(world, world.helper) == echoes("warm up", *down, "after the restart")
     assert world.helper.token is not None
     assert_no_secret(output, world.helper.token)
+
+
+def rewind(database: Path, world: World, posts: list[dict[str, Any]]) -> None:
+    """Put back what a SIGKILL between replies' sends and their confirmation leaves in sqlite.
+
+    No position for the lobby (the restart reads it again from the floor) and each post's
+    receipt in flight (owner a dead run), so the restart answers those posts again.
+    """
+    with closing(sqlite3.connect(database)) as db, db:
+        db.execute("DELETE FROM cursors WHERE key = ?", (f"mattermost:helper-mm:{world.lobby.id}",))
+        for post in posts:
+            key = f"dedupe:mattermost:helper-mm:mattermost:{world.lobby.id}:{post['id']}"
+            db.execute("UPDATE receipts SET confirmed = 0, owner = 'killed' WHERE key = ?", (key,))
+
+
+async def replies_out(port: int) -> float:
+    """`replies_out_total` of the platform mattermost, as the gateway's `/metrics` serves it."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/metrics") as response,
+    ):
+        text = await response.text()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "replies_out_total" and sample.labels.get("platform") == "mattermost"
+    )
+
+
+async def test_issue23_replies_sent_before_a_sigkill_are_not_posted_again_after_the_restart(
+    tmp_path: Path, world: World
+) -> None:
+    """Answered again after the restart, each chunk's pending_post_id keeps one post."""
+    config = sqlite_config(tmp_path, world)
+    burst = ("burst 0", "burst 1", "burst 2")
+    async with gateway_process(config) as first:
+        await first.ready()
+        world.clock.now = time.time() + 3600  # every post is after the first start
+        await say(world, "warm up", world.alice, world.lobby)
+        posted = [world.fake.post_as(world.alice, world.lobby.id, text) for text in burst]
+        await wait_for(lambda: len(texts(world, world.helper)) == 4)
+        await first.kill()
+    rewind(tmp_path / "state.db", world, posted)
+    async with gateway_process(config) as second:
+        port = await second.ready()
+        await say(world, "after", world.alice, world.lobby)
+        await settled(world)
+        sent = await replies_out(port)
+    assert texts(world, world.helper) == echoes("warm up", *burst, "after")
+    assert sent == len(burst) + 1  # the burst was answered again: the server kept one each

@@ -7,6 +7,7 @@ import pytest
 from connectors.mattermost.outbound import (
     DEFAULT_RETRY_AFTER,
     error_id,
+    pending_post_id,
     posted_id,
     retry_after,
     to_patch,
@@ -24,6 +25,22 @@ def test_issue23_a_reply_is_a_post_in_its_channel_and_thread() -> None:
     assert to_post("chan", Reply("hi", thread_id="root")).body()["root_id"] == "root"
     assert to_post("chan", Reply("hi", ephemeral_to="someone")).body()["channel_id"] == "chan"
     assert to_patch(Reply("grown text")) == {"message": "grown text"}
+
+
+def test_issue23_a_chunks_pending_post_id_is_derived_from_what_it_is() -> None:
+    first = pending_post_id("helper-mm", "chan", "post1", 0, "hi")
+    assert first == pending_post_id("helper-mm", "chan", "post1", 0, "hi")
+    others = {
+        pending_post_id("helper-mm", "chan", "post1", 1, "hi"),
+        pending_post_id("helper-mm", "chan", "post2", 0, "hi"),
+        pending_post_id("other-mm", "chan", "post1", 0, "hi"),
+        pending_post_id("helper-mm", "chan", "post1", 0, "hello"),
+    }
+    assert first not in others
+    assert len(others) == 4
+    assert first.startswith("lw")
+    assert len(first) == 42
+    assert to_post("chan", Reply("hi"), pending_post_id=first).body()["pending_post_id"] == first
 
 
 def test_issue23_posted_id_and_error_id_read_only_what_is_safe() -> None:
