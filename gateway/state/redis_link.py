@@ -65,6 +65,11 @@ _UNAVAILABLE = (
 )
 # Keys asked for per SCAN round trip (admin paths only).
 _SCAN_COUNT = 1000
+# Connections a client may open to one server: one per command in flight, as many as the
+# process needs (the server's `maxclients` is the bound). Recent redis-py releases keep
+# 100 a node by default and fail the 101st command at once with MaxConnectionsError,
+# which would read as an outage: a burst of calls would be decided on local records.
+_MAX_CONNECTIONS = 2**31
 
 Client = Redis | RedisCluster
 
@@ -108,6 +113,7 @@ def connect(url: str, topology: RedisTopology, timeout: float) -> tuple[Client, 
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=retry,
+            max_connections=_MAX_CONNECTIONS,
         ), []
     if topology.sentinels:
         parts = urlsplit(url)
@@ -126,6 +132,7 @@ def connect(url: str, topology: RedisTopology, timeout: float) -> tuple[Client, 
             db=int(database) if database else 0,
             ssl=parts.scheme == "rediss",
             retry=retry,
+            max_connections=_MAX_CONNECTIONS,
         )
         return master, list(sentinel.sentinels)
     return Redis.from_url(
@@ -134,6 +141,7 @@ def connect(url: str, topology: RedisTopology, timeout: float) -> tuple[Client, 
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=retry,
+        max_connections=_MAX_CONNECTIONS,
     ), []
 
 
