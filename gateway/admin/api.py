@@ -38,6 +38,9 @@ Decisions where DESIGN.md is silent:
 - `GET /admin/circuits` lists the paused LLM-call circuits and rule groups;
   `POST /admin/circuits/reopen {"circuit": …}` lifts one pause (the proxy serves these two
   routes too, behind `proxy.admin_token`).
+- A route whose state backend does not answer (Redis down) is 503
+  `{"ok": false, "error": "state_unavailable: …"}` with `Retry-After: 10` (the backend is
+  tried again within 10 s); nothing is changed or audited, and the next call is served.
 - A route may answer a file instead of JSON (`AdminDownload`: the request log's CSV),
   streamed as it is read, with `Content-Disposition: attachment`.
 """
@@ -70,10 +73,14 @@ from gateway.admin.access import (
 )
 from gateway.admin.service import AdminAck, AdminService
 from gateway.admin.views import audit_json, audit_line
+from gateway.app.errors import StateError
 from gateway.config.limits import Duration
 from gateway.state.base import GLOBAL_SCOPE, AuditEntry, AuditKind, AuditStore
 
 audit_log = logging.getLogger("loopwarden.audit")
+
+STATE_RETRY_AFTER_SECONDS = 10
+"""`Retry-After` of a 503 for unreachable state: the backend is tried again within 10 s."""
 
 
 _AUDITED_COMMAND_CHARS = 200
@@ -193,11 +200,15 @@ class _AdminApi:
                     )
                 else:
                     room = getattr(body, "room", None) or GLOBAL_SCOPE
-                    ack = await action(body)
-                    response = _answer(ack)
-                    # A console's pages poll their reads: only its changes are stored.
-                    if verdict.session is None or request.method not in ("GET", "HEAD"):
-                        await self._audit(request, room, body, ack, verdict)
+                    try:
+                        ack = await action(body)
+                    except StateError:
+                        response = _state_unavailable()
+                    else:
+                        response = _answer(ack)
+                        # A console's pages poll their reads: only its changes are stored.
+                        if verdict.session is None or request.method not in ("GET", "HEAD"):
+                            await self._audit(request, room, body, ack, verdict)
             audit_log.info(
                 "admin api %s %s room=%s peer=%s status=%d",
                 request.method,
@@ -280,6 +291,15 @@ class AdminDownload(AdminAck):
     chunks: AsyncIterable[bytes]
     filename: str
     content_type: str
+
+
+def _state_unavailable() -> web.Response:
+    """503 for a route whose state backend did not answer: nothing changed, ask again later."""
+    return web.json_response(
+        {"ok": False, "error": "state_unavailable: the state backend is unreachable"},
+        status=503,
+        headers={"Retry-After": str(STATE_RETRY_AFTER_SECONDS)},
+    )
 
 
 def _answer(ack: AdminAck) -> web.Response:

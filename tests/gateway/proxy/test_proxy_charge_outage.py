@@ -180,3 +180,23 @@ async def test_issue24_wait_replicas_from_the_config_refuses_when_the_replica_la
         assert (await chat(rig))[0] == 200
         outcomes = [entry.outcome for entry in await rig.logged()]
         assert sorted(outcomes) == ["forwarded", "forwarded", "state_unavailable"]
+
+
+async def test_issue24_admin_spend_while_redis_is_down_is_503_and_served_again_after(
+    redis: RedisServer,
+) -> None:
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with running_proxy(BUDGET, state=state(redis, "allow")) as rig:
+        assert (await chat(rig))[0] == 200
+        redis.stop()
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{rig.url}/admin/spend", headers=auth) as answer,
+        ):
+            assert answer.status == 503
+            assert answer.headers["Retry-After"] == "10"
+            body = await answer.json()
+        assert body["ok"] is False
+        assert body["error"].startswith("state_unavailable")
+        redis.start()
+        assert await written(rig) is not None
