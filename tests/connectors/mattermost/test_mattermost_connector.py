@@ -17,8 +17,8 @@ from pydantic import SecretStr
 from connectors.mattermost import MattermostConnector
 from connectors.timing import Timing
 from gateway.app.connector import ConnectorServices
-from gateway.app.errors import ConnectorError, DeliveryError
-from gateway.app.types import Reply
+from gateway.app.errors import ConnectorError, DeliveryError, GatewayStopping
+from gateway.app.types import InboundMessage, Reply
 from gateway.config import MattermostBotConfig
 from gateway.state.base import CursorStore
 from gateway.state.memory import MemoryStateStore
@@ -432,3 +432,37 @@ async def test_issue23_a_catch_up_survives_odd_answers_and_reads_the_channel_aga
 
 def logged_text(caplog: pytest.LogCaptureFixture, text: str) -> bool:
     return text in caplog.text
+
+
+async def test_issue23_a_post_refused_while_the_gateway_stops_is_caught_up_at_the_next_start() -> (
+    None
+):
+    clock = Clock()
+    store = MemoryStateStore(clock=clock)
+
+    async def stopping(message: InboundMessage) -> None:
+        raise GatewayStopping
+
+    async with MattermostFake(clock=clock) as fake:
+        helper = fake.add_user("helper", is_bot=True)
+        alice = fake.add_user("alice")
+        town = fake.add_channel("town", [helper, alice])
+        first = on_clock(fake, clock, helper.token, cursors=store)
+        await first.start(stopping)
+        try:
+            for text in ("during the stop", "also during the stop"):
+                clock.tick()
+                fake.post_as(alice, town.id, text)
+                fake.post_as(helper, town.id, f"the bot's own, after {text}")
+            await wait_for(lambda: first.dropped["stopping"] >= 2)
+            await wait_for(lambda: first.dropped["own_message"] >= 2)
+        finally:
+            await first.aclose()
+        second = on_clock(fake, clock, helper.token, cursors=store)
+        inbox = Inbox()
+        await second.start(inbox)
+        try:
+            await wait_for(lambda: len(once(inbox)) == 2)
+        finally:
+            await second.aclose()
+    assert once(inbox) == ["during the stop", "also during the stop"]
