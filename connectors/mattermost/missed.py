@@ -20,6 +20,9 @@ Decisions where DESIGN.md is silent:
   posted while down there is not answered).
 - A channel the read found posts in keeps its position (`ChannelCursors.hold`) before the
   floor moves, so a crash before those posts are handled reads them again.
+- A channel whose `last_post_at` is the millisecond of its position is not read: a second
+  post of that very millisecond, made while down and the channel's newest, is missed,
+  where reading every channel at each reconnect would cost a request per channel.
 - The ids in URLs are the server's own, checked to be Mattermost ids first.
 """
 
