@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from connectors.mattermost.catchup import (
     MAX_IDS_AT_ONE_MS,
@@ -157,3 +159,23 @@ def test_issue23_a_caught_up_post_translates_as_its_live_event_would() -> None:
     plain = translate_event(as_event(post("q" * 26, 6), TOWN), bot=BOT)
     assert isinstance(plain, InboundMessage)
     assert (plain.sender_name, plain.is_direct) == ("u" * 26, False)
+
+
+@given(
+    handled=st.lists(
+        st.tuples(st.integers(0, 20), st.text("abcdef", min_size=1, max_size=3)),
+        max_size=40,
+        unique_by=lambda post: post[1],
+    ),
+    later=st.tuples(st.integers(0, 25), st.text("xyz", min_size=1, max_size=3)),
+)
+def test_issue23_a_position_never_takes_a_handled_post_again_nor_misses_a_newer_one(
+    handled: list[tuple[int, str]], later: tuple[int, str]
+) -> None:
+    position = Position(0)
+    for create_at, post_id in sorted(handled):  # a channel's posts are handled in order
+        position = position.after(create_at, post_id)
+    assert not any(position.is_new(*post) for post in handled)
+    newest = max((create_at for create_at, _ in handled), default=-1)
+    if later[0] >= newest:  # a post not handled yet, created no earlier than the newest
+        assert position.is_new(*later)
