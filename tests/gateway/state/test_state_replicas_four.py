@@ -5,8 +5,9 @@ Discord bot. Here every replica hosts both bots, as a scaled deployment does: tw
 apps on the Events API, whose events the fake Slack posts to a round-robin load balancer
 in the test, which forwards each to the next of the four replicas. Both bots echo
 everything, so one human message starts a ping-pong whose every turn may land on another
-replica. On Redis it is cut at the pair budget of one process and the cooldown is
-announced once; on memory state each replica counts alone, so the same deployment lets
+replica. On Redis (a redis-server, or the 3-master Redis Cluster of
+tests/fakes/redis_cluster.py) it is cut at the pair budget of one process and the
+cooldown is announced once; on memory state each replica counts alone, so the same deployment lets
 more through, which shows the test measures sharing.
 
 Every wait is a bounded poll on a condition; the fake delivers each app's events in
@@ -21,6 +22,7 @@ import itertools
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import pytest
@@ -28,10 +30,12 @@ from aiohttp import web
 
 from tests.connectors.connector_helpers import BUDGET, NOTICE, gateway_process, wait_for
 from tests.fakes.loopback import LOOPBACK_HOST, serve_loopback
+from tests.fakes.redis_cluster import RedisCluster
 from tests.fakes.redis_server import RedisServer
 from tests.fakes.slack_server import FakeUser, SlackFake
 
 REPLICAS = 4
+_prefixes = itertools.count()
 SIGNING_SECRET = "replicaSigningSecret0123456789ab"
 ALICE = FakeUser("U0ALICE", "alice")
 ROOM = "C0PAIR"
@@ -143,11 +147,23 @@ async def settle(fake: SlackFake, word: str) -> None:
     await wait_for(lambda: not any(fake.pending(name) for name in APPS))
 
 
+@pytest.fixture(params=["redis", "redis-cluster"])
+def shared(request: pytest.FixtureRequest) -> str:
+    """The `state:` section the replicas share: a redis-server of the test's own, or the
+    3-master Redis Cluster (tests/fakes/redis_cluster.py) under a key prefix of its own."""
+    if request.param == "redis":
+        redis = cast(RedisServer, request.getfixturevalue("redis"))
+        return f"{{backend: redis, url: '{redis.url}'}}"
+    cluster = cast(RedisCluster, request.getfixturevalue("redis_cluster"))
+    prefix = f"pair{next(_prefixes)}:"
+    return f"{{backend: redis, url: '{cluster.url}', cluster: true, key_prefix: '{prefix}'}}"
+
+
 @pytest.mark.redis
 async def test_issue24_four_replicas_on_redis_cut_a_ping_pong_at_the_budget_with_one_notice(
-    tmp_path: Path, fake: SlackFake, redis: RedisServer
+    tmp_path: Path, fake: SlackFake, shared: str
 ) -> None:
-    async with replicas(tmp_path, fake, f"{{backend: redis, url: '{redis.url}'}}"):
+    async with replicas(tmp_path, fake, shared):
         fake.message(ROOM, ALICE, "hi bots")
         await wait_for(lambda: bool(notices(fake)))
         await settle(fake, "marker")
