@@ -77,10 +77,16 @@ class SpanBatcher(Generic[Item]):
         self.thread.start()
 
     def add(self, item: Item) -> None:
-        """Queue one finished span (the hot path: an append and a length test)."""
+        """Queue one finished span (the hot path: an append and a length test).
+
+        The thread is woken as the queue reaches a batch, not at every span beyond: while
+        it exports it takes every full batch anyway, and a queue that outruns it (the
+        bench's) would otherwise pay a call a span.
+        """
         queue = self._queue
         queue.append(item)
-        if len(queue) >= self.max_batch:
+        waiting = len(queue)
+        if waiting == self.max_batch or waiting > self.max_queue:
             self._full(queue)
 
     def _full(self, queue: deque[Item]) -> None:
