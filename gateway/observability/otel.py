@@ -169,6 +169,7 @@ class _Record:
             self.set_error(kind.__name__)
         self.end = time_ns()
         _current.reset(self._token)
+        del self._token  # freed now, not held in the queue until the export
         trace = self.trace
         if trace.sampled:
             trace.queue.add(self)
@@ -395,7 +396,10 @@ class _UnderCurrent(trace.Tracer):
         set_status_on_exception: bool = True,
         end_on_exit: bool = True,
     ) -> AbstractContextManager[trace.Span]:
-        """As `start_span`, current in OpenTelemetry's context inside the block."""
+        """As `start_span`, current in OpenTelemetry's context inside the block.
+
+        (The API types its result as a private context-manager class, hence the ignore.)
+        """
         return self._tracer.start_as_current_span(
             name,
             _under_current(context),

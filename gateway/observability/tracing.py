@@ -301,9 +301,10 @@ def guardrail(guard: str, code: str, result: str, *, shadow: bool, detail: str =
         GUARDRAIL_CODE: code,
         GUARDRAIL_RESULT: result,
         GUARDRAIL_SHADOW: shadow,
+        DETAIL: detail,
     }
-    if detail:
-        attributes[DETAIL] = detail
+    if not detail:
+        del attributes[DETAIL]  # built whole: a sixth key added later would grow the dict
     tracer.instant(f"{APPLY_GUARDRAIL} {guard}", attributes)
 
 
