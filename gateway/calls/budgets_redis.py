@@ -16,7 +16,11 @@ Both expire a minute after their period ends. Holds have owners (`gateway.calls.
 it holds per group record (`u<key>`, `t<key>`); `BEAT` renews a lease and gives back
 the holds of owners whose lease lapsed. `charged:<owner>`, a sorted set of the ids of
 the owner's charges applied and not yet confirmed to it, makes a charge sent again
-(gateway.calls.redis_pending) count once.
+(gateway.calls.redis_pending) count once. `reserved:<owner>`, a sorted set of the
+answers the decide script gave the owner's budgeted calls not yet confirmed to it (scored
+by the call's reservation id), makes a decision sent again after its answer was lost
+(redis-py sends it again at once on a fresh connection) get its first answer back and
+take no second hold (`RESERVE`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,48 @@ from gateway.calls.budgets import (
 CHARGED_TTL_MS = 86_400_000
 """How long an owner's set of applied charges outlives its last charge: a day, far beyond
 an outage its pending charges (gateway.calls.redis_pending) are kept through."""
+
+RESERVE = (
+    """
+local function reserve_kept()
+  if rid == '' then return nil end
+  local kept = redis.call('ZRANGEBYSCORE', reserved, rid, rid, 'LIMIT', 0, 1)
+  if #kept == 0 then
+    redis.call('ZREMRANGEBYSCORE', reserved, '-inf', '(' .. rfloor)
+    return nil
+  end
+  local reply, first = {}, true
+  for field in string.gmatch(kept[1], '%S+') do
+    if first then
+      first = false
+    elseif string.sub(field, 1, 1) == 'n' then
+      reply[#reply + 1] = tonumber(string.sub(field, 2))
+    else
+      reply[#reply + 1] = string.sub(field, 2)
+    end
+  end
+  return reply
+end
+local function reserve_keep(reply)
+  if rid == '' then return reply end
+  local fields = {rid}
+  for i, value in ipairs(reply) do
+    if type(value) == 'number' then fields[i + 1] = 'n' .. num(value)
+    else fields[i + 1] = 's' .. value end
+  end
+  redis.call('ZADD', reserved, rid, table.concat(fields, ' '))
+  redis.call('PEXPIRE', reserved, """
+    + str(CHARGED_TTL_MS)
+    + """)
+  return reply
+end
+"""
+)
+"""Needs `reserved` (the owner's set of answers given), `rid` (the call's reservation id,
+'' when it holds no budget) and `rfloor` (the lowest id not yet answered). `reserve_kept()`
+is the answer kept for `rid` (nil: a first try, and the ids below `rfloor` leave the
+set); `reserve_keep(reply)` keeps a first try's answer, a member `<id> <field>...` of
+numbers (`n`) and strings without spaces (`s`, as `num` writes them), and returns it."""
 
 SPEND_PRELUDE = """
 local function spend_load(key, now)

@@ -66,7 +66,8 @@ class PendingWrite:
 
 
 class ChargeIds:
-    """The ids of one store's charges, and which of them still await Redis's answer."""
+    """The ids of one store's charges and reservations (one sequence), and which of them
+    still await Redis's answer."""
 
     def __init__(self) -> None:
         self._next = 1

@@ -27,7 +27,9 @@ themselves, the TTL only frees memory.
   (gateway.calls.budgets_redis, gateway.calls.owners): a replica's lease, renewed while
   it runs, and its holds, given back by any replica once the lease lapses;
   `{calls}:charged:<owner>`: the ids of its charges applied but not yet answered, so a
-  charge sent again counts once (gateway.calls.redis_pending).
+  charge sent again counts once (gateway.calls.redis_pending);
+  `{calls}:reserved:<owner>`: the answers to its budgeted calls' decisions not yet
+  answered, so a decision sent again (its answer lost) holds once (budgets_redis.RESERVE).
 
 The scripts are the one sanctioned second version of `guards.call_loop.step_call`,
 `step_reopen` and `uncount`: the same steps over the same record, held to them by
@@ -229,9 +231,11 @@ end
 # agent's anomaly hold when the agent may be paused (anomaly_redis).
 # ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name,
 # then the spend estimate and per group its limits and end, and last this owner's hash of
-# holds (budgets_redis.SPEND_HOLD), the shadow flags (`ShadowGuards.flags`), whether the
-# agent's hold is given (1 or 0) and the group count.
-# A call a guard in shadow mode refuses holds its estimate as an allowed call does.
+# holds (budgets_redis.SPEND_HOLD), its set of answers, the call's reservation id ('' when
+# it has no budget group) and the lowest id unanswered (budgets_redis.RESERVE), the shadow
+# flags (`ShadowGuards.flags`), whether the agent's hold is given (1 or 0) and the group
+# count. A call a guard in shadow mode refuses holds its estimate as an allowed call does;
+# a call sent again under a reservation id already decided gets that decision's answer.
 # Returns {0, at, count, 0} allowed; {1, pause, count, 0} loop detected;
 # {2, remaining, refusals, rule index or 0} paused; {3, retry_after, count, rule index};
 # {4, ...} refused by a budget (budgets_redis.SPEND_CHECK); {5, remaining, refusals, 0}
@@ -243,9 +247,16 @@ _DECIDE = (
 local now = clock(ARGV[1])
 local max_repeats, window, seconds = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local ngroups, nagent = tonumber(ARGV[#ARGV]), tonumber(ARGV[#ARGV - 1])
-local shadow, owned = ARGV[#ARGV - 2], ARGV[#ARGV - 3]
+local shadow, rfloor, rid = ARGV[#ARGV - 2], ARGV[#ARGV - 3], ARGV[#ARGV - 4]
+local reserved, owned = ARGV[#ARGV - 5], ARGV[#ARGV - 6]
 local nrules = (#KEYS - 3 - 2 * ngroups - nagent) / 2
 local skeys, sargs = 3 + 2 * nrules, 4 + 4 * nrules
+"""
+    + budgets_redis.RESERVE
+    + """
+local kept = reserve_kept()
+if kept then return kept end
+local function decide()
 """
     + anomaly_redis.AGENT_HOLD_CHECK
     + SPEND_CHECK
@@ -305,6 +316,8 @@ if reply[1] == 0 or string.sub(shadow, by, by) == '1' then
     + """
 end
 return reply
+end
+return reserve_keep(decide())
 """
 )
 _CHARGE = _PRELUDE + SPEND_PRELUDE + budgets_redis.CHARGE
@@ -415,6 +428,7 @@ class RedisCallStore(RedisLinked):
         self.owner = new_owner()
         self._owned = f"{self._base}owned:{self.owner}"
         self._charged = f"{self._base}charged:{self.owner}"
+        self._reserved = f"{self._base}reserved:{self.owner}"
         self._lease = OwnerLease(self._beat, name="lw-redis-calls-lease")
         self._wait_replicas = wait_replicas
         self._wait_timeout_ms = wait_timeout_ms
@@ -582,7 +596,17 @@ class RedisCallStore(RedisLinked):
         if agent is not None:
             keys.append(self._hold_key(agent))
         flags = shadow.flags([rule for rule, _ in applied])
-        args += [self._owned, flags, 0 if agent is None else 1, len(groups)]
+        ids = self._charge_ids
+        reservation = ids.new() if groups else None
+        args += [
+            self._owned,
+            self._reserved,
+            "" if reservation is None else str(reservation),
+            str(ids.floor()),
+            flags,
+            0 if agent is None else 1,
+            len(groups),
+        ]
         try:
             reply, short = await self._link.guarded(
                 lambda: self._budget_write(self._decide, keys, args, money=bool(groups))
@@ -591,6 +615,9 @@ class RedisCallStore(RedisLinked):
             return await self._unavailable(
                 circuit, fingerprint, fields, spend, policy, shadow=shadow
             )
+        finally:
+            if reservation is not None:
+                ids.answered(reservation)  # never sent again by this store
         kind, value, count, index = reply[:4]
         number, count = float(value), int(count)
         hold = SpendHold(groups, spend.estimate) if spend is not None and groups else None

@@ -6,7 +6,8 @@ until `lose_answers_to(marker)`; from then on, a chunk the client sends that hol
 `marker` is forwarded, the server's answer to it is read and thrown away and the client's
 connection is closed, as when a network drops between a write and its acknowledgement.
 The client sees a dropped connection and cannot tell whether its command ran. `deliver()`
-lets answers through again; `lost` counts the answers thrown away.
+lets answers through again (`times` does so by itself after that many commands);
+`lost` counts the answers thrown away.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class LossyRelay:
     def __init__(self, target: int) -> None:
         self._target = target
         self._marker: bytes | None = None
+        self._times: int | None = None
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.lost = 0
@@ -40,13 +42,16 @@ class LossyRelay:
         """A redis:// URL of the server, through the relay."""
         return f"redis://{HOST}:{self.port}/0"
 
-    def lose_answers_to(self, marker: bytes) -> None:
-        """Throw away the answers to the commands that hold `marker`, closing their client."""
+    def lose_answers_to(self, marker: bytes, times: int | None = None) -> None:
+        """Throw away the answers to the commands that hold `marker`, closing their client:
+        every such command until `deliver`, or only the next `times` of them."""
         self._marker = marker
+        self._times = times
 
     def deliver(self) -> None:
         """Let every answer through again."""
         self._marker = None
+        self._times = None
 
     async def __aenter__(self) -> LossyRelay:
         self._server = await asyncio.start_server(self._serve, HOST, 0)
@@ -75,6 +80,10 @@ class LossyRelay:
             while data := await reader.read(_CHUNK):
                 if self._marker is not None and self._marker in data:
                     losing.set()
+                    if self._times is not None:
+                        self._times -= 1
+                        if not self._times:
+                            self._marker = None
                 upstream_writer.write(data)
                 await upstream_writer.drain()
 

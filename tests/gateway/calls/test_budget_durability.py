@@ -19,7 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.app.errors import ConfigError, StateError
-from gateway.calls.budgets import Amount, GroupSpend, SpendGroup
+from gateway.calls.budgets import Amount, GroupSpend, SpendGroup, nano
 from gateway.calls.entry import CallLogEntry
 from gateway.calls.query import CallFilter
 from gateway.calls.redis_store import RedisCallStore
@@ -32,6 +32,9 @@ from tests.fakes.redis_cluster import running_sentinel as sentinel_pair
 from tests.fakes.redis_server import RedisServer
 from tests.gateway.calls.store_helpers import fingerprint
 from tests.gateway.calls.test_budgets import event, group
+from tests.gateway.proxy.proxy_helpers import running_proxy
+from tests.gateway.proxy.test_proxy_charge_outage import chat
+from tests.gateway.proxy.test_proxy_charge_outage import written as outage_written
 
 pytestmark = pytest.mark.redis
 
@@ -42,6 +45,10 @@ FAILOVER_POLLS = 600
 """Polls of 50 ms (30 s) for the Sentinel to promote the replica (about 2 s here)."""
 USED = Amount(123_456_789, 42)
 """What the call under test really used: $0.123456789 and 42 tokens."""
+DOLLARS = """
+budgets:
+  - {name: agent-dollars, per: [agent], limit_usd: 5, period: day}
+"""
 
 
 def daily() -> SpendGroup:
@@ -222,6 +229,103 @@ async def test_issue24_a_log_batch_whose_answer_was_lost_is_logged_once(
         assert await store.calls_since(3600.0) == [entry]
         totals = await store.call_totals(CallFilter())
         assert (totals.calls, totals.cost) == (1, 0.25)
+
+
+# A reservation whose answer was lost: held once
+
+
+async def test_issue24_a_reservation_whose_answer_was_lost_is_held_once(
+    redis: RedisServer,
+) -> None:
+    budget = daily()
+    spend = event(budget)
+    async with (
+        LossyRelay(redis.port) as relay,
+        started(RedisCallStore(relay.url, key_prefix="reserve24:", probe_interval=0.05)) as store,
+    ):
+        # The decide script runs and holds the estimate; its answer is lost, and redis-py
+        # sends it again at once on a fresh connection, whose answer comes.
+        relay.lose_answers_to(b"{calls}:seq", times=1)
+        admitted = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, spend)
+        assert relay.lost == 1
+        assert admitted.call is not None
+        assert (admitted.call.allowed, admitted.call.count) == (True, 1)  # counted once
+        hold = admitted.spend.hold
+        assert hold is not None
+        record = await spent(store, budget.key)
+        assert record is not None
+        assert record.held == spend.estimate  # one hold, though the script ran twice
+
+        await store.charge(hold, USED)
+        record = await spent(store, budget.key)
+        assert record is not None
+        assert (record.spent, record.held) == (USED, Amount())
+        # The next identical call is the circuit's second, not its third.
+        again = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, spend)
+        assert again.call is not None
+        assert again.call.count == 2
+
+
+async def test_issue24_a_refusal_whose_answer_was_lost_keeps_its_alert(
+    redis: RedisServer,
+) -> None:
+    budget = daily()
+    async with (
+        LossyRelay(redis.port) as relay,
+        started(RedisCallStore(relay.url, key_prefix="refuse24:", probe_interval=0.05)) as store,
+    ):
+        relay.lose_answers_to(b"{calls}:seq", times=1)
+        refused = await store.admit(
+            circuit_key("bot", "s"), fingerprint(1), {}, event(budget, usd=2.0)
+        )
+        assert relay.lost == 1
+        assert not refused.spend.allowed
+        assert refused.spend.alert is not None  # the first run's answer, not the second's
+        assert refused.spend.alert.threshold == 100
+
+
+async def test_issue24_the_reservations_kept_stay_as_few_as_the_reservations_in_flight(
+    redis: RedisServer,
+) -> None:
+    budget = daily()
+    async with started(RedisCallStore(redis.url, key_prefix="fewres24:")) as store:
+        admitted = await asyncio.gather(
+            *(
+                store.admit(circuit_key("bot", "s"), fingerprint(n), {}, event(budget, usd=0.01))
+                for n in range(20)
+            )
+        )
+        holds = [one.spend.hold for one in admitted if one.spend.hold is not None]
+        assert len(holds) == 20
+        await store.admit(circuit_key("bot", "s"), fingerprint(99), {}, event(budget, usd=0.01))
+        reserved = f"fewres24:{{calls}}:reserved:{store.owner}"
+        client = Redis.from_url(redis.url)
+        try:
+            assert await client.zcard(reserved) == 1
+            assert 0 < await client.pttl(reserved) <= 86_400_000
+        finally:
+            await client.aclose()
+
+
+async def test_issue24_a_proxied_call_whose_reservation_answer_was_lost_is_charged_once(
+    redis: RedisServer,
+) -> None:
+    async with LossyRelay(redis.port) as relay:
+        state = f"{{backend: redis, url: '{relay.url}', on_error: deny}}"
+        async with running_proxy(DOLLARS, state=state) as rig:
+            relay.lose_answers_to(b"{calls}:seq", times=1)
+            status, _ = await chat(rig)
+            assert status == 200
+            assert relay.lost == 1
+            (entry,) = await rig.logged()
+            groups = await outage_written(rig)
+            ((_, record),) = await rig.store.spend_groups()
+    assert entry.outcome == "forwarded"
+    assert record.held == Amount()
+    assert record.spent.nano_usd == nano(entry.cost or 0.0)
+    assert [(g["budget"], g["spent"], g["held"]) for g in groups] == [
+        ("agent-dollars", f"${entry.cost:.4f}", "$0.0000")
+    ]
 
 
 # WAIT: a charge acknowledged is on a replica
