@@ -17,6 +17,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Generic, TypeVar
 
 from opentelemetry.instrumentation.utils import suppress_instrumentation
@@ -73,8 +74,8 @@ class SpanBatcher(Generic[Item]):
         self._wake = threading.Event()
         self._flushes: deque[threading.Event] = deque()
         self._stopping = False
-        self.thread = threading.Thread(target=self._run, name=EXPORT_THREAD, daemon=True)
-        self.thread.start()
+        self._thread = threading.Thread(target=self._run, name=EXPORT_THREAD, daemon=True)
+        self._thread.start()
 
     def add(self, item: Item) -> None:
         """Queue one finished span (the hot path: an append and a length test).
@@ -92,8 +93,9 @@ class SpanBatcher(Generic[Item]):
     def _full(self, queue: deque[Item]) -> None:
         """A batch is waiting: wake the thread; past `max_queue`, drop the newest span."""
         if len(queue) > self.max_queue:
-            queue.pop()
-            self.dropped += 1
+            with suppress(IndexError):  # the thread may have emptied it since
+                queue.pop()
+                self.dropped += 1
         if not self._wake.is_set():
             self._wake.set()
 
@@ -112,7 +114,7 @@ class SpanBatcher(Generic[Item]):
             return
         self._stopping = True
         self._wake.set()
-        self.thread.join(timeout)
+        self._thread.join(timeout)
         self._close()
 
     def _run(self) -> None:
