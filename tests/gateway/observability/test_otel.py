@@ -66,7 +66,8 @@ async def test_issue25_a_span_costs_the_event_loop_a_handful_of_calls(
     receiver: OtlpReceiver,
 ) -> None:
     # The SDK's own span (start_span, its sampler, BoundedAttributes, the context attach,
-    # end and the batch processor) made over a hundred calls; a record makes a few.
+    # end and the batch processor) made 151 calls for a root and 139 for a child; a
+    # record makes 15 and 14 (the counting's own calls aside).
     active = tracing.tracer()
     attributes = {tracing.AGENT_NAME: "parrot", tracing.CONVERSATION_ID: "room:C1"}
     with counted_calls() as root, active.span("message room", attributes, root=True):
@@ -76,7 +77,9 @@ async def test_issue25_a_span_costs_the_event_loop_a_handful_of_calls(
             pass
         with counted_calls() as instant:
             active.instant("apply_guardrail bot_loop", attributes)
-    assert (root[0], child[0], instant[0]) <= (20, 20, 12), (root, child, instant)
+    assert root[0] <= 25, root
+    assert child[0] <= 25, child
+    assert instant[0] <= 15, instant
     traces = await flushed(receiver)
     assert sorted(len(spans) for spans in traces.values()) == [1, 3]
 
@@ -86,7 +89,8 @@ async def test_issue25_tracing_adds_few_calls_to_a_message_through_the_pipeline(
 ) -> None:
     # The bench's pipeline and messages (in each room a human's, then a bot's five): with
     # tracing on a message adds its spans (message, invoke_agent, and apply_guardrail for
-    # a bot's) and their attributes, and nothing else.
+    # a bot's) and their attributes, and nothing else: 41 calls a message (426 with the
+    # SDK's own spans).
     bench = Bench(parse_config(CONFIG + NO_ROOM_MEMORY, env={}))
     messages = workload(3)
     active = tracing.tracer()
