@@ -52,10 +52,10 @@ local function reserve_kept()
     redis.call('ZREMRANGEBYSCORE', reserved, '-inf', '(' .. rfloor)
     return nil
   end
-  local reply, first = {}, true
+  local reply, skip = {}, 2
   for field in string.gmatch(kept[1], '%S+') do
-    if first then
-      first = false
+    if skip > 0 then
+      skip = skip - 1
     elseif string.sub(field, 1, 1) == 'n' then
       reply[#reply + 1] = tonumber(string.sub(field, 2))
     else
@@ -66,10 +66,10 @@ local function reserve_kept()
 end
 local function reserve_keep(reply)
   if rid == '' then return reply end
-  local fields = {rid}
+  local fields = {rid, held and 'h' or '-'}
   for i, value in ipairs(reply) do
-    if type(value) == 'number' then fields[i + 1] = 'n' .. num(value)
-    else fields[i + 1] = 's' .. value end
+    if type(value) == 'number' then fields[i + 2] = 'n' .. num(value)
+    else fields[i + 2] = 's' .. value end
   end
   redis.call('ZADD', reserved, rid, table.concat(fields, ' '))
   redis.call('PEXPIRE', reserved, """
@@ -80,10 +80,11 @@ end
 """
 )
 """Needs `reserved` (the owner's set of answers given), `rid` (the call's reservation id,
-'' when it holds no budget) and `rfloor` (the lowest id not yet answered). `reserve_kept()`
-is the answer kept for `rid` (nil: a first try, and the ids below `rfloor` leave the
-set); `reserve_keep(reply)` keeps a first try's answer, a member `<id> <field>...` of
-numbers (`n`) and strings without spaces (`s`, as `num` writes them), and returns it."""
+'' when it holds no budget), `rfloor` (the lowest id not yet answered) and `held` (set
+once the decision held the estimate). `reserve_kept()` is the answer kept for `rid` (nil:
+a first try, and the ids below `rfloor` leave the set); `reserve_keep(reply)` keeps a
+first try's answer and returns it: a member `<id> <h: held, or -> <field>...` of numbers
+(`n`) and strings without spaces (`s`, as `num` writes them)."""
 
 SPEND_PRELUDE = """
 local function spend_load(key, now)
@@ -169,11 +170,14 @@ end
 # KEYS: per group its record and its admin's limits, then (with the anomaly detector)
 # anomaly_redis.STEP's. ARGV: now, held nano-dollars and tokens, used (1) or released (0),
 # used nano-dollars and tokens, the group count, the owner's hash of holds, the owner's
-# set of charges applied, this charge's id and the lowest id still unconfirmed, then per
-# group the config's limits and the period's end, then anomaly_redis.STEP's. Each group
-# gets back at most what the owner still holds there (`budgets.owned`). A charge whose
-# id is in the set was applied already (its first try's answer was lost): it changes
-# nothing. The ids below the lowest unconfirmed one leave the set: their answers came.
+# set of charges applied, this charge's id and the lowest id still unconfirmed, the
+# owner's set of reservation answers and a reservation id ('' none), then per group the
+# config's limits and the period's end, then anomaly_redis.STEP's. Each group gets back
+# at most what the owner still holds there (`budgets.owned`); with a reservation id,
+# only if that reservation held (`RESERVE`; the release of a decision whose answer never
+# came: it may not have run). A charge whose id is in the set was applied already (its
+# first try's answer was lost): it changes nothing. The ids below the lowest unconfirmed
+# one leave the set: their answers came.
 # Returns {per group {threshold, spent nano-dollars, spent tokens, limit nano-dollars,
 # limit tokens} when it crossed one, else false; the detector's `anomaly`}.
 CHARGE = (
@@ -190,13 +194,20 @@ if redis.call('ZSCORE', charged, id) then
 end
 redis.call('ZREMRANGEBYSCORE', charged, '-inf', '(' .. ARGV[11])
 redis.call('ZADD', charged, id, id)
+local reservation = ARGV[13]
+if reservation ~= '' then
+  local kept = redis.call('ZRANGEBYSCORE', ARGV[12], reservation, reservation, 'LIMIT', 0, 1)
+  if #kept == 0 or string.sub(kept[1], #reservation + 2, #reservation + 2) ~= 'h' then
+    hu, ht = 0, 0
+  end
+end
 redis.call('PEXPIRE', charged, """
     + str(CHARGED_TTL_MS)
     + """)
 local aargs = nil
-if #ARGV > 11 + 3 * ngroups then aargs = 11 + 3 * ngroups end
+if #ARGV > 13 + 3 * ngroups then aargs = 13 + 3 * ngroups end
 for j = 1, ngroups do
-  local key, a = KEYS[2 * j - 1], 11 + 3 * (j - 1)
+  local key, a = KEYS[2 * j - 1], 13 + 3 * (j - 1)
   local o = redis.call('HMGET', owned, 'u' .. key, 't' .. key)
   local left_u, left_t = tonumber(o[1]) or 0, tonumber(o[2]) or 0
   local back_u, back_t = math.min(hu, left_u), math.min(ht, left_t)
@@ -310,11 +321,15 @@ def check_args(event: SpendEvent) -> list[str]:
 
 class ChargeId(NamedTuple):
     """Who applied a charge: the owner's set of applied charges, its id, the lowest id of
-    the owner's charges not yet confirmed (the ids below it leave the set)."""
+    the owner's charges not yet confirmed (the ids below it leave the set); for the
+    release of a decision whose answer never came, the owner's set of reservation
+    answers and that decision's reservation id (its hold is given back only if it held)."""
 
     charged: str
     id: int
     floor: int
+    reserved: str = ""
+    reservation: int | None = None
 
 
 def charge_args(
@@ -335,6 +350,8 @@ def charge_args(
         charge.charged,
         str(charge.id),
         str(charge.floor),
+        charge.reserved,
+        "" if charge.reservation is None else str(charge.reservation),
         *group_args(hold.groups),
     ]
 

@@ -51,10 +51,13 @@ Decisions where DESIGN.md is silent:
   nothing, with a `SpendVerdict` marked `unavailable` and a retry after the probe
   interval, at least `STATE_RETRY_SECONDS`.
   A charge or log batch Redis did not answer is kept and sent again once it answers
-  (gateway.calls.redis_pending); `reopen`, `paused` and `calls_since` raise `StateError`,
-  so an admin is never told a change was made or that nothing is paused when Redis did
-  not answer. The first failure logs one warning and the recovery one line; while down,
-  one call per `probe_interval` goes to Redis and the others fail fast.
+  (gateway.calls.redis_pending), and so is the release of a budgeted call's decision
+  whose answer never came when the call then holds nothing (refused without Redis): it
+  gives the hold back only if that decision ran and held (budgets_redis.RESERVE);
+  `reopen`, `paused` and `calls_since` raise `StateError`, so an admin is never told a
+  change was made or that nothing is paused when Redis did not answer. The first failure
+  logs one warning and the recovery one line; while down, one call per `probe_interval`
+  goes to Redis and the others fail fast.
 - `wait_replicas` (`state.wait_replicas`, issue 24): each script call that writes
   budgets (a call's hold, its charge or refund) is followed by `WAIT` on the same
   connection (`RedisLink.run_waited`). Fewer replicas in time: under `deny` an admitted
@@ -231,11 +234,12 @@ end
 # agent's anomaly hold when the agent may be paused (anomaly_redis).
 # ARGV: now, max_repeats, window, pause, then per rule: max_calls, window, action, name,
 # then the spend estimate and per group its limits and end, and last this owner's hash of
-# holds (budgets_redis.SPEND_HOLD), its set of answers, the call's reservation id ('' when
-# it has no budget group) and the lowest id unanswered (budgets_redis.RESERVE), the shadow
-# flags (`ShadowGuards.flags`), whether the agent's hold is given (1 or 0) and the group
-# count. A call a guard in shadow mode refuses holds its estimate as an allowed call does;
-# a call sent again under a reservation id already decided gets that decision's answer.
+# holds (budgets_redis.SPEND_HOLD), the shadow flags (`ShadowGuards.flags`), whether the
+# agent's hold is given (1 or 0), the group count, and the owner's set of answers, the
+# call's reservation id ('' when it has no budget group) and the lowest id unanswered
+# (budgets_redis.RESERVE). A call a guard in shadow mode refuses holds its estimate as an
+# allowed call does; a decision sent again under a reservation id already decided gets
+# that decision's answer.
 # Returns {0, at, count, 0} allowed; {1, pause, count, 0} loop detected;
 # {2, remaining, refusals, rule index or 0} paused; {3, retry_after, count, rule index};
 # {4, ...} refused by a budget (budgets_redis.SPEND_CHECK); {5, remaining, refusals, 0}
@@ -246,9 +250,10 @@ _DECIDE = (
     + """
 local now = clock(ARGV[1])
 local max_repeats, window, seconds = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local ngroups, nagent = tonumber(ARGV[#ARGV]), tonumber(ARGV[#ARGV - 1])
-local shadow, rfloor, rid = ARGV[#ARGV - 2], ARGV[#ARGV - 3], ARGV[#ARGV - 4]
-local reserved, owned = ARGV[#ARGV - 5], ARGV[#ARGV - 6]
+local rfloor, rid, reserved = ARGV[#ARGV], ARGV[#ARGV - 1], ARGV[#ARGV - 2]
+local ngroups, nagent = tonumber(ARGV[#ARGV - 3]), tonumber(ARGV[#ARGV - 4])
+local shadow, owned = ARGV[#ARGV - 5], ARGV[#ARGV - 6]
+local held = false
 local nrules = (#KEYS - 3 - 2 * ngroups - nagent) / 2
 local skeys, sargs = 3 + 2 * nrules, 4 + 4 * nrules
 """
@@ -314,6 +319,7 @@ if reply[1] == 0 or string.sub(shadow, by, by) == '1' then
 """
     + SPEND_HOLD
     + """
+  held = true
 end
 return reply
 end
@@ -596,28 +602,13 @@ class RedisCallStore(RedisLinked):
         if agent is not None:
             keys.append(self._hold_key(agent))
         flags = shadow.flags([rule for rule, _ in applied])
-        ids = self._charge_ids
-        reservation = ids.new() if groups else None
-        args += [
-            self._owned,
-            self._reserved,
-            "" if reservation is None else str(reservation),
-            str(ids.floor()),
-            flags,
-            0 if agent is None else 1,
-            len(groups),
-        ]
+        args += [self._owned, flags, 0 if agent is None else 1, len(groups)]
         try:
-            reply, short = await self._link.guarded(
-                lambda: self._budget_write(self._decide, keys, args, money=bool(groups))
-            )
+            reply, short = await self._decide_call(keys, args, spend)
         except StateError:
             return await self._unavailable(
                 circuit, fingerprint, fields, spend, policy, shadow=shadow
             )
-        finally:
-            if reservation is not None:
-                ids.answered(reservation)  # never sent again by this store
         kind, value, count, index = reply[:4]
         number, count = float(value), int(count)
         hold = SpendHold(groups, spend.estimate) if spend is not None and groups else None
@@ -668,6 +659,54 @@ class RedisCallStore(RedisLinked):
         retry = max(STATE_RETRY_SECONDS, self._link.probe_interval)
         refused = SpendVerdict(False, refused=hold.groups[0], retry_after=retry, unavailable=True)
         return Admission(None, refused)
+
+    async def _decide_call(
+        self, keys: Sequence[str], args: Sequence[str | int], spend: SpendEvent | None
+    ) -> tuple[Any, bool]:
+        """The decide script's reply and whether too few replicas hold it, under the call's
+        reservation id when it has budget groups (`budgets_redis.RESERVE`: a decision
+        redis-py sends again after a lost answer holds once). StateError when Redis did
+        not answer; a decision sent and never answered under `deny` (its call is refused,
+        holding nothing) leaves its release to be written (`_release_lost`)."""
+        groups = () if spend is None else spend.groups
+        ids = self._charge_ids
+        reservation = ids.new() if groups else None
+        rid = "" if reservation is None else str(reservation)
+        args = [*args, self._reserved, rid, str(ids.floor())]
+        sent = False
+
+        async def decide() -> tuple[Any, bool]:
+            nonlocal sent
+            sent = True
+            return await self._budget_write(self._decide, keys, args, money=bool(groups))
+
+        try:
+            return await self._link.guarded(decide)
+        except StateError:
+            if sent and self._release_lost(spend, reservation):
+                reservation = None  # answered once the release is written
+            raise
+        finally:
+            if reservation is not None:
+                ids.answered(reservation)  # never sent again by this store
+
+    def _release_lost(self, spend: SpendEvent | None, reservation: int | None) -> bool:
+        """Under `on_error: deny`, keep the release of a decision sent and never answered:
+        its call is refused as in an outage and holds nothing, but the decision may have
+        run and held. Written once Redis answers, it gives the hold back only if that
+        decision held, so none stays stuck. Not counted among the pending charges (it
+        moves no money but back; one per decision sent, not per call refused fast). True
+        when kept (the reservation's id is answered once it is written). Under `allow` a
+        call admitted on local records gives the hold back with its own charge; one they
+        refuse leaves it standing until the period ends (not handled)."""
+        if spend is None or reservation is None or self._link.on_error != "deny":
+            return False
+        ids = self._charge_ids
+        hold = SpendHold(spend.groups, spend.estimate)
+        release = ChargeId(self._charged, reservation, ids.floor(), self._reserved, reservation)
+        args = tuple(budgets_redis.charge_args(self._link.now(), hold, None, self._owned, release))
+        keys = tuple(self._spend_keys(hold.groups))
+        return self._pending.keep(PendingWrite("charge", keys, args, 0, charge=reservation))
 
     async def charge(self, hold: SpendHold, used: Amount | None) -> list[SpendAlert]:
         """`step_charge` in one script call (while Redis is down: on the local records)."""

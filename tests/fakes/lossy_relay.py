@@ -7,7 +7,9 @@ until `lose_answers_to(marker)`; from then on, a chunk the client sends that hol
 connection is closed, as when a network drops between a write and its acknowledgement.
 The client sees a dropped connection and cannot tell whether its command ran. `deliver()`
 lets answers through again (`times` does so by itself after that many commands);
-`lost` counts the answers thrown away.
+`lost` counts the answers thrown away. With `run=False` such a command is not forwarded
+at all (the connection drops before it reaches the server): the client cannot tell
+that case from the other.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class LossyRelay:
         self._target = target
         self._marker: bytes | None = None
         self._times: int | None = None
+        self._run = True
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.lost = 0
@@ -42,16 +45,19 @@ class LossyRelay:
         """A redis:// URL of the server, through the relay."""
         return f"redis://{HOST}:{self.port}/0"
 
-    def lose_answers_to(self, marker: bytes, times: int | None = None) -> None:
+    def lose_answers_to(self, marker: bytes, times: int | None = None, *, run: bool = True) -> None:
         """Throw away the answers to the commands that hold `marker`, closing their client:
-        every such command until `deliver`, or only the next `times` of them."""
+        every such command until `deliver`, or only the next `times` of them; with `run`
+        False the commands themselves are thrown away (counted in `lost` too)."""
         self._marker = marker
         self._times = times
+        self._run = run
 
     def deliver(self) -> None:
         """Let every answer through again."""
         self._marker = None
         self._times = None
+        self._run = True
 
     async def __aenter__(self) -> LossyRelay:
         self._server = await asyncio.start_server(self._serve, HOST, 0)
@@ -80,10 +86,14 @@ class LossyRelay:
             while data := await reader.read(_CHUNK):
                 if self._marker is not None and self._marker in data:
                     losing.set()
+                    run = self._run
                     if self._times is not None:
                         self._times -= 1
                         if not self._times:
-                            self._marker = None
+                            self.deliver()
+                    if not run:
+                        self.lost += 1
+                        return
                 upstream_writer.write(data)
                 await upstream_writer.drain()
 

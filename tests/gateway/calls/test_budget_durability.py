@@ -10,8 +10,9 @@ Waits are bounded by counts of polls, never by how fast the machine is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -73,6 +74,18 @@ async def written(store: RedisCallStore) -> None:
                 return
         await asyncio.sleep(POLL_SECONDS)
     raise AssertionError(f"{store.pending_writes} writes still wait for Redis")
+
+
+async def recovered(store: RedisCallStore, done: Callable[[], Awaitable[bool]]) -> None:
+    """Poll Redis through the store (so it finds Redis back and writes what it kept)
+    until `done`."""
+    for _ in range(POLLS):
+        with contextlib.suppress(StateError):
+            await store.spend_groups()
+        if await done():
+            return
+        await asyncio.sleep(POLL_SECONDS)
+    raise AssertionError("the store never wrote what it kept")
 
 
 @asynccontextmanager
@@ -264,6 +277,79 @@ async def test_issue24_a_reservation_whose_answer_was_lost_is_held_once(
         again = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, spend)
         assert again.call is not None
         assert again.call.count == 2
+
+
+async def test_issue24_a_reservation_never_answered_gives_its_hold_back_once_redis_answers(
+    redis: RedisServer,
+) -> None:
+    budget = daily()
+    spend = event(budget)
+    async with (
+        LossyRelay(redis.port) as relay,
+        started(
+            RedisCallStore(relay.url, key_prefix="never24:", on_error="deny", probe_interval=0.05)
+        ) as store,
+        started(RedisCallStore(redis.url, key_prefix="never24:")) as direct,
+    ):
+        # Both tries run in Redis and neither answer comes: the call is refused as in an
+        # outage, and its hold (taken once) is released when Redis answers again.
+        relay.lose_answers_to(b"{calls}:seq")
+        refused = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, spend)
+        assert relay.lost == 2
+        assert refused.spend.unavailable
+        assert store.pending_writes == 0  # a release moves no money but back: not counted
+        record = await spent(direct, budget.key)
+        assert record is not None
+        assert record.held == spend.estimate
+
+        relay.deliver()
+
+        async def given_back() -> bool:
+            record = await spent(direct, budget.key)
+            assert record is not None
+            return record.held == Amount()
+
+        await recovered(store, given_back)
+        record = await spent(direct, budget.key)
+        assert record is not None
+        assert record.spent == Amount()
+
+
+async def test_issue24_the_release_of_a_reservation_that_never_ran_gives_back_no_other_hold(
+    redis: RedisServer,
+) -> None:
+    budget = daily()
+    spend = event(budget)
+    async with (
+        LossyRelay(redis.port) as relay,
+        started(
+            RedisCallStore(relay.url, key_prefix="notrun24:", on_error="deny", probe_interval=0.05)
+        ) as store,
+    ):
+        first = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, spend)
+        assert first.spend.hold is not None
+        relay.lose_answers_to(b"{calls}:seq", run=False)  # the decision never reaches Redis
+        refused = await store.admit(circuit_key("bot", "s"), fingerprint(2), {}, spend)
+        assert relay.lost == 2
+        assert refused.spend.unavailable
+        relay.deliver()
+        client = Redis.from_url(redis.url)
+        try:
+            charged = f"notrun24:{{calls}}:charged:{store.owner}"
+
+            async def released() -> bool:  # the release is the first charge script call
+                return bool(await client.zcard(charged))
+
+            await recovered(store, released)
+        finally:
+            await client.aclose()
+        record = await spent(store, budget.key)
+        assert record is not None
+        assert record.held == spend.estimate  # the first call's hold stands
+        await store.charge(first.spend.hold, USED)
+        record = await spent(store, budget.key)
+        assert record is not None
+        assert (record.spent, record.held) == (USED, Amount())
 
 
 async def test_issue24_a_refusal_whose_answer_was_lost_keeps_its_alert(
