@@ -68,6 +68,31 @@ Decisions where DESIGN.md is silent:
   are answered once, and after a replica was killed mid-turn a redelivery of its message
   is answered once its key has lapsed. A redelivery that arrives sooner (a long-polling
   bot restarted within 10 s) is refused, as before.
+- A script call whose answer is lost (the connection drops after Redis ran it) is sent
+  again at once on a fresh connection by redis-py (once on one server or a Sentinel's
+  master, gateway/state/redis_link.py; the cluster client may try a few times), so it
+  may run again. What a second run does, per decision (issue 24): none lets more through
+  than allowed, and none counts money twice.
+  - the pair budget (`pair_decide`): the event is recorded again, so the pair reaches its
+    budget (and its cooldown) an event sooner, and the message may be refused though
+    recorded: stricter. The room budget and the bot-turn cap: the same without a
+    message key; with one, the second run finds the message counted and does not count
+    it again (an admitted one is admitted again, a count is the same).
+  - `claim`: the second run finds its own claim and loses it, so a cooldown notice or a
+    once-only admin command may be done by no one (at most once, maybe never).
+  - `receive`: the second run finds the receipt in flight under this replica and calls
+    the message a duplicate: it is not answered (at most once) until a redelivery after
+    the receipt's TTL. `confirm`, the liveness key, pauses and transcript appends (by
+    message key) give the same result again; an audit entry may be logged twice.
+  - the proxy's call circuits and uniqueness rules (gateway/calls/redis_store.py)
+    without budgets: the call is counted again, so a loop or a duplicate is refused a
+    call sooner: stricter. `record_outcome` uncounts by the call's time: a second run
+    finds nothing (two calls never share the server's microsecond, scripts running one
+    at a time; only an injected clock can make them).
+  - a budgeted call's decision and hold carries a reservation id, its charge or refund a
+    charge id, a request-log batch its first entry's id: the second run changes nothing
+    and a decision answers as the first did (gateway/calls/budgets_redis.py); the owner
+    lease's beat gives a lapsed owner's holds back once.
 - A room's consecutive-bot-turn count expires after a day without bot messages.
 - The URL is never logged (it may hold a password); error texts are logged with the
   password masked.
