@@ -20,7 +20,9 @@ the owner's charges applied and not yet confirmed to it, makes a charge sent aga
 answers the decide script gave the owner's budgeted calls not yet confirmed to it (scored
 by the call's reservation id), makes a decision sent again after its answer was lost
 (redis-py sends it again at once on a fresh connection) get its first answer back and
-take no second hold (`RESERVE`).
+take no second hold (`RESERVE`); the release of a decision never answered gives back
+only what that decision held (`CHARGE`). Both sets keep only the ids at or above the
+lowest one still unanswered, and expire a day after their last write.
 """
 
 from __future__ import annotations

@@ -16,7 +16,11 @@ only the answer was lost:
   still unanswered, below which the script forgets them), so the set stays as small as
   the charges in flight;
 - a log batch is one script call whose entries each carry a unique id; the log script
-  skips a batch whose first entry is in the log already (gateway.calls.query_redis).
+  skips a batch whose first entry is in the log already (gateway.calls.query_redis);
+- the release of a budgeted call's decision that was sent and never answered (kept
+  under `on_error: deny`, gateway.calls.redis_store) is a charge of nothing under the
+  decision's reservation id, and gives back only what that decision held; it counts no
+  entry (it moves no money but back).
 
 Decisions where the issue is silent:
 - Kept in this process only, not in a local file: a process that dies loses its pending
