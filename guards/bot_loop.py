@@ -21,7 +21,9 @@ Memory: the pairs are one `guards.lru.DrainingTable` in least-recently-used orde
 with no event in its window and no running cooldown is idle, and forgetting it changes
 no decision. Each call looks at the least recently used pair and frees it when idle (and
 one more while idle ones have piled up), so n idle pairs are freed within about n/2
-calls once they are idle, without any scan; a new pair takes over the record just freed.
+calls once they are idle, without any scan; a new pair takes over the record just freed,
+or one freed before and kept spare (up to `_SPARES_MAX`): pairs drawn at random that go
+idle between their events (issue 24) then build few records.
 A table that has shrunk to a quarter of its peak is replaced by a fresh one, the
 survivors moved over a few per call (no stall). `max_pairs` caps the table: a new pair
 displaces the least recently used one.
@@ -71,6 +73,8 @@ PairKey = tuple[str | None, str, str]
 
 # Idle pairs freed per call: n idle pairs give their memory back in n/2 calls.
 _RELEASE_PER_CALL = 2
+# Freed records kept for new pairs to take over: building one costs more than keeping it.
+_SPARES_MAX = 64
 # Up to this budget a pair's event times are a list: evicting the oldest shifts at most
 # this many pointers, which costs less than a deque and a fraction of its memory (a deque
 # allocates a 64-slot block per pair). Larger budgets get a deque to stay O(1).
@@ -365,7 +369,7 @@ class BotLoopGuard:
     rooms with different policies and a policy change keeps the pair's events.
     """
 
-    __slots__ = ("_clock", "_lock", "_pairs", "_policy")
+    __slots__ = ("_clock", "_lock", "_pairs", "_policy", "_spares")
 
     def __init__(
         self,
@@ -382,6 +386,8 @@ class BotLoopGuard:
             _idle_at, cap=max_pairs, frees_per_call=_RELEASE_PER_CALL
         )
         self._lock = threading.Lock()
+        # Idle records the sweep freed, for new pairs to take over instead of building one.
+        self._spares: list[PairRecord] = []
 
     @property
     def enabled(self) -> bool:
@@ -397,7 +403,7 @@ class BotLoopGuard:
         """The number of pairs held (live ones, and idle ones not yet freed)."""
         return len(self._pairs)
 
-    def observe(
+    def observe(  # noqa: PLR0915 - the sweep inline: a method call costs a tenth of a call
         self,
         *,
         self_bot_id: str,
@@ -408,9 +414,10 @@ class BotLoopGuard:
     ) -> bool:
         """Record one bot-authored event of the pair; True to admit it, False to drop it.
 
-        The two most common cases are done here, without a method call (see
-        `guards.lru`): a known pair with no sweep due, and a new pair taking over the
-        record of the one pair that has just gone idle; the rest is `_decide`'s.
+        The common cases are done here, without a method call (see `guards.lru`): a known
+        pair with no sweep due, the sweep's look at a live front, a new pair taking over
+        the record of the one pair that has just gone idle, and a new pair taking a spare
+        record, or one kept spare; a draining table is `_decide`'s.
         """
         if policy is None:
             policy = self._policy
@@ -436,18 +443,66 @@ class BotLoopGuard:
                 if record is not None:
                     recent.move_to_end(key)
                     return _step(record, policy, now).allowed
-            elif pairs.draining is None and recent and key not in recent:
+                if pairs.draining is not None:
+                    return self._decide(key, now, policy).allowed
+            elif pairs.draining is not None or not recent:
+                return self._decide(key, now, policy).allowed
+            else:
+                # The sweep, inline (see `guards.lru`): the front, and after a front that went
+                # idle before the last sweep (a backlog) the next one, as `sweep` does.
                 front_key, front = recent.popitem(False)  # positional: a keyword costs more
-                if pairs.swept_at <= front.idle_at <= now:
-                    # The sweep would free it alone: the new pair takes over its record
-                    # (idle, so `_step` starts it afresh) and its place.
+                idle_at = front.idle_at
+                if idle_at > now:  # live: back to the front; no sweep until it goes idle
+                    recent[front_key] = front
+                    recent.move_to_end(front_key, False)
+                    pairs.swept_at = now
+                    pairs.sweep_at = idle_at
+                else:
+                    backlog = idle_at < pairs.swept_at
                     pairs.swept_at = now
                     pairs.sweep_at = _SWEEP_NOW
-                    recent[key] = front
-                    return _step(front, policy, now).allowed
-                recent[front_key] = front
-                recent.move_to_end(front_key, last=False)
-            return self._decide(key, now, policy).allowed
+                    record = recent.get(key)  # after the pop: None when the front is this pair
+                    if record is None and not backlog:
+                        # The new pair takes over the front's record (idle: `_step` starts
+                        # it afresh) and its place: the size stays, no shrink to check.
+                        recent[key] = front
+                        return _step(front, policy, now).allowed
+                    if backlog and recent:  # the front went idle before the last sweep
+                        next_key, following = recent.popitem(False)
+                        idle_at = following.idle_at
+                        if idle_at > now:
+                            recent[next_key] = following
+                            recent.move_to_end(next_key, False)
+                            pairs.sweep_at = idle_at
+                        else:
+                            if following is record:  # freed: the pair starts afresh
+                                record = None
+                            self._keep_spare(following)
+                    if len(recent) * 4 <= pairs.peak:
+                        pairs.shrink()
+                        if pairs.draining is not None:  # the records moved there
+                            return self._place(key, now, policy, front).allowed
+                    if record is None:
+                        recent[key] = front  # taken over, as above
+                        return _step(front, policy, now).allowed
+                    spares = self._spares
+                    if len(spares) < _SPARES_MAX:  # kept for a new pair (`_keep_spare`)
+                        front.idle_at = _SWEEP_NOW
+                        spares.append(front)
+                    recent.move_to_end(key)
+                    return _step(record, policy, now).allowed
+                record = recent.get(key)
+                if record is not None:
+                    recent.move_to_end(key)
+                    return _step(record, policy, now).allowed
+            # A new pair, and no table draining: an idle record freed before, else a new one.
+            spares = self._spares
+            record = spares.pop() if spares else _idle_record()
+            if len(recent) < pairs.peak:  # under its peak, so under the cap: no displacing
+                recent[key] = record
+            else:
+                pairs.add(key, record)
+            return _step(record, policy, now).allowed
         finally:
             lock.release()
 
@@ -499,20 +554,36 @@ class BotLoopGuard:
         """Sweep if due, step the pair's record with one event and keep it (lock held)."""
         pairs = self._pairs
         freed = pairs.sweep(now) if now >= pairs.sweep_at else None
+        return self._place(key, now, policy, freed)
+
+    def _place(
+        self, key: PairKey, now: float, policy: BotLoopPolicy, freed: PairRecord | None
+    ) -> PairDecision:
+        """Step the pair's record and keep it, after the sweep (`freed`: what it freed last)."""
+        pairs = self._pairs
         recent = pairs.recent  # read after the sweep, which may replace it
         record = recent.get(key)
         if record is not None:
             recent.move_to_end(key)
-            return _step(record, policy, now)
-        if pairs.draining is not None:
+        elif pairs.draining is not None:
             record = pairs.use(key)
-            if record is not None:
-                return _step(record, policy, now)
+        if record is not None:
+            if freed is not None:
+                self._keep_spare(freed)
+            return _step(record, policy, now)
         if freed is not None:
             # A new pair takes over the record just freed (idle: `_step` starts it
             # afresh) and its place: the table does not grow, no record is built.
             recent[key] = freed
             return _step(freed, policy, now)
-        record = _idle_record()
+        spares = self._spares
+        record = spares.pop() if spares else _idle_record()
         pairs.add(key, record)
         return _step(record, policy, now)
+
+    def _keep_spare(self, record: PairRecord) -> None:
+        """Keep a freed record for a new pair to take over (a few at most), idle at any time."""
+        spares = self._spares
+        if len(spares) < _SPARES_MAX:
+            record.idle_at = _SWEEP_NOW  # so `_step` starts it afresh, whatever `now` comes
+            spares.append(record)

@@ -30,7 +30,12 @@ call:
   it alone: set `swept_at = now` and `sweep_at = -math.inf` and put the new key in its
   place (the size stays, so there is no shrink to check). Otherwise put it back at the
   front and call `sweep`.
-Callers never hold on to `recent` across a `sweep`, which may replace it.
+- The rest of `sweep` (no table draining) may be done inline too, as it does it: a live
+  front goes back to the front with `sweep_at` its idle instant; an idle front is freed,
+  and when it went idle before `swept_at` (a backlog) the next front is looked at the
+  same way; `swept_at = now`; then, when `len(recent) * 4 <= peak`, `shrink()`, which
+  may start draining.
+Callers never hold on to `recent` across a `sweep` or a `shrink`, which may replace it.
 
 `sweep` frees one idle front entry per call, and up to `frees_per_call` while they went
 idle before the previous sweep (a backlog): entries that go idle one by one, as in a
@@ -74,7 +79,7 @@ class DrainingTable(Generic[K, V]):
         "_frees",
         "_idle_from",
         "_moves",
-        "_peak",
+        "peak",
         "draining",
         "recent",
         "sweep_at",
@@ -95,8 +100,9 @@ class DrainingTable(Generic[K, V]):
         self._cap = cap
         self._frees = frees_per_call
         self._moves = moves_per_call
-        # The number of entries held at the peak since the table was last replaced.
-        self._peak = 0
+        # The number of entries held at the peak since the table was last replaced (public
+        # for the inline sweep's shrink check).
+        self.peak = 0
         self.recent: OrderedDict[K, V] = _ordered_dict()
         self.draining: OrderedDict[K, V] | None = None
         # When the front entry goes idle: until then `sweep` would free nothing.
@@ -140,8 +146,8 @@ class DrainingTable(Generic[K, V]):
             self.sweep_at = -math.inf  # a new front: look at it on the next sweep
             size -= 1
         recent[key] = value
-        if size >= self._peak:
-            self._peak = size + 1
+        if size >= self.peak:
+            self.peak = size + 1
 
     def discard(self, key: K) -> None:
         """Forget one key, if it is held."""
@@ -158,14 +164,14 @@ class DrainingTable(Generic[K, V]):
                 del table[key]
             removed += len(keys)
         self.sweep_at = -math.inf
-        self._shrink()
+        self.shrink()
         return removed
 
     def clear(self) -> None:
         """Forget everything and let go of the arrays."""
         self.recent = _ordered_dict()
         self.draining = None
-        self._peak = 0
+        self.peak = 0
         self.sweep_at = -math.inf
 
     def items(self) -> Iterator[tuple[K, V]]:
@@ -213,8 +219,8 @@ class DrainingTable(Generic[K, V]):
             front = draining or recent
         if draining is not None and not draining:
             self.draining = None  # let go of it and its arrays sized for the peak
-        if freed is not None and len(self.recent) * 4 <= self._peak:
-            self._shrink()
+        if freed is not None and len(self.recent) * 4 <= self.peak:
+            self.shrink()
         return freed
 
     def _tables(self) -> list[OrderedDict[K, V]]:
@@ -222,11 +228,11 @@ class DrainingTable(Generic[K, V]):
         draining = self.draining
         return [self.recent] if draining is None else [draining, self.recent]
 
-    def _shrink(self) -> None:
-        """Start draining the table once it has shrunk to a quarter of its peak."""
-        if self.draining is None and self._peak >= REBUILD_MIN:
+    def shrink(self) -> None:
+        """Start draining the table if it has shrunk to a quarter of its peak (see above)."""
+        if self.draining is None and self.peak >= REBUILD_MIN:
             size = len(self.recent)
-            if size * 4 <= self._peak:
+            if size * 4 <= self.peak:
                 self.draining, self.recent = self.recent, _ordered_dict()
-                self._peak = size
+                self.peak = size
                 self.sweep_at = -math.inf

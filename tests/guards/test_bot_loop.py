@@ -957,3 +957,40 @@ def test_issue24_random_gap_churn_is_the_measured_workload_and_decides_as_the_re
     assert reasons == {"ok", "budget_exceeded", "cooldown"}
     # The table holds about the live pairs, not every pair ever seen.
     assert len(guard) < pairs * 0.6
+
+
+def test_issue24_random_gap_churn_through_observe_builds_few_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pairs drawn at random go idle between most of their events: each such event frees a
+    # record or needs one. Freed records are taken over or kept spare, so the guard builds
+    # about as many records as the table ever held, not one per pair coming back (about
+    # 5 times that before).
+    from bench.bot_loop_bench import random_gap_events
+    from guards import bot_loop
+
+    built = {"observe": 0, "decide": 0}
+    counting = "observe"
+    idle_record = bot_loop._idle_record
+
+    def counted() -> bot_loop.PairRecord:
+        built[counting] += 1
+        return idle_record()
+
+    monkeypatch.setattr(bot_loop, "_idle_record", counted)
+    pairs, events = 2_000, 30_000
+    workload = random_gap_events(events, pairs, 120.0 * events / pairs)
+    observed, decided = BotLoopGuard(), BotLoopGuard()
+    reference = _ReferenceGuard(BotLoopPolicy())
+    for n, (a, b, at) in enumerate(workload):
+        expected = reference.decide((None, *pair_key(a, b)), at)
+        counting = "observe"
+        assert observed.observe(self_bot_id=a, sender_bot_id=b, now=at) is expected.allowed
+        counting = "decide"
+        assert decided.decide(self_bot_id=a, sender_bot_id=b, now=at) == expected
+        if n % 1_000 == 0:  # observe's inline sweep keeps what the sweep keeps
+            assert [key for key, _ in observed._pairs.items()] == [
+                key for key, _ in decided._pairs.items()
+            ]
+    peak = observed._pairs.peak
+    assert built["observe"] <= peak + peak // 4, (built, peak)
