@@ -49,17 +49,23 @@ COMPLETION = {
     ],
     "usage": {"prompt_tokens": 11, "completion_tokens": 1, "total_tokens": 12},
 }
-# Every request a different body (a counter in the prompt), as an agent's calls are.
+# Every request a different body, as an agent's calls are: the request's number and the
+# run's in letters ("bcd"), since the call guard reads numbers of 5 or more digits as
+# volatile ids (guards/call_loop/normalise.py), so "question 10001" and "question 10002"
+# would be one call repeated, refused as a loop after a few thousand requests.
 WRK_SCRIPT = """
 counter = 0
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer %s"
+wrk.headers["Authorization"] = "Bearer %(key)s"
+local function letters(n)
+  return (string.gsub(tostring(n), "%%d", function(d) return string.char(97 + d) end))
+end
 request = function()
   counter = counter + 1
   local body = '{"model":"gpt-4o-mini","max_tokens":5,"messages":[{"role":"user",' ..
-    '"content":"question ' .. counter .. ' of thread ' .. math.random(1, 1e9) .. '"}]}'
-  return wrk.format(nil, "%s", nil, body)
+    '"content":"question ' .. letters(counter) .. ' of run %(run)s"}]}'
+  return wrk.format(nil, "%(path)s", nil, body)
 end
 """
 NGINX_CONF = """
@@ -99,8 +105,16 @@ def free_port() -> int:
         return port
 
 
-def wrk(url: str, path: str, *, connections: int, seconds: float, script: Path) -> Figures:
-    """Run wrk against url+path; its requests/s and latency p50/p99."""
+def wrk(url: str, path: str, *, connections: int, seconds: float, scripts: Path) -> Figures:
+    """Run wrk's POSTs to url+path; its requests/s and latency p50/p99.
+
+    Each run's bodies are its own (a run number in them): the proxy serves two runs, and
+    the second's first requests must not repeat the first's.
+    """
+    runs = len(list(scripts.glob("run-*.lua")))
+    script = scripts / f"run-{runs}.lua"
+    tag = "".join(chr(ord("a") + int(digit)) for digit in str(runs))
+    script.write_text(WRK_SCRIPT % {"key": PROXY_KEY, "path": path, "run": tag})
     argv = [
         "wrk",
         "-t1",
@@ -187,23 +201,21 @@ def main() -> None:
         path = "/openai/v1/chat/completions"
         results: dict[str, tuple[Figures, Figures]] = {}
         try:
-            direct = directory / "direct.lua"
-            direct.write_text(WRK_SCRIPT % (PROXY_KEY, "/v1/chat/completions"))
-            proxied = directory / "proxied.lua"
-            proxied.write_text(WRK_SCRIPT % (PROXY_KEY, path))
 
-            def measure(url: str, script: Path) -> tuple[Figures, Figures]:
-                one = wrk(url, "", connections=1, seconds=args.seconds, script=script)
-                many = wrk(url, "", connections=CONNECTIONS, seconds=args.seconds, script=script)
+            def measure(url: str, path: str) -> tuple[Figures, Figures]:
+                one = wrk(url, path, connections=1, seconds=args.seconds, scripts=directory)
+                many = wrk(
+                    url, path, connections=CONNECTIONS, seconds=args.seconds, scripts=directory
+                )
                 return one, many
 
-            results["nginx directly"] = measure(upstream, direct)
+            results["nginx directly"] = measure(upstream, "/v1/chat/completions")
             sqlite = f"{{backend: sqlite, path: '{directory / 'state.sqlite3'}'}}"
             for workers, state in ((1, "{backend: memory}"), (1, sqlite), (2, sqlite)):
                 process, url = start_proxy(directory, upstream, workers, state, len(results))
                 try:
                     label = f"proxy, {workers} worker{'s' if workers > 1 else ''} ({state[10:16]})"
-                    results[label] = measure(url, proxied)
+                    results[label] = measure(url, path)
                 finally:
                     stop(process)
         finally:
