@@ -54,7 +54,7 @@ from gateway.app.eventloop import running
 from gateway.app.http import HttpServer
 from gateway.app.jsonbody import JsonBodyError
 from gateway.calls.factory import build_call_store
-from gateway.calls.store import CallStore
+from gateway.calls.store import ENFORCED, CallStore
 from gateway.config import Config
 from gateway.config.proxy import ProxyConfig, Upstream
 from gateway.observability.metrics import BudgetFigure
@@ -125,13 +125,14 @@ class ProxyServer:
         self._log = RequestLog(self.store, prices, wall_clock=wall_clock, metrics=self.metrics)
         self._refusals = Refusals(self.alerter, clock=clock)
         self._guarded = GuardedCalls(self.store, self._log, log=log)
+        shadow = shadow_guards(proxy)
         self._budgets = ProxyBudgets(
             proxy,
             self.store,
             prices,
             self.alerter,
             guarded=self._guarded,
-            shadow=shadow_guards(proxy),
+            shadow=shadow,
             wall_clock=wall_clock,
             metrics=self.metrics,
         )
@@ -146,7 +147,8 @@ class ProxyServer:
         )
         access = AdminAccess(proxy.admin_token, self.console, public_url=proxy.public_url)
         self.app = web.Application(client_max_size=MAX_REQUEST_BYTES)
-        self.app.on_response_prepare.append(add_shadow_header)
+        if shadow != ENFORCED:  # only a guard in shadow mode marks a response
+            self.app.on_response_prepare.append(add_shadow_header)
         self.app.add_routes(
             [
                 web.get("/healthz", _healthz),

@@ -17,6 +17,7 @@ again where a path needs it (`upstream_path`), never re-normalised by the HTTP c
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from urllib.parse import quote
 
 from gateway.app.errors import LoopwardenError
@@ -38,6 +39,8 @@ class PathError(LoopwardenError, ValueError):
     """A proxied path that has no canonical form under the upstream; the message says why."""
 
 
+# Clients call a handful of paths: each is worked out once (a refused one every time).
+@lru_cache(maxsize=256)
 def canonical_path(decoded: str) -> str:
     """The canonical form of a decoded path after the route prefix (no leading `/`)."""
     refused = _REFUSED.search(decoded)

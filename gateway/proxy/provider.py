@@ -8,7 +8,9 @@ SDK reads a refusal as its own provider's error.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -186,15 +188,29 @@ def response_headers(headers: Mapping[str, str], secrets: Sequence[str]) -> CIMu
     an upstream echoing a credential must not hand it to the client.
     """
     kept: CIMultiDict[str] = CIMultiDict()
-    # A value shorter than every secret holds none: most headers are not searched.
-    shortest = min((len(secret) for secret in secrets), default=0)
+    shortest, holds_secret = _secret_search(tuple(secrets))
     for name, value in headers.items():
         if name.lower() in _RESPONSE_DROP:
             continue
-        if secrets and len(value) >= shortest and any(s in value for s in secrets):
+        # A value shorter than every secret holds none: most headers are not searched.
+        if len(value) >= shortest and holds_secret(value):
             continue
         kept.add(name, value)
     return kept
+
+
+@functools.lru_cache(maxsize=16)
+def _secret_search(secrets: tuple[str, ...]) -> tuple[int, Callable[[str], object]]:
+    """The shortest secret's length, and one search for any of them (built once per set)."""
+    if not secrets:
+        return 0, _finds_nothing
+    pattern = re.compile("|".join(re.escape(secret) for secret in secrets))
+    return min(map(len, secrets)), pattern.search
+
+
+def _finds_nothing(value: str) -> object:
+    """The search when the upstream has no key: nothing to find."""
+    return None
 
 
 def bearer(headers: Mapping[str, str]) -> str | None:

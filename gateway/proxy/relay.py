@@ -189,6 +189,11 @@ class UsageScanner:
             self._overflow = True
             self._buffer.clear()
 
+    def whole(self, body: bytes) -> None:
+        """Take a complete JSON body at once (no stream): read without copying it."""
+        if len(body) <= self._max_body:
+            self._usage = body_usage(self._read, body)
+
     def finish(self) -> Usage | None:
         """The usage reported, once the body has ended (None: none was found)."""
         if self._sse:

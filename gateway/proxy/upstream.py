@@ -52,6 +52,12 @@ from guards.call_loop import is_provider_failure
 
 log = logging.getLogger("loopwarden.proxy")
 
+# Upstream URLs are built once per path (a yarl URL costs microseconds a request): for the
+# first URL_CACHE_MAX distinct paths up to URL_CACHE_PATH_MAX characters, so a client
+# sending endless distinct paths costs at most that memory, and its paths are built anew.
+URL_CACHE_MAX = 256
+URL_CACHE_PATH_MAX = 256
+
 
 class Upstreams:
     """The configured upstreams, their keys' masked forms, and one HTTP session to them."""
@@ -85,6 +91,7 @@ class Upstreams:
             total=None, sock_connect=config.connect_timeout, sock_read=config.read_timeout
         )
         self._session: aiohttp.ClientSession | None = None
+        self._urls: dict[tuple[str, str], URL] = {}
 
     def get(self, provider: Provider) -> Upstream | None:
         """The upstream configured for a provider's routes, if any."""
@@ -130,8 +137,7 @@ class Upstreams:
         headers = forward_headers(request.headers)
         headers.update(provider.upstream_auth(api_key, request.headers))
         tracing.tracer().inject(headers)  # the `chat` span's traceparent, tracing on
-        # Encoded already: the client must not re-normalise the canonical path.
-        url = URL(provider.upstream_url(upstream.base_url, upstream_path(tail)), encoded=True)
+        url = self._url(provider, upstream, tail)
         query = provider.upstream_query(request.query) if request.query else None
         sent = self._log.started()
         try:
@@ -157,6 +163,17 @@ class Upstreams:
             if call is not None:
                 waited = self._log.started() - sent
                 self._metrics.forwarded(provider.name, added=sent - call.started, upstream=waited)
+
+    def _url(self, provider: Provider, upstream: Upstream, tail: str) -> URL:
+        """The upstream URL of a canonical path, built once for the paths seen first."""
+        urls = self._urls
+        url = urls.get((provider.name, tail))
+        if url is None:
+            # Encoded already: the client must not re-normalise the canonical path.
+            url = URL(provider.upstream_url(upstream.base_url, upstream_path(tail)), encoded=True)
+            if len(urls) < URL_CACHE_MAX and len(tail) <= URL_CACHE_PATH_MAX:
+                urls[provider.name, tail] = url
+        return url
 
     async def _failed(
         self, provider: Provider, call: ProxiedCall | None, kind: ErrorKind, code: str, reason: str
@@ -267,7 +284,7 @@ async def _send_whole(
     except (aiohttp.ClientError, TimeoutError) as exc:
         return type(exc).__name__
     if scanner is not None:
-        scanner.feed(body)
+        scanner.whole(body)
     response.body = masker.whole(body)
     await response.prepare(request)
     await response.write_eof()
