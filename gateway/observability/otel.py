@@ -24,9 +24,10 @@ a user's text or a secret.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from random import getrandbits
 from time import time_ns
 from types import TracebackType
@@ -81,65 +82,66 @@ _ROOT = Context()
 """The context a trace root is sampled in: no parent, whatever OpenTelemetry's holds."""
 _OK = Status(StatusCode.UNSET)
 _FAILED = Status(StatusCode.ERROR)
+_IDS = threading.Lock()
+"""Held while an id is drawn for a span or trace that has none yet: the event loop (an
+outbound request) and the export thread may both ask for the same one first."""
 
 
-class _Trace:
-    """What the spans of one trace share here: its id, the sampling decision made at its
-    root, the `tracestate`, and the queue they end in. `caller` is the root's parent when
-    that is another process's span (the proxy's traced caller), else 0."""
+class _Decision:
+    """What every span of a trace shares here: the sampling decision made at its root, the
+    `tracestate`, the queue the spans end in and, for a trace the sampler was asked about,
+    its id and the caller's span id when it continues another process's trace (0: none).
+    Traces begun here under a sampler whose answer is fixed share one (`trace_id` 0: each
+    draws its own when asked)."""
 
     __slots__ = ("caller", "queue", "sampled", "state", "trace_id")
 
-    def __init__(
-        self, queue: _Queue, trace_id: int, sampled: bool, state: TraceState, caller: int
+    def __init__(  # noqa: PLR0913, PLR0917 - a trace's fields
+        self, queue: _Queue, sampled: bool, state: TraceState, trace_id: int, caller: int
     ) -> None:
         self.queue = queue
-        self.trace_id = trace_id
         self.sampled = sampled
         self.state = state
+        self.trace_id = trace_id
         self.caller = caller
-
-    def span_context(self, span_id: int, *, remote: bool = False) -> SpanContext:
-        """A span of this trace as OpenTelemetry's API names one."""
-        flags = _SAMPLED if self.sampled else _NOT_SAMPLED
-        return SpanContext(self.trace_id, span_id, remote, flags, self.state)
 
 
 class _Record:
     """One span as the hot path records it; `tracing.Span` and its own context manager.
 
-    The attributes are kept as given (`extra` holds those set later), the parent as an id;
-    the export thread makes the SDK's `ReadableSpan` of it. Unsampled records record
-    nothing and are never queued; they exist so that their trace id and flags propagate.
+    The attributes are kept as given (`extra` holds those set later), the parent as its
+    record (None for the first span here of a trace). Its ids are drawn only when asked
+    for (`_span_context`): by the export thread, or by an outbound request carrying the
+    span's context. The export thread makes the SDK's `ReadableSpan` of it. Unsampled
+    records record nothing and are never queued; they exist so that their trace id and
+    flags propagate.
     """
 
     __slots__ = (
         "_token",
         "attributes",
+        "context",
+        "decision",
         "end",
         "error",
         "extra",
         "kind",
         "name",
-        "parent_id",
-        "span_id",
+        "parent",
         "start",
-        "trace",
     )
 
-    def __init__(
-        self, name: str, kind: SpanKind, attributes: Attributes, trace: _Trace, parent_id: int
-    ) -> None:
-        self.name = name
-        self.kind = kind
-        self.attributes = attributes
-        self.extra: dict[str, types.AttributeValue] | None = None
-        self.trace = trace
-        self.span_id = getrandbits(64) or 1  # 0 is the invalid id; 1 in 2**64 becomes 1
-        self.parent_id = parent_id
-        self.error = False
-        self.end = 0
-        self.start = time_ns()
+    name: str
+    kind: SpanKind
+    attributes: Attributes
+    parent: _Record | None
+    decision: _Decision
+    extra: dict[str, types.AttributeValue] | None
+    context: SpanContext | None
+    error: bool
+    end: int
+    start: int
+    _token: Token[_Record | None]
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         """Set one attribute (an ended span keeps what it had, as the SDK's does)."""
@@ -170,13 +172,55 @@ class _Record:
         self.end = time_ns()
         _current.reset(self._token)
         del self._token  # freed now, not held in the queue until the export
-        trace = self.trace
-        if trace.sampled:
-            trace.queue.add(self)
+        decision = self.decision
+        if decision.sampled:
+            decision.queue.add(self)
 
 
-_Queue = SpanBatcher[_Record | ReadableSpan]
+def _record(
+    name: str, kind: SpanKind, attributes: Attributes, parent: _Record | None, decision: _Decision
+) -> _Record:
+    """A record started now (made field by field: calling the class costs twice as much)."""
+    record = object.__new__(_Record)
+    record.name = name
+    record.kind = kind
+    record.attributes = attributes
+    record.parent = parent
+    record.decision = decision
+    record.extra = None
+    record.context = None
+    record.error = False
+    record.end = 0
+    record.start = time_ns()
+    return record
+
+
+_Instant = tuple[str, Attributes, _Record, int]
+"""A zero-length span as `OtelTracer.instant` queues it: name, attributes, parent, time."""
+_Queue = SpanBatcher[_Record | _Instant | ReadableSpan]
 _current: ContextVar[_Record | None] = ContextVar("loopwarden_span", default=None)
+
+
+def _span_context(record: _Record) -> SpanContext:
+    """`record` as OpenTelemetry's API names a span: its ids, drawn the first time asked.
+
+    Made once, for the span and its children; the lock keeps the one drawn first when the
+    event loop (an outbound request) and the export thread ask at once.
+    """
+    context = record.context
+    if context is not None:
+        return context
+    decision, parent = record.decision, record.parent
+    if parent is not None:
+        trace_id = _span_context(parent).trace_id
+    else:
+        trace_id = decision.trace_id or getrandbits(128) or 1  # 0 is the invalid id
+    flags = _SAMPLED if decision.sampled else _NOT_SAMPLED
+    drawn = SpanContext(trace_id, getrandbits(64) or 1, False, flags, decision.state)
+    with _IDS:
+        if record.context is None:
+            record.context = drawn
+        return record.context
 
 
 class OtelTracer:
@@ -192,10 +236,13 @@ class OtelTracer:
         exporter = OTLPSpanExporter(traces_url)
         self._exporter = exporter
         self._queue: _Queue = SpanBatcher(self._export, exporter.shutdown)
-        self._provider = TracerProvider(resource=Resource.create(attributes))
+        self._resource = _Resource(Resource.create(attributes))
+        self._provider = TracerProvider(resource=self._resource)
         self._provider.add_span_processor(_Queued(self._queue))
         self._sampler = self._provider.sampler
-        self._roots_sampled = _fixed_root_decision(self._sampler)
+        fixed = _fixed_root_decision(self._sampler)
+        self._fixed = None if fixed is None else _Decision(self._queue, fixed, _NO_STATE, 0, 0)
+        """The decision every trace begun here shares, when the sampler's answer is fixed."""
         self._limits = SpanLimits()
         self._scope = InstrumentationScope("loopwarden", schema_url=SCHEMA_URL)
         # Outbound HTTP (platform APIs, model APIs, MCP over HTTP): a client span under the
@@ -215,11 +262,9 @@ class OtelTracer:
         """A span current inside the block; see `tracing.Tracer.span`."""
         current = None if root or parent is not None else _current.get()
         if current is not None:
-            return _Record(name, kind, attributes, current.trace, current.span_id)
-        if parent is None and self._roots_sampled is not None:
-            trace_id = getrandbits(128) or 1
-            begun = _Trace(self._queue, trace_id, self._roots_sampled, _NO_STATE, 0)
-            return _Record(name, kind, attributes, begun, 0)
+            return _record(name, kind, attributes, current, current.decision)
+        if parent is None and self._fixed is not None:
+            return _record(name, kind, attributes, None, self._fixed)
         return self._root(name, attributes, kind, parent)
 
     def _root(
@@ -232,28 +277,30 @@ class OtelTracer:
         trace_id = caller.trace_id if caller.is_valid else getrandbits(128) or 1
         decided = self._sampler.should_sample(context, trace_id, name, _KINDS[kind], attributes)
         sampled = decided.decision is Decision.RECORD_AND_SAMPLE
-        begun = _Trace(self._queue, trace_id, sampled, decided.trace_state or _NO_STATE, caller_id)
-        record = _Record(name, kind, attributes, begun, caller_id)
+        state = decided.trace_state or _NO_STATE
+        begun = _Decision(self._queue, sampled, state, trace_id, caller_id)
+        record = _record(name, kind, attributes, None, begun)
         if decided.attributes:
             record.extra = dict(decided.attributes)
         return record
 
     def instant(self, name: str, attributes: Attributes) -> None:
-        """A span that ends as it starts, under the current span (a trace of its own outside)."""
+        """A span that ends as it starts, under the current span (a trace of its own outside).
+
+        Queued as a tuple with one clock read: it is never current, so it needs no record.
+        """
         current = _current.get()
         if current is None:
             with self.span(name, attributes):
                 return
-        begun = current.trace
-        if begun.sampled:
-            record = _Record(name, "internal", attributes, begun, current.span_id)
-            record.end = record.start
-            begun.queue.add(record)
+        decision = current.decision
+        if decision.sampled:
+            decision.queue.add((name, attributes, current, time_ns()))
 
     def current(self) -> Span:
         """The current span, or `NO_SPAN` when none is recording."""
         record = _current.get()
-        return record if record is not None and record.trace.sampled else NO_SPAN
+        return record if record is not None and record.decision.sampled else NO_SPAN
 
     def inject(self, headers: MutableMapping[str, str]) -> None:
         """The current span's `traceparent`/`tracestate` (per `OTEL_PROPAGATORS`)."""
@@ -268,42 +315,82 @@ class OtelTracer:
         self._http.uninstrument()
         self._provider.shutdown()
 
-    def _export(self, batch: list[_Record | ReadableSpan]) -> None:
+    def _export(self, batch: list[_Record | _Instant | ReadableSpan]) -> None:
         """Post one batch (on the export thread): records become the SDK's spans first."""
+        readable = self._readable
         self._exporter.export(
-            [span if isinstance(span, ReadableSpan) else self._readable(span) for span in batch]
+            [span if isinstance(span, ReadableSpan) else readable(span) for span in batch]
         )
 
-    def _readable(self, record: _Record) -> ReadableSpan:
-        """The SDK's span of `record`, its attributes held to `OTEL_SPAN_ATTRIBUTE_*_LIMIT`."""
-        given: dict[str, types.AttributeValue] = dict(record.attributes)
+    def _readable(self, span: _Record | _Instant) -> ReadableSpan:
+        """The SDK's span of a record or an instant, its attributes held to the limits."""
+        if isinstance(span, tuple):
+            name, attributes, parent, start = span
+            under = _span_context(parent)
+            context = SpanContext(
+                under.trace_id, getrandbits(64) or 1, False, _SAMPLED, parent.decision.state
+            )
+            return self._made(name, "internal", context, under, attributes, start, start)
+        record = span
+        decision = record.decision
+        context = _span_context(record)
+        above = None
+        if record.parent is not None:
+            above = _span_context(record.parent)
+        elif decision.caller:
+            above = SpanContext(context.trace_id, decision.caller, True, _SAMPLED, decision.state)
+        given: Mapping[str, types.AttributeValue] = record.attributes
         if record.extra is not None:
-            given.update(record.extra)
-        attributes: types.Attributes = given
+            given = {**given, **record.extra}
+        return self._made(
+            record.name, record.kind, context, above, given, record.start, record.end, record.error
+        )
+
+    def _made(  # noqa: PLR0913, PLR0917 - a span's fields
+        self,
+        name: str,
+        kind: SpanKind,
+        context: SpanContext,
+        parent: SpanContext | None,
+        attributes: Mapping[str, types.AttributeValue],
+        start: int,
+        end: int,
+        error: bool = False,
+    ) -> ReadableSpan:
+        """A `ReadableSpan`; the attributes bounded only when a limit can cut them."""
         limits = self._limits
-        if len(given) > (limits.max_span_attributes or 0) or limits.max_span_attribute_length:
-            attributes = BoundedAttributes(
+        exported: types.Attributes = attributes
+        if len(attributes) > (limits.max_span_attributes or 0) or limits.max_span_attribute_length:
+            exported = BoundedAttributes(
                 limits.max_span_attributes,
-                given,
+                attributes,
                 immutable=True,
                 max_value_len=limits.max_span_attribute_length,
             )
-        begun, parent_id = record.trace, record.parent_id
-        parent = None
-        if parent_id:
-            parent = begun.span_context(parent_id, remote=parent_id == begun.caller)
         return ReadableSpan(
-            name=record.name,
-            context=begun.span_context(record.span_id),
+            name=name,
+            context=context,
             parent=parent,
-            resource=self._provider.resource,
-            attributes=attributes,
-            kind=_KINDS[record.kind],
-            status=_FAILED if record.error else _OK,
-            start_time=record.start,
-            end_time=record.end,
+            resource=self._resource,
+            attributes=exported,
+            kind=_KINDS[kind],
+            status=_FAILED if error else _OK,
+            start_time=start,
+            end_time=end,
             instrumentation_scope=self._scope,
         )
+
+
+class _Resource(Resource):
+    """A resource whose hash is computed once: the SDK's encoder groups a batch by each
+    span's resource, and `Resource.__hash__` makes a JSON dump of its attributes each time."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 def _fixed_root_decision(sampler: Sampler) -> bool | None:
@@ -330,7 +417,7 @@ def _under_current(context: Context | None) -> Context | None:
     record = _current.get()
     if record is None:
         return None
-    return trace.set_span_in_context(NonRecordingSpan(record.trace.span_context(record.span_id)))
+    return trace.set_span_in_context(NonRecordingSpan(_span_context(record)))
 
 
 class _UnderCurrentProvider(trace.TracerProvider):
@@ -416,7 +503,7 @@ class _UnderCurrent(trace.Tracer):
 class _Queued(SpanProcessor):
     """Puts the SDK's own finished spans (outbound HTTP) on loopwarden's export queue."""
 
-    def __init__(self, queue: SpanBatcher[_Record | ReadableSpan]) -> None:
+    def __init__(self, queue: _Queue) -> None:
         self._queue = queue
 
     def on_end(self, span: ReadableSpan) -> None:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import traceback
+from contextlib import AbstractContextManager
 
 from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler, failed_stage
-from gateway.app.types import Reply
+from gateway.app.types import InboundMessage, Reply
 from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
 
@@ -41,25 +42,12 @@ class ErrorsMiddleware:
         try:
             if not tracer.enabled:
                 return await call_next(ctx)  # no coroutine of ours between: the hot path
-            return await self._traced(tracer, ctx, call_next)
+            # No coroutine of ours when traced either: the span's block is this one.
+            with _message_span(tracer, ctx.message):
+                return await call_next(ctx)
         except Exception as exc:  # the whole point of this stage: nothing escapes it
             self._report(ctx, exc)
             return None
-
-    async def _traced(
-        self, tracer: tracing.Tracer, ctx: TurnContext, call_next: Handler
-    ) -> Reply | None:
-        """The turn inside its root span (a failure escaping the span marks it failed)."""
-        msg = ctx.message
-        attributes: dict[str, tracing.AttributeValue] = {
-            tracing.PLATFORM: msg.platform,
-            tracing.ROOM: msg.room,
-            tracing.BOT: msg.bot_id,
-            tracing.MESSAGE_ID: msg.message_id,
-            tracing.SENDER_IS_BOT: msg.sender_is_bot,
-        }
-        with tracer.span(f"{tracing.MESSAGE} {msg.platform}", attributes, root=True):
-            return await call_next(ctx)
 
     def _report(self, ctx: TurnContext, exc: Exception) -> None:
         stage, where = failed_stage(exc), _raised_at(exc)
@@ -85,3 +73,17 @@ def _raised_at(exc: BaseException) -> str:
         return "unknown"
     frame, line = frames[-1]
     return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}:{line}"
+
+
+def _message_span(
+    tracer: tracing.Tracer, msg: InboundMessage
+) -> AbstractContextManager[tracing.Span]:
+    """The turn's root span, `message <platform>` (a failure escaping it marks it failed)."""
+    attributes: dict[str, tracing.AttributeValue] = {
+        tracing.PLATFORM: msg.platform,
+        tracing.ROOM: msg.room,
+        tracing.BOT: msg.bot_id,
+        tracing.MESSAGE_ID: msg.message_id,
+        tracing.SENDER_IS_BOT: msg.sender_is_bot,
+    }
+    return tracer.span(f"{tracing.MESSAGE} {msg.platform}", attributes, root=True)
