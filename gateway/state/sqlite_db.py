@@ -9,9 +9,19 @@ between processes sharing the file. The event loop never waits for a lock or an 
   order). Handing each decision to a thread and back cost two thread wake-ups, more than
   the transaction itself; a WAL commit only writes to the OS (`synchronous=NORMAL` syncs
   at checkpoints), so it does not wait for the disk.
-- When another connection holds the lock (`SQLITE_BUSY` at `BEGIN`, before `work` runs),
-  the write goes to the worker thread, whose connection waits up to `busy_timeout`. Reads
-  (which may be long, a log export) always run there.
+- When another connection holds the lock, the write goes to the worker thread, whose
+  connection waits for it. Reads (which may be long, a log export) always run there.
+- Writers meet first on an `flock` of a side file, `<db>-lock` (one open file description
+  per connection, as flock does not exclude within one): the loop tries it without
+  waiting, the worker waits on it, and each holds it only for one transaction. The kernel
+  hands it over the moment its holder lets go, where SQLite's own busy handler sleeps 1,
+  2, 5, 10 ... ms between tries: with two workers on one file, every collision cost a
+  millisecond or more and the writes behind it queued on the worker. `BEGIN IMMEDIATE`
+  so rarely meets a held write lock; when it does (a writer that does not take the flock:
+  an older loopwarden, the sqlite3 shell), the loop hands the write to the worker and the
+  worker waits up to `busy_timeout`, as before. Windows has no flock: there writers meet
+  on SQLite's lock alone. The flock waits without a bound, but its holder holds it for
+  one transaction only (a process stopped while holding it stops the others' writes).
 - Neither connection checkpoints by itself (`wal_autocheckpoint=0`): after every
   `CHECKPOINT_EVERY` writes the worker copies the WAL into the file and makes the write
   that restarts the WAL (the one that syncs its header), while loop writes queue behind.
@@ -29,6 +39,7 @@ import logging
 import os
 import queue
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +50,9 @@ from typing import Any, TypeVar
 
 from gateway.app.errors import StateError
 
+if sys.platform != "win32":
+    import fcntl
+
 T = TypeVar("T")
 
 SchemaHook = Callable[[sqlite3.Connection, str], None]
@@ -48,6 +62,40 @@ CHECKPOINT_EVERY = 200
 """Writes between checkpoints: about SQLite's default of 1,000 WAL pages at 3-5 pages each."""
 
 log = logging.getLogger(__name__)
+
+
+class _WriteLock:
+    """The flock writers take before `BEGIN IMMEDIATE`, on an open file description of its own."""
+
+    __slots__ = ("_fd",)
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def take(self, *, wait: bool) -> bool:
+        """Take the lock, waiting for it; or without waiting, False when another holds it."""
+        if wait:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            return True
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+    def release(self) -> None:
+        """Let the next writer (another connection, another process) have it at once."""
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the file description (which lets go of the lock if held)."""
+        os.close(self._fd)
+
+
+class _Connection(sqlite3.Connection):
+    """A connection and the flock its writes take first (None on Windows, for ":memory:")."""
+
+    write_lock: _WriteLock | None = None
 
 
 @dataclass(slots=True)
@@ -93,10 +141,10 @@ class SqliteDb:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._loop: asyncio.AbstractEventLoop | None = None
         # The worker's connection: opened, used and closed on the worker thread only.
-        self._db: sqlite3.Connection | None = None
+        self._db: _Connection | None = None
         # The loop thread's connection (none for ":memory:", private to each connection):
         # opened and closed by the worker, used by the loop thread only in between.
-        self._here: sqlite3.Connection | None = None
+        self._here: _Connection | None = None
         self._holding = 0  # jobs handed to the worker that loop writes wait behind
         self._writes = 0  # writes since the last checkpoint
 
@@ -190,18 +238,38 @@ class SqliteDb:
             if self._path != ":memory:":
                 self._here = self._connect(0.0)
         except BaseException:
-            db.close()
+            _close(db)
             raise
         self._db = db
 
-    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+    def _connect(self, busy_timeout: float) -> _Connection:
         db = sqlite3.connect(
-            self._path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            self._path,
+            timeout=busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=_Connection,
         )
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
-        db.execute("PRAGMA wal_autocheckpoint=0")
+        try:
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+            db.execute("PRAGMA wal_autocheckpoint=0")
+            db.write_lock = self._open_lock()
+        except BaseException:
+            db.close()
+            raise
         return db
+
+    def _open_lock(self) -> _WriteLock | None:
+        """A new open file description on `<db>-lock` (none on Windows, for ":memory:")."""
+        if sys.platform == "win32" or self._path == ":memory:":
+            return None
+        path = f"{self._path}-lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StateError(f"the {self._name} cannot open {path}: {exc.strerror}") from exc
+        return _WriteLock(fd)
 
     def _enter_wal(self, db: sqlite3.Connection) -> None:
         """Switch to WAL, waiting out another process doing the same on a new file.
@@ -220,13 +288,13 @@ class SqliteDb:
             else:
                 return
 
-    def _close(self, here: sqlite3.Connection | None) -> None:
+    def _close(self, here: _Connection | None) -> None:
         db, self._db = self._db, None
         for connection in (here, db):
             if connection is not None:
-                connection.close()
+                _close(connection)
 
-    def _connection(self) -> sqlite3.Connection:
+    def _connection(self) -> _Connection:
         """The worker's connection (on the worker thread)."""
         db = self._db
         if db is None:
@@ -255,7 +323,7 @@ class SqliteDb:
             self._writes = 0
             self._queue(self._checkpoint, None, holds=True)
 
-    def _free_here(self) -> sqlite3.Connection | None:
+    def _free_here(self) -> _Connection | None:
         """The loop's connection, if this loop may write on it now (nothing held before)."""
         if self._holding or asyncio.get_running_loop() is not self._loop:
             return None
@@ -274,9 +342,9 @@ class SqliteDb:
             try:
                 result = work(here, self._clock())
             except BaseException:
-                here.execute("ROLLBACK")
+                _end(here, "ROLLBACK")
                 raise
-            here.execute("COMMIT")
+            _end(here, "COMMIT")
             self._wrote()
             return result
 
@@ -294,24 +362,60 @@ class SqliteDb:
         return await self._submit(lambda: work(self._connection(), self._clock()))
 
 
-def _begin_at_once(db: sqlite3.Connection) -> bool:
-    """BEGIN IMMEDIATE on a connection that never waits: False if another holds the lock."""
+def _begin_at_once(db: _Connection) -> bool:
+    """The flock, then BEGIN IMMEDIATE, neither waiting: False if another holds either."""
+    lock = db.write_lock
+    if lock is not None and not lock.take(wait=False):
+        return False
     try:
         db.execute("BEGIN IMMEDIATE")
-    except sqlite3.OperationalError as exc:
-        if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
-            raise
-        return False
+    except BaseException as exc:
+        if lock is not None:
+            lock.release()
+        if isinstance(exc, sqlite3.OperationalError) and (
+            exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+        ):
+            return False
+        raise
     return True
+
+
+def _end(db: _Connection, statement: str) -> None:
+    """COMMIT or ROLLBACK, then let go of the flock taken at the start."""
+    try:
+        db.execute(statement)
+    finally:
+        if db.write_lock is not None:
+            db.write_lock.release()
+
+
+def _close(db: _Connection) -> None:
+    """Close the connection and its lock file."""
+    try:
+        db.close()
+    finally:
+        if db.write_lock is not None:
+            db.write_lock.close()
 
 
 @contextmanager
 def transaction(db: sqlite3.Connection) -> Iterator[None]:
-    """BEGIN IMMEDIATE … COMMIT, rolled back on any error."""
-    db.execute("BEGIN IMMEDIATE")
+    """BEGIN IMMEDIATE … COMMIT, rolled back on any error; the flock first, waiting for it.
+
+    `db` is a `SqliteDb`'s worker connection (a store's work gets it): any other
+    connection has no flock and meets other writers on SQLite's lock alone.
+    """
+    lock = db.write_lock if isinstance(db, _Connection) else None
+    if lock is not None:
+        lock.take(wait=True)
     try:
-        yield
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    finally:
+        if lock is not None:
+            lock.release()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
 import signal
 import sqlite3
 import subprocess
@@ -46,6 +48,26 @@ async def main():
 
 asyncio.run(main())
 """
+# busy_timeout 0: a write that met SQLite's lock held would fail ("database is locked")
+# where it used to wait in SQLite's busy handler.
+WRITE_WHEN_TOLD = """
+import asyncio, sys
+from gateway.state.sqlite_db import SqliteDb
+from tests.gateway.state.test_sqlite_db import create, insert
+
+async def main():
+    db = SqliteDb(sys.argv[1], name="t", thread_name="t", create_schema=create,
+                  clock=lambda: 1.0, busy_timeout=0.0)
+    await db.start()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    first, count = int(sys.argv[2]), int(sys.argv[3])
+    threads = await asyncio.gather(*(db.write(insert(first + n)) for n in range(count)))
+    await db.aclose()
+    print(sum(thread == "t" for thread in threads), flush=True)
+
+asyncio.run(main())
+"""
 
 
 class Clock:
@@ -78,14 +100,16 @@ def insert(n: int) -> Write:
 
 
 @asynccontextmanager
-async def started(path: Path, clock: Clock) -> AsyncIterator[SqliteDb]:
+async def started(
+    path: Path, clock: Clock, busy_timeout: float = BUSY_TIMEOUT
+) -> AsyncIterator[SqliteDb]:
     db = SqliteDb(
         path,
         name="test db",
         thread_name="lw-test",
         create_schema=create,
         clock=clock,
-        busy_timeout=BUSY_TIMEOUT,
+        busy_timeout=busy_timeout,
     )
     await db.start()
     try:
@@ -261,3 +285,75 @@ async def test_idle_call_windows_are_swept_as_decisions_go_on(tmp_path: Path) ->
     with closing(sqlite3.connect(path)) as db:
         idle = db.execute("SELECT count(*) FROM call_windows WHERE idle_at <= ?", (clock.now,))
         assert idle.fetchone()[0] == 0
+
+
+async def test_issue24_a_write_waits_on_the_lock_file_and_gets_it_when_let_go(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db.sqlite3"
+    clock = Clock(100.0)
+    # busy_timeout 0: the worker never waits in SQLite's busy handler, only on the flock.
+    async with started(path, clock, busy_timeout=0.0) as db:
+        other = os.open(f"{path}-lock", os.O_RDWR | os.O_CREAT)  # another process's writer
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX)
+            first = asyncio.create_task(db.write(insert(1)))
+            await asyncio.sleep(0)
+            second = asyncio.create_task(db.write(insert(2)))
+            for _ in range(20):
+                await asyncio.sleep(0)  # the loop goes on serving while both writes wait
+            assert not first.done()
+            assert not second.done()
+            clock.now = 200.0
+            fcntl.flock(other, fcntl.LOCK_UN)
+            done = await asyncio.wait_for(asyncio.gather(first, second), WAIT_SECONDS)
+        finally:
+            os.close(other)
+        assert list(done) == ["lw-test", "lw-test"]
+        assert await db.write(insert(3)) == threading.current_thread().name
+    rows = stored(path)
+    assert [n for n, _, _ in rows] == [1, 2, 3]
+    assert [at for n, at, _ in rows if n in (1, 2)] == [200.0, 200.0]
+
+
+async def test_issue24_two_processes_writing_at_once_never_meet_sqlites_busy_handler(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db.sqlite3"
+    each = 600
+    # Held open all along: the children open a WAL file in use, never recover it.
+    async with started(path, Clock()):
+        children = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                WRITE_WHEN_TOLD,
+                str(path),
+                str(first),
+                str(each),
+                cwd=ROOT,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            for first in (0, each)
+        ]
+        try:
+            for child in children:
+                assert child.stdout is not None
+                line = await asyncio.wait_for(child.stdout.readline(), WAIT_SECONDS)
+                assert line == b"ready\n"
+            for child in children:
+                assert child.stdin is not None
+                child.stdin.write(b"go\n")
+                await child.stdin.drain()
+            ends = [await asyncio.wait_for(c.communicate(), WAIT_SECONDS) for c in children]
+        finally:
+            for child in children:
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+        for child, (out, err) in zip(children, ends, strict=True):
+            assert child.returncode == 0, err.decode()
+            assert 0 <= int(out) <= each  # how many went to the worker: any share
+    assert sorted(n for n, _, _ in stored(path)) == list(range(2 * each))
