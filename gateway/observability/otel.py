@@ -23,7 +23,6 @@ a user's text or a secret.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
@@ -37,8 +36,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
-from opentelemetry.sdk.environment_variables import OTEL_SERVICE_NAME
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -60,6 +58,7 @@ from opentelemetry.trace import (
 from opentelemetry.util import types
 
 from gateway.observability.otel_batch import SpanBatcher
+from gateway.observability.otel_resource import service_resource
 from gateway.observability.tracing import (
     ERROR_TYPE,
     NO_SPAN,
@@ -230,13 +229,10 @@ class OtelTracer:
 
     def __init__(self, traces_url: str, *, service: str, capture_content: bool) -> None:
         self.capture_content = capture_content
-        attributes: dict[str, AttributeValue] = {}
-        if not os.environ.get(OTEL_SERVICE_NAME):
-            attributes[SERVICE_NAME] = service
         exporter = OTLPSpanExporter(traces_url)
         self._exporter = exporter
         self._queue: _Queue = SpanBatcher(self._export, exporter.shutdown)
-        self._resource = _Resource(Resource.create(attributes))
+        self._resource = _Resource(service_resource(service))
         self._provider = TracerProvider(resource=self._resource)
         self._provider.add_span_processor(_Queued(self._queue))
         self._sampler = self._provider.sampler

@@ -26,7 +26,6 @@ What is exported:
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator
 from functools import partial
@@ -36,12 +35,12 @@ from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExp
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 from gateway.observability import semconv
 from gateway.observability.metrics import DURATION_FAMILY, TOKEN_USAGE_FAMILY
+from gateway.observability.otel_resource import service_resource
 
 METER = "loopwarden"
 NATIVE_FAMILIES = frozenset({TOKEN_USAGE_FAMILY, DURATION_FAMILY})
@@ -154,17 +153,12 @@ class OtelMetrics:
     ) -> None:
         self.interval_seconds = interval_ms / 1000
         """How often the reader exports."""
-        attributes: dict[str, str] = {}
-        if not os.environ.get("OTEL_SERVICE_NAME"):
-            attributes[SERVICE_NAME] = service
         reader = PeriodicExportingMetricReader(
             OTLPMetricExporter(metrics_url),
             export_interval_millis=interval_ms,
             export_timeout_millis=timeout_ms,
         )
-        self._provider = MeterProvider(
-            metric_readers=[reader], resource=Resource.create(attributes)
-        )
+        self._provider = MeterProvider(metric_readers=[reader], resource=service_resource(service))
         meter = self._provider.get_meter(METER, schema_url=semconv.SCHEMA_URL)
         self.histograms = GenAiHistograms(meter)
         RegistryBridge(registry, meter)

@@ -9,12 +9,18 @@ Decisions where DESIGN.md is silent: `OTEL_METRIC_EXPORT_INTERVAL` and
 `OTEL_METRIC_EXPORT_TIMEOUT` are checked here, not left to the SDK (which raises on 0,
 spins on a tiny interval and never exports at `inf` or past `threading`'s largest
 timeout): each is a number of milliseconds from 100 to 86,400,000 (a day), or a
-`ConfigError` naming the variable.
+`ConfigError` naming the variable. So are the OTLP exporters' request timeouts
+(`OTEL_EXPORTER_OTLP_TIMEOUT`, `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`,
+`OTEL_EXPORTER_OTLP_METRICS_TIMEOUT`), which the SDK would take as `inf`, negative or
+1e308: a number of seconds (the unit the Python SDK reads, not the specification's
+milliseconds) from 0.1 to 3,600. Every such value is written in ASCII: `float` also
+reads look-alike digits such as `١٢`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 from collections.abc import Awaitable, Callable
@@ -34,6 +40,10 @@ EXPORT_MILLISECONDS = (100.0, 86_400_000.0)
 """The bounds of `OTEL_METRIC_EXPORT_INTERVAL` and `OTEL_METRIC_EXPORT_TIMEOUT`."""
 EXPORT_DEFAULTS = {"OTEL_METRIC_EXPORT_INTERVAL": 60_000.0, "OTEL_METRIC_EXPORT_TIMEOUT": 30_000.0}
 """The specification's defaults, in milliseconds."""
+REQUEST_SECONDS = (0.1, 3_600.0)
+"""The bounds of the OTLP exporters' request timeouts, in seconds (the SDK's unit)."""
+TRACES_TIMEOUTS = ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+METRICS_TIMEOUTS = ("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT")
 
 
 class ExportedMetrics(Protocol):
@@ -84,18 +94,29 @@ class Telemetry:
 
 def _milliseconds(variable: str) -> float:
     """The variable's milliseconds (its default when unset), checked against the bounds."""
+    value = _bounded(variable, EXPORT_MILLISECONDS, "milliseconds")
+    return EXPORT_DEFAULTS[variable] if value is None else value
+
+
+def _check_timeouts(variables: tuple[str, ...]) -> None:
+    """Refuse an OTLP request timeout outside `REQUEST_SECONDS` (the SDK reads them itself)."""
+    for variable in variables:
+        _bounded(variable, REQUEST_SECONDS, "seconds")
+
+
+def _bounded(variable: str, bounds: tuple[float, float], unit: str) -> float | None:
+    """The variable's number (None when unset); a `ConfigError` naming it unless within
+    `bounds` and written in ASCII (the value itself is never quoted: it may hold anything)."""
     text = os.environ.get(variable, "").strip()
     if not text:
-        return EXPORT_DEFAULTS[variable]
-    low, high = EXPORT_MILLISECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+        return None
+    low, high = bounds
+    value = math.nan
+    if text.isascii():
+        with contextlib.suppress(ValueError):
+            value = float(text)
     if not low <= value <= high:
-        raise ConfigError(
-            variable, f"must be a number of milliseconds from {low:,.0f} to {high:,.0f}"
-        )
+        raise ConfigError(variable, f"must be a number of {unit} from {low:,g} to {high:,.0f}")
     return value
 
 
@@ -111,6 +132,7 @@ def setup_telemetry(config: TelemetryConfig, service: str, metrics: ExportedMetr
         return Telemetry(setup_tracing(config, service))
     interval = _milliseconds("OTEL_METRIC_EXPORT_INTERVAL")
     timeout = _milliseconds("OTEL_METRIC_EXPORT_TIMEOUT")
+    _check_timeouts(METRICS_TIMEOUTS)
     tracer = setup_tracing(config, service)
     # The SDK is there: setup_tracing raised otherwise.
     from gateway.observability.otel_metrics import OtelMetrics
@@ -136,6 +158,7 @@ def setup_tracing(config: TelemetryConfig, service: str) -> tracing.Tracer:
     if url is None:
         tracing.install(tracing.NO_TRACER)
         return tracing.NO_TRACER
+    _check_timeouts(TRACES_TIMEOUTS)
     try:
         from gateway.observability.otel import OtelTracer
     except ImportError:

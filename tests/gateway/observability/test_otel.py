@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -18,8 +19,9 @@ from types import FrameType
 import pytest
 
 from bench.pipeline_bench import CONFIG, NO_ROOM_MEMORY, Bench, workload
+from gateway.app.errors import ConfigError
 from gateway.config import TelemetryConfig, parse_config
-from gateway.observability import tracing
+from gateway.observability import otel, tracing
 from gateway.observability.otel_batch import DEFAULT_DELAY_MS, DEFAULT_QUEUE, SpanBatcher
 from gateway.observability.telemetry import reset_tracing, setup_tracing
 from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -234,3 +236,77 @@ def test_issue25_a_bad_batch_variable_falls_back_to_its_default_naming_it(
     named = sorted(message.split()[0] for message in caplog.messages)
     assert named == ["OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_SCHEDULE_DELAY"]
     assert all("\x1b" not in message for message in caplog.messages)
+
+
+async def test_issue25_a_span_draws_its_ids_only_when_its_context_leaves_the_process(
+    receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hot path draws no id: a span's ids are drawn by the export thread, or by an
+    # outbound request that carries them (`inject`), once.
+    drawn: list[int] = []
+
+    def counted(bits: int) -> int:
+        drawn.append(bits)
+        return random.getrandbits(bits)
+
+    monkeypatch.setattr(otel, "getrandbits", counted)
+    active = tracing.tracer()
+    headers: dict[str, str] = {}
+    with active.span("message room", {}, root=True), active.span("invoke_agent parrot", {}):
+        active.instant("apply_guardrail bot_loop", {})
+        assert drawn == []
+        active.inject(headers)
+        active.inject(headers)
+    assert sorted(drawn) == [64, 64, 128]  # the child's span id, the root's, the trace's
+    [spans] = (await flushed(receiver)).values()
+    _, trace_id, span_id, _ = headers["traceparent"].split("-")
+    [turn] = [span for span in spans if span.name == "invoke_agent parrot"]
+    assert (turn.trace_id, turn.span_id) == (trace_id, span_id)
+
+
+async def test_issue25_ids_drawn_by_the_export_thread_are_the_ones_injected_later(
+    receiver: OtlpReceiver,
+) -> None:
+    # The instant span is exported while its parent is still open: the export thread draws
+    # the parent's ids, and the parent's traceparent afterwards carries those same ids.
+    active = tracing.tracer()
+    headers: dict[str, str] = {}
+    with active.span("message room", {}, root=True):
+        active.instant("apply_guardrail bot_loop", {})
+        [[verdict]] = (await flushed(receiver)).values()
+        active.inject(headers)
+    [spans] = (await flushed(receiver)).values()
+    [root] = [span for span in spans if span.name == "message room"]
+    _, trace_id, span_id, _ = headers["traceparent"].split("-")
+    assert (verdict.trace_id, verdict.parent_id) == (root.trace_id, root.span_id)
+    assert (root.trace_id, root.span_id) == (trace_id, span_id)
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"]
+)
+@pytest.mark.parametrize(
+    "setting",
+    ["0", "-5", "nan", "inf", "1e308", "9" * 5_000, "\u0661\u0662", "10\x1b[2J", "10000"],
+)
+def test_issue25_an_absurd_otlp_timeout_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, setting: str
+) -> None:
+    # The SDK would wait `inf` seconds, or 1e308, or take "١٢" as 12; "10000" is the
+    # specification's milliseconds, which this SDK reads as seconds (2.8 hours).
+    monkeypatch.setenv(variable, setting)
+    with pytest.raises(ConfigError) as raised:
+        setup_tracing(TelemetryConfig(otlp_endpoint="http://127.0.0.1:9"), "x")
+    assert raised.value.path == variable
+    assert "a number of seconds from 0.1 to 3,600" in str(raised.value)
+    assert "\x1b" not in str(raised.value)
+    assert tracing.tracer() is tracing.NO_TRACER
+
+
+async def test_issue25_a_sane_otlp_timeout_is_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", " 2.5 ")
+    active = setup_tracing(TelemetryConfig(otlp_endpoint="http://127.0.0.1:9"), "x")
+    try:
+        assert active.enabled
+    finally:
+        await asyncio.to_thread(reset_tracing)

@@ -391,3 +391,40 @@ async def test_issue25_over_otlp_the_budget_gauges_are_read_every_interval(
     assert spend.value == value(samples, "budget_spend_usd", budget="agent-daily")
     [limit] = receiver.latest("budget_limit_usd")
     assert limit.value == 0.5
+
+
+@pytest.mark.parametrize(
+    ("variable", "setting", "reason"),
+    [
+        # float() reads these Arabic-Indic digits as 1200, within the bounds.
+        ("OTEL_METRIC_EXPORT_INTERVAL", "\u0661\u0662\u0660\u0660", "from 100 to 86,400,000"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "inf", "seconds from 0.1 to 3,600"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "-1", "seconds from 0.1 to 3,600"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "1e308", "seconds from 0.1 to 3,600"),
+    ],
+)
+def test_issue25_look_alike_digits_and_absurd_otlp_timeouts_are_refused_for_metrics(
+    monkeypatch: pytest.MonkeyPatch, variable: str, setting: str, reason: str
+) -> None:
+    monkeypatch.setenv(variable, setting)
+    config = TelemetryConfig(otlp_endpoint="http://127.0.0.1:9")
+    with pytest.raises(ConfigError) as raised:
+        setup_telemetry(config, "x", Metrics())
+    assert raised.value.path == variable
+    assert reason in str(raised.value)
+    assert tracing.tracer() is tracing.NO_TRACER
+
+
+async def test_issue25_otel_service_name_wins_for_traces_and_metrics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "billing-gateway")
+    metrics = Metrics()
+    metrics.loop_cut("bot_loop", "room:C1")
+    async with OtlpReceiver() as receiver, exporting(receiver, metrics, "loopwarden") as telemetry:
+        with telemetry.tracer.span("message room", {}, root=True):
+            pass
+        await flushed(telemetry)
+    [point] = receiver.latest("loops_cut")
+    [span] = receiver.spans
+    assert (point.service, span.service) == ("billing-gateway", "billing-gateway")
