@@ -8,10 +8,13 @@ resource reads `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES`, the sampler
 propagators `OTEL_PROPAGATORS`, and the export schedule `OTEL_BSP_*`
 (`gateway.observability.otel_batch`).
 
-A span costs the event loop little: it is a slotted record (ids from `random.getrandbits`,
-`time.time_ns` times, the attributes as given) made current in one context variable and,
-once ended, appended to the export queue. The export thread turns records into the SDK's
-`ReadableSpan` (applying the attribute limits) and calls the exporter. The sampler
+A span costs the event loop little: it is a slotted record (`time.time_ns` times, the
+attributes as given, its parent's record) made current in one context variable and, once
+ended, appended to the export queue; a zero-length span (`instant`) is a tuple with one
+clock reading. Ids are drawn when first asked for, by the export thread or by an
+outbound request carrying the span's context, never on the hot path. The export thread
+turns records into the SDK's `ReadableSpan` (applying the attribute limits only when
+they can cut anything) and calls the exporter. The sampler
 decides once per trace root (a root, or a span continuing another process's trace); the
 spans under it inherit the decision. Outbound HTTP spans (the aiohttp client
 instrumentation) are the SDK's own, started under loopwarden's current span, and join
