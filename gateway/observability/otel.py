@@ -82,7 +82,6 @@ _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _NO_STATE = TraceState()
 _ROOT = Context()
 """The context a trace root is sampled in: no parent, whatever OpenTelemetry's holds."""
-_OK = Status(StatusCode.UNSET)
 _FAILED = Status(StatusCode.ERROR)
 _IDS = threading.Lock()
 """Held while an id is drawn for a span or trace that has none yet: the event loop (an
@@ -366,18 +365,63 @@ class OtelTracer:
                 immutable=True,
                 max_value_len=limits.max_span_attribute_length,
             )
-        return ReadableSpan(
-            name=name,
-            context=context,
-            parent=parent,
-            resource=self._resource,
-            attributes=exported,
-            kind=_KINDS[kind],
-            status=_FAILED if error else _OK,
-            start_time=start,
-            end_time=end,
-            instrumentation_scope=self._scope,
+        exported_span = _Exported()
+        exported_span.name = name
+        exported_span._context = context  # noqa: SLF001 - the slot `get_span_context` reads
+        exported_span.parent = parent
+        exported_span.resource = self._resource
+        exported_span.attributes = exported
+        exported_span.dropped_attributes = (
+            exported.dropped if isinstance(exported, BoundedAttributes) else 0
         )
+        exported_span.kind = _KINDS[kind]
+        exported_span.status = _FAILED if error else None  # UNSET: the encoder writes none
+        exported_span.start_time = start
+        exported_span.end_time = end
+        exported_span.instrumentation_scope = self._scope
+        return exported_span
+
+
+class _Exported(ReadableSpan):
+    """The SDK's span as its OTLP encoder reads it, each field a plain slot.
+
+    `ReadableSpan` serves its fields through properties (the attributes wrapped in a new
+    `MappingProxyType`, events and links copied into tuples, the dropped counts worked
+    out), some read twice a span; a slot is read without a call. A loopwarden span has no
+    events or links. Only the fields the exporter reads are set (`_made`).
+    """
+
+    __slots__ = (
+        "_context",
+        "attributes",
+        "dropped_attributes",
+        "end_time",
+        "instrumentation_scope",
+        "kind",
+        "name",
+        "parent",
+        "resource",
+        "start_time",
+        "status",
+    )
+    _context: SpanContext
+    attributes: types.Attributes
+    dropped_attributes: int
+    end_time: int
+    instrumentation_scope: InstrumentationScope
+    kind: trace.SpanKind
+    name: str
+    parent: SpanContext | None
+    resource: Resource
+    start_time: int
+    status: Status | None  # type: ignore[assignment]  # None: UNSET, left out of the encoding
+    events = ()
+    links = ()
+    dropped_events = 0
+    dropped_links = 0
+
+    def __init__(self) -> None:
+        """Empty: `_made` sets the fields (the base's constructor sets them as others)."""
 
 
 class _Resource(Resource):
