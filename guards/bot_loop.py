@@ -438,19 +438,22 @@ class BotLoopGuard:
                 raise ValueError(_BAD_NOW)
             pairs = self._pairs
             recent = pairs.recent
+            get = pairs.recent_get
             if now < pairs.sweep_at:
-                record = recent.get(key)
+                record = get(key)
                 if record is not None:
                     recent.move_to_end(key)
                     return _step(record, policy, now).allowed
-                if pairs.draining is not None:
-                    return self._decide(key, now, policy).allowed
-            elif pairs.draining is not None or not recent:
+                # A new pair: nothing drains while a sweep waits (`guards.lru`).
+            elif pairs.draining is not None:
                 return self._decide(key, now, policy).allowed
             else:
                 # The sweep, inline (see `guards.lru`): the front, and after a front that went
                 # idle before the last sweep (a backlog) the next one, as `sweep` does.
-                front_key, front = recent.popitem(False)  # positional: a keyword costs more
+                try:  # free on CPython 3.11 unless raised: cheaper than testing `recent`
+                    front_key, front = recent.popitem(False)  # positional: a keyword costs more
+                except KeyError:  # no pair held
+                    return self._decide(key, now, policy).allowed
                 idle_at = front.idle_at
                 if idle_at > now:  # live: back to the front; no sweep until it goes idle
                     recent[front_key] = front
@@ -461,7 +464,7 @@ class BotLoopGuard:
                     backlog = idle_at < pairs.swept_at
                     pairs.swept_at = now
                     pairs.sweep_at = _SWEEP_NOW
-                    record = recent.get(key)  # after the pop: None when the front is this pair
+                    record = get(key)  # after the pop: None when the front is this pair
                     if record is None and not backlog:
                         # The new pair takes over the front's record (idle: `_step` starts
                         # it afresh) and its place: the size stays, no shrink to check.
@@ -477,7 +480,10 @@ class BotLoopGuard:
                         else:
                             if following is record:  # freed: the pair starts afresh
                                 record = None
-                            self._keep_spare(following)
+                            spares = self._spares
+                            if len(spares) < _SPARES_MAX:  # kept for a new pair (`_keep_spare`)
+                                following.idle_at = _SWEEP_NOW
+                                spares.append(following)
                     if len(recent) * 4 <= pairs.peak:
                         pairs.shrink()
                         if pairs.draining is not None:  # the records moved there
@@ -491,7 +497,7 @@ class BotLoopGuard:
                         spares.append(front)
                     recent.move_to_end(key)
                     return _step(record, policy, now).allowed
-                record = recent.get(key)
+                record = get(key)
                 if record is not None:
                     recent.move_to_end(key)
                     return _step(record, policy, now).allowed

@@ -19,8 +19,9 @@ shrinks by itself. `DrainingTable` does both at O(1) amortised per call:
 `recent` is public so that a hot path can do the common cases itself, without a method
 call:
 - While `now < sweep_at`, an entry found in `recent` is made the most recently used with
-  `recent.move_to_end(key)`; on a miss, `use(key)` looks in the draining table (when
-  `draining` is not None).
+  `recent.move_to_end(key)`, and a miss is a new key: while a table drains, `sweep_at`
+  stays -inf (every call has entries to move), so nothing drains then. Otherwise, on a
+  miss, `use(key)` looks in the draining table (when `draining` is not None).
 - A new key may be put straight into `recent` in the place of the entry `sweep` has just
   freed (the table does not grow, so neither the cap nor the peak can be passed);
   otherwise `add` holds it.
@@ -35,7 +36,9 @@ call:
   and when it went idle before `swept_at` (a backlog) the next front is looked at the
   same way; `swept_at = now`; then, when `len(recent) * 4 <= peak`, `shrink()`, which
   may start draining.
-Callers never hold on to `recent` across a `sweep` or a `shrink`, which may replace it.
+`recent_get` is `recent.get`, bound once per table (a cheaper call on the hot path).
+Callers never hold on to `recent` or `recent_get` across a `sweep` or a `shrink`, which
+may replace them.
 
 `sweep` frees one idle front entry per call, and up to `frees_per_call` while they went
 idle before the previous sweep (a backlog): entries that go idle one by one, as in a
@@ -82,6 +85,7 @@ class DrainingTable(Generic[K, V]):
         "peak",
         "draining",
         "recent",
+        "recent_get",
         "sweep_at",
         "swept_at",
     )
@@ -104,6 +108,9 @@ class DrainingTable(Generic[K, V]):
         # for the inline sweep's shrink check).
         self.peak = 0
         self.recent: OrderedDict[K, V] = _ordered_dict()
+        # `recent.get`, bound once per table: CPython 3.11 specialises a call of a bound
+        # builtin but not `recent.get(key)` (dict.get on an OrderedDict is no exact match).
+        self.recent_get: Callable[[K], V | None] = self.recent.get
         self.draining: OrderedDict[K, V] | None = None
         # When the front entry goes idle: until then `sweep` would free nothing.
         self.sweep_at = -math.inf
@@ -170,6 +177,7 @@ class DrainingTable(Generic[K, V]):
     def clear(self) -> None:
         """Forget everything and let go of the arrays."""
         self.recent = _ordered_dict()
+        self.recent_get = self.recent.get
         self.draining = None
         self.peak = 0
         self.sweep_at = -math.inf
@@ -234,5 +242,6 @@ class DrainingTable(Generic[K, V]):
             size = len(self.recent)
             if size * 4 <= self.peak:
                 self.draining, self.recent = self.recent, _ordered_dict()
+                self.recent_get = self.recent.get
                 self.peak = size
                 self.sweep_at = -math.inf

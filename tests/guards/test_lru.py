@@ -149,3 +149,34 @@ def test_issue10_the_documented_inline_sweep_leaves_the_table_as_sweep_does() ->
         swept.recent[f"new{n}"] = now + 100
         assert list(inline.items()) == list(swept.items())
         assert (inline.sweep_at, inline.swept_at) == (swept.sweep_at, swept.swept_at)
+
+
+def test_issue24_nothing_drains_while_a_sweep_waits() -> None:
+    """A hot path that found `now < sweep_at` treats a miss in `recent` as a new key.
+
+    That holds because a draining table keeps `sweep_at` at -inf: every call has entries
+    to move. Checked after each step of a table that fills, goes idle, drains and refills.
+    """
+    table = _table(cap=10 * REBUILD_MIN)
+
+    def check() -> None:
+        assert table.draining is None or table.sweep_at == -math.inf
+
+    for i in range(2 * REBUILD_MIN):
+        table.add(f"idle{i}", 1.0)
+        check()
+    for i in range(100):
+        table.add(f"live{i}", 1000.0)
+        check()
+    drained = False
+    for i in range(2 * REBUILD_MIN):
+        table.sweep(10.0 + i)
+        check()
+        drained = drained or table.draining is not None
+        if table.draining is not None:
+            table.add(f"new{i}", 2000.0)
+            check()
+            table.use(f"live{i % 100}")
+            check()
+    assert drained
+    assert table.draining is None
