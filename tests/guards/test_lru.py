@@ -180,3 +180,24 @@ def test_issue24_nothing_drains_while_a_sweep_waits() -> None:
             check()
     assert drained
     assert table.draining is None
+
+
+def test_issue24_recent_get_is_the_get_of_the_table_in_use() -> None:
+    """`recent_get` is bound to `recent` whenever a clear or a shrink replaces it."""
+    table = _table(cap=10 * REBUILD_MIN)
+
+    def bound_to_recent() -> bool:
+        return getattr(table.recent_get, "__self__", None) is table.recent
+
+    assert bound_to_recent()
+    for i in range(2 * REBUILD_MIN):
+        table.add(f"idle{i}", 1.0)
+    table.add("live", 1e9)
+    for i in range(2 * REBUILD_MIN):
+        table.sweep(10.0 + i)
+        assert bound_to_recent()
+        assert table.recent_get("live") == table.peek("live") or table.draining is not None
+    assert table.recent_get("live") == 1e9
+    table.clear()
+    assert bound_to_recent()
+    assert table.recent_get("live") is None
