@@ -480,10 +480,7 @@ class BotLoopGuard:
                         else:
                             if following is record:  # freed: the pair starts afresh
                                 record = None
-                            spares = self._spares
-                            if len(spares) < _SPARES_MAX:  # kept for a new pair (`_keep_spare`)
-                                following.idle_at = _SWEEP_NOW
-                                spares.append(following)
+                            self._keep_spare(following)
                     if len(recent) * 4 <= pairs.peak:
                         pairs.shrink()
                         if pairs.draining is not None:  # the records moved there
