@@ -234,17 +234,8 @@ def _verdict(
 ) -> None:
     """Put one verdict on the turn and, with tracing on, in its trace as a guardrail span."""
     ctx.decide(guard, code, detail, retry_after=retry_after, count=count, shadow=shadow)
-    if tracing.tracer().enabled:
-        _guardrail(guard, code, detail, result, shadow=shadow)
-
-
-def _guardrail(guard: str, code: str, detail: str, result: str, *, shadow: bool) -> None:
-    """An `apply_guardrail` span for one verdict, in the current turn's trace.
-
-    Called only with tracing on (the callers test `tracer().enabled` first), so that
-    tracing off costs each verdict one attribute read, not a call and its arguments.
-    """
-    tracing.guardrail(guard, code, result, shadow=shadow, detail=visible(detail))
+    if tracing.tracer().enabled:  # tracing off: no call, no arguments built
+        tracing.guardrail(guard, code, result, shadow=shadow, detail=detail)
 
 
 def _log(

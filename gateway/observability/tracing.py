@@ -56,6 +56,7 @@ from gateway.observability.semconv import (
     USAGE_INPUT_TOKENS,
     USAGE_OUTPUT_TOKENS,
 )
+from gateway.observability.visible import visible
 
 # The semantic-convention names are re-exported: spans are written as `tracing.CHAT`.
 __all__ = [
@@ -290,22 +291,44 @@ def guardrail(guard: str, code: str, result: str, *, shadow: bool, detail: str =
     """One guard's verdict as an `apply_guardrail <guard>` span under the current span.
 
     The span takes no time (`Tracer.instant`): it marks where in the turn or call the
-    verdict fell. `detail`, the verdict in words, is left out when empty.
+    verdict fell. `detail`, the verdict in words, is written on one line (`visible`) and
+    left out when empty. A verdict seen before (most are: an admitted pair, a halt, a
+    refusal whose words carry no count) reuses its span's name and attributes, which no
+    one changes once made (a span's later attributes are kept apart from them).
     """
     tracer = _active
     if not tracer.enabled:
         return
+    made = _GUARDRAILS.get((guard, code, result, shadow, detail))
+    if made is None:
+        made = _guardrail_span(guard, code, result, shadow, detail)
+    tracer.instant(made[0], made[1])
+
+
+_GUARDRAILS: dict[tuple[str, str, str, bool, str], tuple[str, Attributes]] = {}
+"""The name and attributes of each verdict's span, by its arguments to `guardrail`."""
+_GUARDRAILS_KEPT = 1024
+"""Verdicts kept at most; the table starts over when full (counts in words make new ones)."""
+
+
+def _guardrail_span(
+    guard: str, code: str, result: str, shadow: bool, detail: str
+) -> tuple[str, Attributes]:
+    """A verdict's span name and attributes, kept for the next same verdict."""
     attributes: dict[str, AttributeValue] = {
         OPERATION_NAME: APPLY_GUARDRAIL,
         GUARDRAIL_NAME: guard,
         GUARDRAIL_CODE: code,
         GUARDRAIL_RESULT: result,
         GUARDRAIL_SHADOW: shadow,
-        DETAIL: detail,
     }
-    if not detail:
-        del attributes[DETAIL]  # built whole: a sixth key added later would grow the dict
-    tracer.instant(f"{APPLY_GUARDRAIL} {guard}", attributes)
+    if detail:
+        attributes[DETAIL] = visible(detail)
+    made = (f"{APPLY_GUARDRAIL} {guard}", attributes)
+    if len(_GUARDRAILS) >= _GUARDRAILS_KEPT:
+        _GUARDRAILS.clear()
+    _GUARDRAILS[guard, code, result, shadow, detail] = made
+    return made
 
 
 def text_messages(role: str, text: str) -> str:

@@ -50,6 +50,8 @@ _REFUSING = frozenset({GuardAction.BLOCK.value, GuardAction.HALT.value})
 """The tool-call verdicts that refuse the call (in shadow mode: would have)."""
 _LOOP_GUARDS = frozenset({"tool_loop", "call_loop"})
 """The guards whose halt of an agent's turn is a loop cut (`loops_cut_total`)."""
+_SPAN_NAMES_KEPT = 256
+"""How many agents' `invoke_agent` span names a stage keeps (a gateway hosts a few bots)."""
 
 
 class TurnTimeoutError(LoopwardenError):
@@ -115,6 +117,7 @@ class AgentDispatchMiddleware:
         self._decisions = decisions
         self._metrics = decisions.metrics
         self._typing_tasks: set[asyncio.Task[None]] = set()
+        self._span_names: dict[str, str] = {}
 
     def __call__(self, ctx: TurnContext, call_next: Handler) -> Coroutine[Any, Any, Reply | None]:
         """The turn itself with tracing off (no coroutine of its own); traced otherwise."""
@@ -123,37 +126,60 @@ class AgentDispatchMiddleware:
             return self._turn(ctx)
         return self._traced(ctx, tracer)
 
-    async def _traced(self, ctx: TurnContext, tracer: tracing.Tracer) -> Reply | None:
-        """The turn inside its `invoke_agent` span."""
-        msg = ctx.message
-        attributes: dict[str, tracing.AttributeValue] = {
-            tracing.OPERATION_NAME: tracing.INVOKE_AGENT,
-            tracing.AGENT_NAME: ctx.bot.agent,
-            tracing.CONVERSATION_ID: msg.room,
-        }
-        if tracer.capture_content:
-            attributes[tracing.INPUT_MESSAGES] = tracing.text_messages("user", msg.text)
-        with tracer.span(f"{tracing.INVOKE_AGENT} {ctx.bot.agent}", attributes) as span:
-            reply = await self._turn(ctx)
-            if tracer.capture_content and reply is not None:
-                span.set_attribute(
-                    tracing.OUTPUT_MESSAGES, tracing.text_messages("assistant", reply.text)
-                )
-            return reply
-
     async def _turn(self, ctx: TurnContext) -> Reply | None:
-        msg = ctx.message
         if self._typing and ctx.connector.capabilities.typing:
             self._start_typing(ctx)
         try:
             result = await self._deadlines.run(ctx)
         except TurnTimeoutError:
             return self._timed_out(ctx)
+        return self._answered(ctx, result)
+
+    async def _traced(self, ctx: TurnContext, tracer: tracing.Tracer) -> Reply | None:
+        """The turn inside its `invoke_agent` span.
+
+        `_turn`'s steps written out again, so that a traced turn is one coroutine too (a
+        second one, awaited, costs a traced message more than its span does).
+        """
+        msg = ctx.message
+        agent = ctx.bot.agent
+        attributes: dict[str, tracing.AttributeValue] = {
+            tracing.OPERATION_NAME: tracing.INVOKE_AGENT,
+            tracing.AGENT_NAME: agent,
+            tracing.CONVERSATION_ID: msg.room,
+        }
+        if tracer.capture_content:
+            attributes[tracing.INPUT_MESSAGES] = tracing.text_messages("user", msg.text)
+        name = self._span_names.get(agent) or self._span_name(agent)
+        with tracer.span(name, attributes) as span:
+            if self._typing and ctx.connector.capabilities.typing:
+                self._start_typing(ctx)
+            try:
+                result = await self._deadlines.run(ctx)
+            except TurnTimeoutError:
+                return self._timed_out(ctx)
+            reply = self._answered(ctx, result)
+            if tracer.capture_content and reply is not None:
+                span.set_attribute(
+                    tracing.OUTPUT_MESSAGES, tracing.text_messages("assistant", reply.text)
+                )
+            return reply
+
+    def _span_name(self, agent: str) -> str:
+        """`invoke_agent <agent>`, kept for the agents this stage has run (one per bot)."""
+        name = f"{tracing.INVOKE_AGENT} {agent}"
+        if len(self._span_names) < _SPAN_NAMES_KEPT:
+            self._span_names[agent] = name
+        return name
+
+    def _answered(self, ctx: TurnContext, result: AgentResult) -> Reply | None:
+        """The reply to the agent's answer, its guard verdicts accounted first."""
         ctx.result = result
         if result.tool_calls or result.halt is not None or result.shadowed:
             self._account(ctx, result)
         if result.text is None:
             return None
+        msg = ctx.message
         return Reply(result.text, thread_id=msg.thread_id, reply_to=msg.message_id)
 
     def _account(self, ctx: TurnContext, result: AgentResult) -> None:

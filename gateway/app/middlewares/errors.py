@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import logging
 import traceback
-from contextlib import AbstractContextManager
 
 from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler, failed_stage
-from gateway.app.types import InboundMessage, Reply
+from gateway.app.types import Reply
 from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
 
 log = logging.getLogger("loopwarden.pipeline")
+
+_SPAN_NAMES: dict[str, str] = {}
+"""`message <platform>` per platform seen (the connectors' names: a handful)."""
+_SPAN_NAMES_KEPT = 64
 
 
 class ErrorsMiddleware:
@@ -43,7 +46,16 @@ class ErrorsMiddleware:
             if not tracer.enabled:
                 return await call_next(ctx)  # no coroutine of ours between: the hot path
             # No coroutine of ours when traced either: the span's block is this one.
-            with _message_span(tracer, ctx.message):
+            msg = ctx.message
+            attributes: dict[str, tracing.AttributeValue] = {
+                tracing.PLATFORM: msg.platform,
+                tracing.ROOM: msg.room,
+                tracing.BOT: msg.bot_id,
+                tracing.MESSAGE_ID: msg.message_id,
+                tracing.SENDER_IS_BOT: msg.sender_is_bot,
+            }
+            name = _SPAN_NAMES.get(msg.platform) or _span_name(msg.platform)
+            with tracer.span(name, attributes, root=True):
                 return await call_next(ctx)
         except Exception as exc:  # the whole point of this stage: nothing escapes it
             self._report(ctx, exc)
@@ -75,15 +87,9 @@ def _raised_at(exc: BaseException) -> str:
     return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}:{line}"
 
 
-def _message_span(
-    tracer: tracing.Tracer, msg: InboundMessage
-) -> AbstractContextManager[tracing.Span]:
-    """The turn's root span, `message <platform>` (a failure escaping it marks it failed)."""
-    attributes: dict[str, tracing.AttributeValue] = {
-        tracing.PLATFORM: msg.platform,
-        tracing.ROOM: msg.room,
-        tracing.BOT: msg.bot_id,
-        tracing.MESSAGE_ID: msg.message_id,
-        tracing.SENDER_IS_BOT: msg.sender_is_bot,
-    }
-    return tracer.span(f"{tracing.MESSAGE} {msg.platform}", attributes, root=True)
+def _span_name(platform: str) -> str:
+    """The turn's root span's name, `message <platform>`, kept per platform."""
+    name = f"{tracing.MESSAGE} {platform}"
+    if len(_SPAN_NAMES) < _SPAN_NAMES_KEPT:
+        _SPAN_NAMES[platform] = name
+    return name

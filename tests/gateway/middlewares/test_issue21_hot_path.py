@@ -11,13 +11,13 @@ import inspect
 
 import pytest
 
-from gateway.app import refusals
 from gateway.app.context import TurnContext
 from gateway.app.middlewares.agent_dispatch import AgentDispatchMiddleware
 from gateway.app.middlewares.bot_loop import count_bot_turn
 from gateway.app.refusals import DecisionLog, RecentRefusals
 from gateway.app.types import Reply
 from gateway.config import BotLoopSettings, PipelineConfig
+from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
 from gateway.state.memory import MemoryStateStore
 from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
@@ -70,7 +70,7 @@ async def test_issue21_guard_verdicts_build_no_span_with_tracing_off(
     def no_span(*args: object, **kwargs: object) -> None:
         raise AssertionError("a span was built with tracing off")
 
-    monkeypatch.setattr(refusals, "_guardrail", no_span)
+    monkeypatch.setattr(tracing, "guardrail", no_span)
     rig = PipelineRig(rig_config(), {"parrot": ConstantAgent("hi")})
     await rig.start()
     connector = rig.connector()

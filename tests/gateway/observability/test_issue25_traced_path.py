@@ -1,0 +1,179 @@
+"""The middlewares' traced path (issue 25, round 3): what a traced message costs the loop.
+
+A traced turn is one coroutine (the agent stage's span opens in the coroutine that runs
+the turn), and a guard verdict seen before reuses its span's name and attributes. The
+turn is driven through the real agent stage with the real tracer exporting to the OTLP
+receiver of `tests/fakes/otlp_receiver.py`; the verdict table is a unit test of
+`tracing.guardrail` with a tracer that keeps what it is handed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
+from contextlib import AbstractContextManager
+
+import pytest
+
+from gateway.app.context import TurnContext
+from gateway.app.middlewares.agent_dispatch import AgentDispatchMiddleware, Deadlines
+from gateway.app.refusals import DecisionLog, RecentRefusals
+from gateway.app.types import AgentResult, Reply
+from gateway.config import PipelineConfig, TelemetryConfig
+from gateway.observability import tracing
+from gateway.observability.metrics import Metrics
+from gateway.observability.telemetry import reset_tracing, setup_tracing
+from tests.fakes.inmemory import PipelineRig, rig_config
+from tests.fakes.otlp_receiver import OtlpReceiver
+
+
+@pytest.fixture
+async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OtlpReceiver]:
+    """The receiver, the tracer exporting to it; only flushes export (no schedule)."""
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")
+    async with OtlpReceiver() as received:
+        setup_tracing(TelemetryConfig(otlp_endpoint=received.endpoint), "loopwarden-test")
+        try:
+            yield received
+        finally:
+            await asyncio.to_thread(reset_tracing)
+
+
+class HeldAgent:
+    """Answers "hi" once let go; says when its turn has begun."""
+
+    def __init__(self) -> None:
+        self.begun = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def respond(self, turn: TurnContext) -> AgentResult:
+        self.begun.set()
+        await self.go.wait()
+        return AgentResult("hi")
+
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
+
+async def test_issue25_a_traced_turn_is_one_coroutine(receiver: OtlpReceiver) -> None:
+    agent = HeldAgent()
+    rig = PipelineRig(rig_config(), {"parrot": agent})
+    await rig.start()
+    connector = rig.connector()
+    stage = AgentDispatchMiddleware(PipelineConfig(), DecisionLog(Metrics(), RecentRefusals()))
+    ctx = TurnContext(
+        message=connector.message("hello"),
+        policy=rig.config.policy,
+        state=rig.state,
+        config=rig.config,
+        bot=rig.config.bot("parrot"),
+        connector=connector,
+        agent=agent,
+    )
+
+    async def innermost(ctx: TurnContext) -> Reply | None:
+        raise AssertionError("the agent stage calls no further stage")
+
+    pending = stage(ctx, innermost)
+    assert inspect.iscoroutine(pending)
+    assert pending.cr_code is AgentDispatchMiddleware._traced.__code__
+    task = asyncio.ensure_future(pending)
+    await agent.begun.wait()
+    # The traced turn awaits the deadline's watch over the agent itself, not a second
+    # coroutine of the stage's that does.
+    assert pending.cr_await is not None
+    assert pending.cr_await.cr_code is Deadlines.run.__code__
+    agent.go.set()
+    reply = await task
+    assert reply is not None
+    assert reply.text == "hi"
+    assert await asyncio.to_thread(tracing.tracer().force_flush)
+    [trace] = receiver.traces().values()
+    [turn] = trace
+    assert turn.name == "invoke_agent parrot"
+    assert turn.attributes[tracing.CONVERSATION_ID] == ctx.message.room
+
+
+class Kept:
+    """A tracer that keeps each instant span it is handed (a unit test's stand-in)."""
+
+    enabled = True
+    capture_content = False
+
+    def __init__(self) -> None:
+        self.instants: list[tuple[str, tracing.Attributes]] = []
+
+    def span(
+        self,
+        name: str,
+        attributes: tracing.Attributes,
+        *,
+        kind: tracing.SpanKind = "internal",
+        parent: Mapping[str, str] | None = None,
+        root: bool = False,
+    ) -> AbstractContextManager[tracing.Span]:
+        return tracing.NO_SPAN
+
+    def instant(self, name: str, attributes: tracing.Attributes) -> None:
+        self.instants.append((name, attributes))
+
+    def current(self) -> tracing.Span:
+        return tracing.NO_SPAN
+
+    def inject(self, headers: MutableMapping[str, str]) -> None:
+        """Nothing to write."""
+
+    def force_flush(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        """Nothing to stop."""
+
+
+@pytest.fixture
+def kept() -> Iterator[Kept]:
+    tracer = Kept()
+    tracing.install(tracer)
+    try:
+        yield tracer
+    finally:
+        tracing.install(tracing.NO_TRACER)
+
+
+def test_issue25_a_verdict_seen_before_reuses_its_span(kept: Kept) -> None:
+    for _ in range(2):
+        tracing.guardrail("bot_loop", "ok", tracing.ALLOWED, shadow=False, detail="within")
+    tracing.guardrail("bot_loop", "ok", tracing.ALLOWED, shadow=True, detail="within")
+    tracing.guardrail("call_loop", "loop_detected", tracing.REFUSED, shadow=False)
+    first, again, shadowed, bare = kept.instants
+    assert first[0] == "apply_guardrail bot_loop"
+    assert again[0] is first[0]
+    assert again[1] is first[1]  # built once
+    assert first[1] == {
+        tracing.OPERATION_NAME: tracing.APPLY_GUARDRAIL,
+        tracing.GUARDRAIL_NAME: "bot_loop",
+        tracing.GUARDRAIL_CODE: "ok",
+        tracing.GUARDRAIL_RESULT: tracing.ALLOWED,
+        tracing.GUARDRAIL_SHADOW: False,
+        tracing.DETAIL: "within",
+    }
+    assert shadowed[1][tracing.GUARDRAIL_SHADOW] is True
+    assert bare[0] == "apply_guardrail call_loop"
+    assert tracing.DETAIL not in bare[1]
+
+
+def test_issue25_a_verdicts_words_are_one_line_and_the_table_stays_bounded(kept: Kept) -> None:
+    tracing.guardrail(
+        "bot_loop", "budget_exceeded", tracing.REFUSED, shadow=False, detail="a\n\u202eb"
+    )
+    [(_, attributes)] = kept.instants
+    assert attributes[tracing.DETAIL] == "a\\n\\u202eb"
+    # Words that carry a count make a new verdict each time: the table starts over when full.
+    for event in range(5_000):
+        detail = f"event {event} over 20 per 60 s"
+        tracing.guardrail(
+            "bot_loop", "budget_exceeded", tracing.REFUSED, shadow=False, detail=detail
+        )
+    assert len(tracing._GUARDRAILS) <= tracing._GUARDRAILS_KEPT  # noqa: SLF001 - its bound
+    assert kept.instants[-1][1][tracing.DETAIL] == "event 4999 over 20 per 60 s"
