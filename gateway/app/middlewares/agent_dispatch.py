@@ -39,7 +39,7 @@ from gateway.app.context import TurnContext
 from gateway.app.errors import LoopwardenError
 from gateway.app.pipeline import Handler
 from gateway.app.refusals import DecisionLog
-from gateway.app.types import AgentResult, Reply
+from gateway.app.types import AgentResult, InboundMessage, Reply
 from gateway.config import PipelineConfig
 from gateway.observability import tracing
 from guards.loop_guard import GuardAction
@@ -50,8 +50,8 @@ _REFUSING = frozenset({GuardAction.BLOCK.value, GuardAction.HALT.value})
 """The tool-call verdicts that refuse the call (in shadow mode: would have)."""
 _LOOP_GUARDS = frozenset({"tool_loop", "call_loop"})
 """The guards whose halt of an agent's turn is a loop cut (`loops_cut_total`)."""
-_SPAN_NAMES_KEPT = 256
-"""How many agents' `invoke_agent` span names a stage keeps (a gateway hosts a few bots)."""
+_SPANS_KEPT = 4096
+"""The rooms whose `invoke_agent` span name and attributes a stage keeps at most."""
 
 
 class TurnTimeoutError(LoopwardenError):
@@ -117,7 +117,8 @@ class AgentDispatchMiddleware:
         self._decisions = decisions
         self._metrics = decisions.metrics
         self._typing_tasks: set[asyncio.Task[None]] = set()
-        self._span_names: dict[str, str] = {}
+        self._spans: dict[tuple[str, str, str], tuple[str, tracing.Attributes]] = {}
+        """A traced turn's span name and attributes by agent, platform and channel."""
 
     def __call__(self, ctx: TurnContext, call_next: Handler) -> Coroutine[Any, Any, Reply | None]:
         """The turn itself with tracing off (no coroutine of its own); traced otherwise."""
@@ -143,14 +144,13 @@ class AgentDispatchMiddleware:
         """
         msg = ctx.message
         agent = ctx.bot.agent
-        attributes: dict[str, tracing.AttributeValue] = {
-            tracing.OPERATION_NAME: tracing.INVOKE_AGENT,
-            tracing.AGENT_NAME: agent,
-            tracing.CONVERSATION_ID: msg.room,
-        }
+        made = self._spans.get((agent, msg.platform, msg.channel_id))
+        if made is None:
+            made = self._span_of(agent, msg)
+        name, attributes = made
         if tracer.capture_content:
-            attributes[tracing.INPUT_MESSAGES] = tracing.text_messages("user", msg.text)
-        name = self._span_names.get(agent) or self._span_name(agent)
+            text = tracing.text_messages("user", msg.text)
+            attributes = {**attributes, tracing.INPUT_MESSAGES: text}
         with tracer.span(name, attributes) as span:
             if self._typing and ctx.connector.capabilities.typing:
                 self._start_typing(ctx)
@@ -165,12 +165,22 @@ class AgentDispatchMiddleware:
                 )
             return reply
 
-    def _span_name(self, agent: str) -> str:
-        """`invoke_agent <agent>`, kept for the agents this stage has run (one per bot)."""
-        name = f"{tracing.INVOKE_AGENT} {agent}"
-        if len(self._span_names) < _SPAN_NAMES_KEPT:
-            self._span_names[agent] = name
-        return name
+    def _span_of(self, agent: str, msg: InboundMessage) -> tuple[str, tracing.Attributes]:
+        """A turn's span name and attributes in a room, kept for its next turns there.
+
+        They are the same for every turn of an agent in a room (the message text, when
+        captured, is added to a copy); the table starts over past `_SPANS_KEPT` rooms.
+        """
+        attributes: dict[str, tracing.AttributeValue] = {
+            tracing.OPERATION_NAME: tracing.INVOKE_AGENT,
+            tracing.AGENT_NAME: agent,
+            tracing.CONVERSATION_ID: msg.room,
+        }
+        made = (f"{tracing.INVOKE_AGENT} {agent}", attributes)
+        if len(self._spans) >= _SPANS_KEPT:
+            self._spans.clear()
+        self._spans[agent, msg.platform, msg.channel_id] = made
+        return made
 
     def _answered(self, ctx: TurnContext, result: AgentResult) -> Reply | None:
         """The reply to the agent's answer, its guard verdicts accounted first."""

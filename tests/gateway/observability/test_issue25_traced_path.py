@@ -24,7 +24,7 @@ from gateway.config import PipelineConfig, TelemetryConfig
 from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
 from gateway.observability.telemetry import reset_tracing, setup_tracing
-from tests.fakes.inmemory import PipelineRig, rig_config
+from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 from tests.fakes.otlp_receiver import OtlpReceiver
 
 
@@ -103,6 +103,7 @@ class Kept:
 
     def __init__(self) -> None:
         self.instants: list[tuple[str, tracing.Attributes]] = []
+        self.spans: list[tuple[str, tracing.Attributes]] = []
 
     def span(
         self,
@@ -113,6 +114,7 @@ class Kept:
         parent: Mapping[str, str] | None = None,
         root: bool = False,
     ) -> AbstractContextManager[tracing.Span]:
+        self.spans.append((name, attributes))
         return tracing.NO_SPAN
 
     def instant(self, name: str, attributes: tracing.Attributes) -> None:
@@ -177,3 +179,42 @@ def test_issue25_a_verdicts_words_are_one_line_and_the_table_stays_bounded(kept:
         )
     assert len(tracing._GUARDRAILS) <= tracing._GUARDRAILS_KEPT  # noqa: SLF001 - its bound
     assert kept.instants[-1][1][tracing.DETAIL] == "event 4999 over 20 per 60 s"
+
+
+async def test_issue25_turns_in_one_room_share_their_spans_name_and_attributes(
+    kept: Kept,
+) -> None:
+    rig = PipelineRig(rig_config(), {"parrot": ConstantAgent("hi")})
+    await rig.start()
+    connector = rig.connector()
+    stage = AgentDispatchMiddleware(PipelineConfig(), DecisionLog(Metrics(), RecentRefusals()))
+
+    async def turn(channel: str) -> None:
+        ctx = TurnContext(
+            message=connector.message("hello", channel_id=channel),
+            policy=rig.config.policy,
+            state=rig.state,
+            config=rig.config,
+            bot=rig.config.bot("parrot"),
+            connector=connector,
+            agent=rig.agents["parrot"],
+        )
+        assert await stage(ctx, rig.handler) is not None
+
+    await turn("C1")
+    await turn("C1")
+    await turn("C2")
+    kept.capture_content = True
+    await turn("C1")
+    first, again, other, captured = kept.spans
+    assert first[0] == "invoke_agent parrot"
+    assert again[1] is first[1]  # built once for the room
+    assert first[1] == {
+        tracing.OPERATION_NAME: tracing.INVOKE_AGENT,
+        tracing.AGENT_NAME: "parrot",
+        tracing.CONVERSATION_ID: "room:C1",
+    }
+    assert other[1][tracing.CONVERSATION_ID] == "room:C2"
+    # The message text goes on a copy: the room's kept attributes stay without it.
+    assert tracing.INPUT_MESSAGES in captured[1]
+    assert tracing.INPUT_MESSAGES not in first[1]
