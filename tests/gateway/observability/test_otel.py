@@ -91,8 +91,9 @@ async def test_issue25_tracing_adds_few_calls_to_a_message_through_the_pipeline(
 ) -> None:
     # The bench's pipeline and messages (in each room a human's, then a bot's five): with
     # tracing on a message adds its spans (message, invoke_agent, and apply_guardrail for
-    # a bot's) and their attributes, and nothing else: 37 calls a message (426 with the
-    # SDK's own spans).
+    # a bot's) and their attributes, and nothing else: 35 calls a message (37 while a traced
+    # turn awaited a second coroutine and a verdict built its span anew; 426 with the SDK's
+    # own spans).
     bench = Bench(parse_config(CONFIG + NO_ROOM_MEMORY, env={}))
     messages = workload(3)
     active = tracing.tracer()
@@ -105,7 +106,7 @@ async def test_issue25_tracing_adds_few_calls_to_a_message_through_the_pipeline(
         counts[traced] = calls[0]
     tracing.install(active)
     added = (counts[True] - counts[False]) / len(messages)
-    assert added <= 45, added
+    assert added <= 40, added
     traces = await flushed(receiver)
     assert len(traces) == 2 * len(messages)
     assert sum(len(spans) for spans in traces.values()) == 2 * (2 * 18 + 5 * 3)
