@@ -185,12 +185,53 @@ async def test_issue10_another_process_holding_the_lock_never_blocks_the_loop(
         clock.now = 200.0  # read under the lock: after the other process lets go
         await release(child)
         done = await asyncio.wait_for(asyncio.gather(first, second), WAIT_SECONDS)
-        assert list(done) == ["lw-test", "lw-test"]
-        # The worker has answered them all: the loop takes the next write itself again.
+        # The second waited on the loop for the worker to answer the first, then ran there.
+        assert list(done) == ["lw-test", threading.current_thread().name]
         assert await db.write(insert(3)) == threading.current_thread().name
     rows = stored(path)
     assert [n for n, _, _ in rows] == [1, 2, 3]  # in the order asked, each once
     assert [at for n, at, _ in rows if n in (1, 2)] == [200.0, 200.0]
+
+
+async def test_issue24_writes_asked_behind_the_worker_run_on_the_loop_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    """Writes that keep coming while one waits on the worker never queue behind it there.
+
+    Queued on the worker, each held the next in turn: under load every write then paid
+    two thread hand-offs.
+    """
+    path = tmp_path / "db.sqlite3"
+    loop_thread = threading.current_thread().name
+    async with started(path, Clock()) as db, lock_held_elsewhere(path) as child:
+        first = asyncio.create_task(db.write(insert(0)))
+        await asyncio.sleep(0)
+        later = [asyncio.create_task(db.write(insert(n))) for n in range(1, 33)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not any(task.done() for task in (first, *later))
+        await release(child)
+        assert await asyncio.wait_for(first, WAIT_SECONDS) == "lw-test"
+        done = await asyncio.wait_for(asyncio.gather(*later), WAIT_SECONDS)
+        assert list(done) == [loop_thread] * 32
+    assert [n for n, _, _ in stored(path)] == list(range(33))
+
+
+async def test_issue24_a_write_cancelled_while_waiting_behind_the_worker_lets_the_rest_go(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "db.sqlite3"
+    async with started(path, Clock()) as db, lock_held_elsewhere(path) as child:
+        first = asyncio.create_task(db.write(insert(1)))
+        await asyncio.sleep(0)
+        cancelled = asyncio.create_task(db.write(insert(2)))
+        third = asyncio.create_task(db.write(insert(3)))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await release(child)
+        await asyncio.wait_for(asyncio.gather(first, third), WAIT_SECONDS)
+        assert cancelled.cancelled()
+    assert [n for n, _, _ in stored(path)] == [1, 3]
 
 
 async def test_issue10_reads_go_on_while_another_process_holds_the_lock(tmp_path: Path) -> None:
@@ -309,7 +350,8 @@ async def test_issue24_a_write_waits_on_the_lock_file_and_gets_it_when_let_go(
             done = await asyncio.wait_for(asyncio.gather(first, second), WAIT_SECONDS)
         finally:
             os.close(other)
-        assert list(done) == ["lw-test", "lw-test"]
+        # The second waited on the loop for the worker to answer the first, then ran there.
+        assert list(done) == ["lw-test", threading.current_thread().name]
         assert await db.write(insert(3)) == threading.current_thread().name
     rows = stored(path)
     assert [n for n, _, _ in rows] == [1, 2, 3]
