@@ -32,11 +32,15 @@ class InboundMessage:
     raw: object = field(default=None, repr=False, compare=False)
     bot_user_id: str = ""
     event_id: str | None = None
+    room: str = field(init=False, repr=False, compare=False)
+    """The room scope, `platform:channel`, that budgets and policies are kept per.
 
-    @property
-    def room(self) -> str:
-        """The room scope, `platform:channel`, that budgets and policies are kept per."""
-        return f"{self.platform}:{self.channel_id}"
+    Made once with the message (every message is asked for it, most more than once, and
+    a property made the string each time).
+    """
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "room", f"{self.platform}:{self.channel_id}")
 
     @property
     def message_key(self) -> str:

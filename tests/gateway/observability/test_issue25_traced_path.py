@@ -13,13 +13,14 @@ import asyncio
 import inspect
 from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager
+from dataclasses import replace
 
 import pytest
 
 from gateway.app.context import TurnContext
 from gateway.app.middlewares.agent_dispatch import AgentDispatchMiddleware, Deadlines
 from gateway.app.refusals import DecisionLog, RecentRefusals
-from gateway.app.types import AgentResult, Reply
+from gateway.app.types import AgentResult, InboundMessage, Reply
 from gateway.config import PipelineConfig, TelemetryConfig
 from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
@@ -218,3 +219,14 @@ async def test_issue25_turns_in_one_room_share_their_spans_name_and_attributes(
     # The message text goes on a copy: the room's kept attributes stay without it.
     assert tracing.INPUT_MESSAGES in captured[1]
     assert tracing.INPUT_MESSAGES not in first[1]
+
+
+def test_issue25_a_messages_room_is_made_once() -> None:
+    msg = InboundMessage("slack", "parrot", "C1", None, "m1", "U1", "alice", False, "hi")
+    assert msg.room == "slack:C1"
+    assert msg.room is msg.room  # stored with the message, not made at each read
+    moved = replace(msg, channel_id="C2")
+    assert moved.room == "slack:C2"
+    assert "room" not in repr(msg)  # derived: shown and compared through its parts
+    assert replace(msg, text="other") != msg
+    assert replace(msg) == msg
