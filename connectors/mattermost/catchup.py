@@ -66,15 +66,21 @@ class Position:
         return json.dumps({"at": self.at, "ids": sorted(self.ids)})
 
 
-def parse_position(saved: str | None) -> Position | None:
-    """A saved position, None when absent or not one `Position.dumps` wrote."""
+def saved_mapping(saved: str | None) -> Mapping[str, object] | None:
+    """A value the cursor store kept, as the JSON object it was written as; else None."""
     if saved is None:
         return None
     try:
         value = parse_json(saved)
     except ValueError:
         return None
-    if not isinstance(value, Mapping):
+    return value if isinstance(value, Mapping) else None
+
+
+def parse_position(saved: str | None) -> Position | None:
+    """A saved position, None when absent or not one `Position.dumps` wrote."""
+    value = saved_mapping(saved)
+    if value is None:
         return None
     at, ids = _millis(value.get("at")), value.get("ids")
     if at is None or not isinstance(ids, list) or len(ids) > MAX_IDS_AT_ONE_MS:

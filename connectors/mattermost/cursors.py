@@ -30,10 +30,8 @@ import asyncio
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
 
-from connectors.mattermost.catchup import Position, parse_position
-from gateway.app.jsonbody import parse_json
+from connectors.mattermost.catchup import Position, parse_position, saved_mapping
 from gateway.state.base import CursorStore
 
 log = logging.getLogger(__name__)
@@ -151,13 +149,8 @@ class ChannelCursors:
 
 def _parse_floor(saved: str | None) -> int | None:
     """A saved floor in milliseconds, None when absent or unreadable."""
-    if saved is None:
-        return None
-    try:
-        value = parse_json(saved)
-    except ValueError:
-        return None
-    floor = value.get("floor_ms") if isinstance(value, Mapping) else None
+    value = saved_mapping(saved)
+    floor = None if value is None else value.get("floor_ms")
     if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
         return None
     return floor
