@@ -295,6 +295,28 @@ async def test_the_wal_is_checkpointed_and_restarted_as_writes_go_on(tmp_path: P
         )
 
 
+async def test_issue24_the_wal_restarts_while_another_writer_of_the_file_goes_on(
+    tmp_path: Path,
+) -> None:
+    # Two writers of one file (two workers' stores): one's checkpoint used to run while
+    # the other wrote, was never complete, and the WAL never restarted but grew.
+    path = tmp_path / "db.sqlite3"
+    wal = Path(f"{path}-wal")
+    rounds = 6 * CHECKPOINT_EVERY
+    async with started(path, Clock()) as first, started(path, Clock()) as second:
+        for n in range(CHECKPOINT_EVERY):
+            await first.write(insert(n))
+        one_round = size(wal)
+
+        async def writes(db: SqliteDb, start: int) -> None:
+            for n in range(start, start + rounds):
+                await db.write(insert(n))
+
+        await asyncio.gather(writes(first, 0), writes(second, rounds))
+        assert size(wal) <= 4 * one_round
+    assert len(stored(path)) == CHECKPOINT_EVERY + 2 * rounds
+
+
 def test_writes_committed_on_the_loop_thread_survive_sigkill(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite3"
     child = subprocess.run(
