@@ -32,8 +32,8 @@ between processes sharing the file. The event loop never waits for a lock or an 
   that restarts the WAL (the one that syncs its header), while loop writes queue behind
   and, as it holds the flock, the writers of other processes wait.
   Another connection to the file (another store, another process) checkpoints and
-  restarts the WAL the same way; only a loop write landing between its two steps would
-  sync the header itself, one fsync at most per such checkpoint.
+  restarts the WAL the same way; only a writer that takes no flock (the sqlite3 shell)
+  could land between its two steps and sync the header itself.
 A committed write survives SIGKILL (the WAL is in the file system); `synchronous=NORMAL`
 may lose the last transactions on a power cut only.
 """
