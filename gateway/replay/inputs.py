@@ -359,6 +359,47 @@ class ReadContext:
     progress: Callable[[int], None] = _ignore_progress
 
 
+STARTS = frozenset({"start_map", "start_array"})
+"""The parser events that open an object or an array."""
+_ENDS = frozenset({"end_map", "end_array"})
+
+
+class ItemBuilder:
+    """One array item (an object or an array) built from its parser events as they stream.
+
+    `start` at the item's opening event, then `feed` each later event until it answers
+    True: the item is whole, and `take` gives it. One item is held at a time, so a
+    reader's memory is one message's, however long the file.
+    """
+
+    __slots__ = ("_builder", "_depth")
+
+    def __init__(self) -> None:
+        self._builder = ijson.ObjectBuilder()
+        self._depth = 0
+
+    @property
+    def building(self) -> bool:
+        """Whether an item is started and not yet whole."""
+        return self._depth > 0
+
+    def start(self, event: str, value: object) -> None:
+        """Begin an item at its opening event (`start_map` or `start_array`)."""
+        self._builder = ijson.ObjectBuilder()
+        self._builder.event(event, value)
+        self._depth = 1
+
+    def feed(self, event: str, value: object) -> bool:
+        """Add one event of the item; True once its closing event has come."""
+        self._builder.event(event, value)
+        self._depth += (event in STARTS) - (event in _ENDS)
+        return self._depth == 0
+
+    def take(self) -> object:
+        """The whole item."""
+        return self._builder.value
+
+
 def leading_values(
     source: Source, limits: Limits, keys: frozenset[str], stop: str
 ) -> dict[str, object]:

@@ -31,7 +31,14 @@ from urllib.parse import unquote
 
 import ijson
 
-from gateway.replay.inputs import ReadContext, Source, json_error, stream_events
+from gateway.replay.inputs import (
+    STARTS,
+    ItemBuilder,
+    ReadContext,
+    Source,
+    json_error,
+    stream_events,
+)
 from gateway.replay.records import ChatMessage, ReplayInputError, Skipped, parse_millis
 
 PLATFORM = "matrix"
@@ -52,8 +59,6 @@ SERVICE_TYPES = frozenset(
         "m.call.select_answer",
     }
 )
-_STARTS = frozenset({"start_map", "start_array"})
-_ENDS = frozenset({"end_map", "end_array"})
 _PILL = re.compile(r"https://matrix\.to/#/(@[^\"'<>?/\s]+)")
 
 
@@ -65,26 +70,21 @@ def looks_like(head: Mapping[str, object]) -> bool:
 def read(source: Source, context: ReadContext) -> Iterator[ChatMessage]:
     """The messages of one exported room, in the file's order (one streamed pass)."""
     room_name = ""
-    builder: ijson.ObjectBuilder | None = None
-    depth = 0
+    item = ItemBuilder()
     index = 0
     with source.open(context.limits, progress=context.progress) as stream:
         try:
             for prefix, event, value in stream_events(stream):
-                if builder is not None:
-                    builder.event(event, value)
-                    depth += (event in _STARTS) - (event in _ENDS)
-                    if depth == 0:
-                        item = builder.value
-                        builder = None
-                        message = _message(item, index, source.name, context.skipped, room_name)
+                if item.building:
+                    if item.feed(event, value):
+                        message = _message(
+                            item.take(), index, source.name, context.skipped, room_name
+                        )
                         index += 1
                         if message is not None:
                             yield message
-                elif prefix == "messages.item" and event in _STARTS:
-                    builder = ijson.ObjectBuilder()
-                    builder.event(event, value)
-                    depth = 1
+                elif prefix == "messages.item" and event in STARTS:
+                    item.start(event, value)
                 elif prefix == "messages.item":  # a scalar where an event should be
                     _message(value, index, source.name, context.skipped, room_name)
                 elif prefix == "room_name" and event == "string":

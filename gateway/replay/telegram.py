@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 
 import ijson
 
-from gateway.replay.inputs import ReadContext, Source, json_error, stream_events
+from gateway.replay.inputs import ItemBuilder, ReadContext, Source, json_error, stream_events
 from gateway.replay.records import ChatMessage, ReplayInputError, Skipped, parse_time
 
 PLATFORM = "telegram"
@@ -48,8 +48,6 @@ _SUPERGROUPS = frozenset(
     {"private_supergroup", "public_supergroup", "private_channel", "public_channel"}
 )
 _DIRECT = frozenset({"personal_chat", "bot_chat", "saved_messages"})
-_STARTS = frozenset({"start_map", "start_array"})
-_ENDS = frozenset({"end_map", "end_array"})
 
 
 def looks_like(head: Mapping[str, object]) -> bool:
@@ -64,25 +62,19 @@ def looks_like(head: Mapping[str, object]) -> bool:
 def read(source: Source, context: ReadContext) -> Iterator[ChatMessage]:
     """The messages of every chat in the file, chat by chat, in the file's order."""
     chat: dict[str, object] = {}
-    builder: ijson.ObjectBuilder | None = None
-    depth = 0
+    item = ItemBuilder()
     index = 0
     with source.open(context.limits, progress=context.progress) as stream:
         try:
             for prefix, event, value in stream_events(stream):
-                if builder is not None:
-                    builder.event(event, value)
-                    depth += (event in _STARTS) - (event in _ENDS)
-                    if depth == 0:
-                        message = _message(builder.value, index, source.name, chat, context)
+                if item.building:
+                    if item.feed(event, value):
+                        message = _message(item.take(), index, source.name, chat, context)
                         index += 1
-                        builder = None
                         if message is not None:
                             yield message
                 elif event == "start_map" and prefix in _MESSAGES:
-                    builder = ijson.ObjectBuilder()
-                    builder.event(event, value)
-                    depth = 1
+                    item.start(event, value)
                 elif prefix in _CHAT_FIELDS and event in _SCALARS:
                     chat[_CHAT_FIELDS[prefix]] = value
                 elif event == "start_map" and prefix in _CHAT_ROOTS and prefix:
