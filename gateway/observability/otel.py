@@ -123,7 +123,7 @@ class _Record:
         "attributes",
         "context",
         "decision",
-        "end",
+        "ended",
         "error",
         "extra",
         "kind",
@@ -140,13 +140,13 @@ class _Record:
     extra: dict[str, types.AttributeValue] | None
     context: SpanContext | None
     error: bool
-    end: int
+    ended: int
     start: int
     _token: Token[_Record | None]
 
     def set_attribute(self, key: str, value: AttributeValue) -> None:
         """Set one attribute (an ended span keeps what it had, as the SDK's does)."""
-        if self.end:
+        if self.ended:
             return
         if self.extra is None:
             self.extra = {key: value}
@@ -158,8 +158,16 @@ class _Record:
         self.set_attribute(ERROR_TYPE, error_type)
         self.error = True
 
+    def end(self) -> None:
+        """End it (once): its parent current again and, sampled, queued for export."""
+        self.ended = time_ns()
+        _current.reset(self._token)
+        del self._token  # freed now, not held in the queue until the export
+        decision = self.decision
+        if decision.sampled:
+            decision.queue.add(self)
+
     def __enter__(self) -> Span:
-        self._token = _current.set(self)
         return self
 
     def __exit__(
@@ -170,30 +178,7 @@ class _Record:
     ) -> None:
         if kind is not None:
             self.set_error(kind.__name__)
-        self.end = time_ns()
-        _current.reset(self._token)
-        del self._token  # freed now, not held in the queue until the export
-        decision = self.decision
-        if decision.sampled:
-            decision.queue.add(self)
-
-
-def _record(
-    name: str, kind: SpanKind, attributes: Attributes, parent: _Record | None, decision: _Decision
-) -> _Record:
-    """A record started now (made field by field: calling the class costs twice as much)."""
-    record = object.__new__(_Record)
-    record.name = name
-    record.kind = kind
-    record.attributes = attributes
-    record.parent = parent
-    record.decision = decision
-    record.extra = None
-    record.context = None
-    record.error = False
-    record.end = 0
-    record.start = time_ns()
-    return record
+        self.end()
 
 
 _Instant = tuple[str, Attributes, _Record, int]
@@ -256,19 +241,39 @@ class OtelTracer:
         kind: SpanKind = "internal",
         parent: Mapping[str, str] | None = None,
         root: bool = False,
-    ) -> AbstractContextManager[Span]:
-        """A span current inside the block; see `tracing.Tracer.span`."""
+    ) -> _Record:
+        """A span current from now until it ends; see `tracing.Tracer.span`.
+
+        The record is made here, field by field, for every span: a helper's call, or
+        calling the class with the fields, costs a traced message more than the fields.
+        """
         current = None if root or parent is not None else _current.get()
+        extra = None
         if current is not None:
-            return _record(name, kind, attributes, current, current.decision)
-        if parent is None and self._fixed is not None:
-            return _record(name, kind, attributes, None, self._fixed)
-        return self._root(name, attributes, kind, parent)
+            decision = current.decision
+        elif parent is None and self._fixed is not None:
+            decision = self._fixed
+        else:
+            decision, extra = self._root(name, attributes, kind, parent)
+        record = _Record()
+        record.name = name
+        record.kind = kind
+        record.attributes = attributes
+        record.parent = current
+        record.decision = decision
+        record.extra = extra
+        record.context = None
+        record.error = False
+        record.ended = 0
+        record.start = time_ns()
+        record._token = _current.set(record)  # noqa: SLF001 - the record's own slot
+        return record
 
     def _root(
         self, name: str, attributes: Attributes, kind: SpanKind, parent: Mapping[str, str] | None
-    ) -> _Record:
-        """The first span of a trace here, or here of a caller's: the sampler decides."""
+    ) -> tuple[_Decision, dict[str, types.AttributeValue] | None]:
+        """The decision of a trace's first span here, or here of a caller's: the sampler's,
+        and the attributes it adds (None: none)."""
         context = _ROOT if parent is None else propagate.extract(parent, _ROOT)
         caller = trace.get_current_span(context).get_span_context()
         caller_id = caller.span_id if caller.is_valid else 0
@@ -277,10 +282,7 @@ class OtelTracer:
         sampled = decided.decision is Decision.RECORD_AND_SAMPLE
         state = decided.trace_state or _NO_STATE
         begun = _Decision(self._queue, sampled, state, trace_id, caller_id)
-        record = _record(name, kind, attributes, None, begun)
-        if decided.attributes:
-            record.extra = dict(decided.attributes)
-        return record
+        return begun, dict(decided.attributes) if decided.attributes else None
 
     def instant(self, name: str, attributes: Attributes) -> None:
         """A span that ends as it starts, under the current span (a trace of its own outside).
@@ -341,7 +343,14 @@ class OtelTracer:
         if record.extra is not None:
             given = {**given, **record.extra}
         return self._made(
-            record.name, record.kind, context, above, given, record.start, record.end, record.error
+            record.name,
+            record.kind,
+            context,
+            above,
+            given,
+            record.start,
+            record.ended,
+            record.error,
         )
 
     def _made(  # noqa: PLR0913, PLR0917 - a span's fields

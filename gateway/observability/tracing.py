@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, MutableMapping
-from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Literal, Protocol
 
 from gateway.observability.semconv import (
@@ -103,6 +103,7 @@ __all__ = [
     "Attributes",
     "SpanKind",
     "Span",
+    "OpenSpan",
     "Tracer",
     "NO_SPAN",
     "NO_TRACER",
@@ -144,6 +145,25 @@ class Span(Protocol):
         """Mark the span failed with `error.type` (a code, never an exception's message)."""
 
 
+class OpenSpan(Span, Protocol):
+    """A span as `Tracer.span` starts it: current until it ends, by `end` or by leaving
+    the `with` block it opens (which marks it failed by an exception that leaves it)."""
+
+    def end(self) -> None:
+        """End the span now and make its parent current again."""
+
+    def __enter__(self) -> Span:
+        """The span itself (it is current already)."""
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """`set_error` with the exception's type, if one leaves the block, then `end`."""
+
+
 class Tracer(Protocol):
     """Starts spans; `enabled` False means every call is a no-op (`NO_TRACER`)."""
 
@@ -158,8 +178,9 @@ class Tracer(Protocol):
         kind: SpanKind = "internal",
         parent: Mapping[str, str] | None = None,
         root: bool = False,
-    ) -> AbstractContextManager[Span]:
-        """A span, current inside the `with` block.
+    ) -> OpenSpan:
+        """A span started now and current until it ends: `with tracer.span(...)`, or, on
+        a per-message path, `end()` called in a `finally` (no `with` to enter or leave).
 
         Its parent is the current span, or the W3C `traceparent` in `parent` (the headers
         of a request from a traced caller), or none with `root`.
@@ -195,6 +216,9 @@ class _NoSpan:
     def set_error(self, error_type: str) -> None:
         """Nothing to mark."""
 
+    def end(self) -> None:
+        """Nothing to end."""
+
     def __enter__(self) -> _NoSpan:
         return self
 
@@ -219,7 +243,7 @@ class _NoTracer:
         kind: SpanKind = "internal",
         parent: Mapping[str, str] | None = None,
         root: bool = False,
-    ) -> AbstractContextManager[Span]:
+    ) -> OpenSpan:
         """`NO_SPAN`."""
         return NO_SPAN
 

@@ -151,7 +151,8 @@ class AgentDispatchMiddleware:
         if tracer.capture_content:
             text = tracing.text_messages("user", msg.text)
             attributes = {**attributes, tracing.INPUT_MESSAGES: text}
-        with tracer.span(name, attributes) as span:
+        span = tracer.span(name, attributes)  # ended in the `finally`: no `with` to enter
+        try:
             if self._typing and ctx.connector.capabilities.typing:
                 self._start_typing(ctx)
             try:
@@ -159,11 +160,17 @@ class AgentDispatchMiddleware:
             except TurnTimeoutError:
                 return self._timed_out(ctx)
             reply = self._answered(ctx, result)
+        except BaseException as exc:
+            span.set_error(type(exc).__name__)
+            raise
+        else:
             if tracer.capture_content and reply is not None:
                 span.set_attribute(
                     tracing.OUTPUT_MESSAGES, tracing.text_messages("assistant", reply.text)
                 )
             return reply
+        finally:
+            span.end()
 
     def _span_of(self, agent: str, msg: InboundMessage) -> tuple[str, tracing.Attributes]:
         """A turn's span name and attributes in a room, kept for its next turns there.

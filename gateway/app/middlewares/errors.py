@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import ItemsView, Iterator, Mapping
 
 from gateway.app.context import TurnContext
 from gateway.app.pipeline import Handler, failed_stage
-from gateway.app.types import Reply
+from gateway.app.types import InboundMessage, Reply
 from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
 
@@ -45,18 +46,20 @@ class ErrorsMiddleware:
         try:
             if not tracer.enabled:
                 return await call_next(ctx)  # no coroutine of ours between: the hot path
-            # No coroutine of ours when traced either: the span's block is this one.
+            # No coroutine of ours when traced either: the span is open in this one.
             msg = ctx.message
-            attributes: dict[str, tracing.AttributeValue] = {
-                tracing.PLATFORM: msg.platform,
-                tracing.ROOM: msg.room,
-                tracing.BOT: msg.bot_id,
-                tracing.MESSAGE_ID: msg.message_id,
-                tracing.SENDER_IS_BOT: msg.sender_is_bot,
-            }
+            attributes = _MessageAttributes()
+            attributes.message = msg
             name = _SPAN_NAMES.get(msg.platform) or _span_name(msg.platform)
-            with tracer.span(name, attributes, root=True):
+            # Ended in the `finally`, not a `with` block: entering one is a call more.
+            span = tracer.span(name, attributes, root=True)
+            try:
                 return await call_next(ctx)
+            except BaseException as exc:
+                span.set_error(type(exc).__name__)
+                raise
+            finally:
+                span.end()
         except Exception as exc:  # the whole point of this stage: nothing escapes it
             self._report(ctx, exc)
             return None
@@ -85,6 +88,51 @@ def _raised_at(exc: BaseException) -> str:
         return "unknown"
     frame, line = frames[-1]
     return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}:{line}"
+
+
+_MESSAGE_KEYS = (
+    tracing.PLATFORM,
+    tracing.ROOM,
+    tracing.BOT,
+    tracing.MESSAGE_ID,
+    tracing.SENDER_IS_BOT,
+)
+
+
+class _MessageAttributes(Mapping[str, tracing.AttributeValue]):
+    """The root span's attributes (platform, room, bot, message id, whether a bot sent
+    it), read off the message when asked for: by the export thread, not the event loop.
+
+    A traced message costs the loop this one-slot object (`message` is set after it is
+    made: a constructor is a Python call) instead of a dict of five held until the
+    export; the message is frozen, so what is read later is what it was at the turn.
+    """
+
+    __slots__ = ("message",)
+    message: InboundMessage
+
+    def _made(self) -> dict[str, tracing.AttributeValue]:
+        msg = self.message
+        return {
+            tracing.PLATFORM: msg.platform,
+            tracing.ROOM: msg.room,
+            tracing.BOT: msg.bot_id,
+            tracing.MESSAGE_ID: msg.message_id,
+            tracing.SENDER_IS_BOT: msg.sender_is_bot,
+        }
+
+    def __getitem__(self, key: str) -> tracing.AttributeValue:
+        return self._made()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_MESSAGE_KEYS)
+
+    def __len__(self) -> int:
+        return len(_MESSAGE_KEYS)
+
+    def items(self) -> ItemsView[str, tracing.AttributeValue]:
+        """All of them from one read of the message (the OTLP encoder's way in)."""
+        return self._made().items()
 
 
 def _span_name(platform: str) -> str:

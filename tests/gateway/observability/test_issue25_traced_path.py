@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
-from contextlib import AbstractContextManager
 from dataclasses import replace
 
 import pytest
 
 from gateway.app.context import TurnContext
 from gateway.app.middlewares.agent_dispatch import AgentDispatchMiddleware, Deadlines
+from gateway.app.middlewares.errors import ErrorsMiddleware
 from gateway.app.refusals import DecisionLog, RecentRefusals
 from gateway.app.types import AgentResult, InboundMessage, Reply
 from gateway.config import PipelineConfig, TelemetryConfig
@@ -114,7 +114,7 @@ class Kept:
         kind: tracing.SpanKind = "internal",
         parent: Mapping[str, str] | None = None,
         root: bool = False,
-    ) -> AbstractContextManager[tracing.Span]:
+    ) -> tracing.OpenSpan:
         self.spans.append((name, attributes))
         return tracing.NO_SPAN
 
@@ -230,3 +230,93 @@ def test_issue25_a_messages_room_is_made_once() -> None:
     assert "room" not in repr(msg)  # derived: shown and compared through its parts
     assert replace(msg, text="other") != msg
     assert replace(msg) == msg
+
+
+async def message_turn(msg: InboundMessage) -> TurnContext:
+    """A turn of `msg` to the rig's parrot."""
+    rig = PipelineRig(rig_config(), {"parrot": ConstantAgent("hi")})
+    await rig.start()
+    return TurnContext(
+        message=msg,
+        policy=rig.config.policy,
+        state=rig.state,
+        config=rig.config,
+        bot=rig.config.bot("parrot"),
+        connector=rig.connector(),
+        agent=rig.agents["parrot"],
+    )
+
+
+async def answers(ctx: TurnContext) -> Reply | None:
+    return Reply("hi")
+
+
+async def fails(ctx: TurnContext) -> Reply | None:
+    raise ValueError("a user's words")
+
+
+MESSAGE_ATTRIBUTES = {
+    tracing.PLATFORM: "slack",
+    tracing.ROOM: "slack:C1",
+    tracing.BOT: "parrot",
+    tracing.MESSAGE_ID: "m1",
+    tracing.SENDER_IS_BOT: True,
+}
+
+
+async def test_issue25_a_message_spans_attributes_are_read_off_the_message(
+    receiver: OtlpReceiver,
+) -> None:
+    """The root span's attributes, read at the export, are all five, failed turn or not."""
+    stage = ErrorsMiddleware(Metrics())
+    msg = InboundMessage("slack", "parrot", "C1", None, "m1", "U1", "alice", True, "hi")
+    assert await stage(await message_turn(msg), answers) is not None
+    assert await stage(await message_turn(msg), fails) is None
+    assert await asyncio.to_thread(tracing.tracer().force_flush)
+    answered, failed = sorted(
+        (span for spans in receiver.traces().values() for span in spans),
+        key=lambda span: tracing.ERROR_TYPE in span.attributes,
+    )
+    assert answered.name == failed.name == "message slack"
+    assert answered.attributes == MESSAGE_ATTRIBUTES
+    assert failed.attributes == {**MESSAGE_ATTRIBUTES, tracing.ERROR_TYPE: "ValueError"}
+
+
+async def test_issue25_the_message_spans_attributes_are_a_mapping(kept: Kept) -> None:
+    """Any tracer is handed the root span's attributes as the mapping they stand for."""
+    msg = InboundMessage("slack", "parrot", "C1", None, "m1", "U1", "alice", True, "hi")
+    await ErrorsMiddleware(Metrics())(await message_turn(msg), answers)
+    [(name, attributes)] = kept.spans
+    assert name == "message slack"
+    assert len(attributes) == len(MESSAGE_ATTRIBUTES)
+    assert list(attributes) == list(MESSAGE_ATTRIBUTES)
+    assert attributes[tracing.ROOM] == "slack:C1"
+    assert dict(attributes.items()) == dict(attributes) == MESSAGE_ATTRIBUTES
+    assert attributes == MESSAGE_ATTRIBUTES
+
+
+async def test_issue25_a_span_is_current_from_its_start_until_it_ends(
+    receiver: OtlpReceiver,
+) -> None:
+    """`span()` starts the span and makes it current; `end()` ends it as leaving a block."""
+    tracer = tracing.tracer()
+    outer = tracer.span("outer", {}, root=True)
+    assert tracer.current() is outer
+    inner = tracer.span("inner", {"n": 1})
+    assert tracer.current() is inner
+    inner.set_error("timeout")
+    inner.end()
+    assert tracer.current() is outer
+    with tracer.span("block", {}) as block:
+        assert tracer.current() is block
+    assert tracer.current() is outer
+    outer.end()
+    assert tracer.current() is tracing.NO_SPAN
+    tracing.NO_SPAN.end()  # the no-op span ends too
+    assert await asyncio.to_thread(tracer.force_flush)
+    [spans] = receiver.traces().values()
+    by_name = {span.name: span for span in spans}
+    assert by_name["inner"].parent_id == by_name["block"].parent_id == by_name["outer"].span_id
+    assert by_name["inner"].attributes == {"n": 1, tracing.ERROR_TYPE: "timeout"}
+    assert by_name["inner"].error
+    assert not by_name["outer"].error
