@@ -69,7 +69,8 @@ async def test_issue25_a_span_costs_the_event_loop_a_handful_of_calls(
 ) -> None:
     # The SDK's own span (start_span, its sampler, BoundedAttributes, the context attach,
     # end and the batch processor) made 151 calls for a root and 139 for a child; a
-    # record makes 13 and 14, an instant span 7 (the counting's own calls aside).
+    # record makes 12 and 13 in a `with` block, an instant span 7 (the counting's own calls
+    # aside; 13 and 14 while a helper made the record).
     active = tracing.tracer()
     attributes = {tracing.AGENT_NAME: "parrot", tracing.CONVERSATION_ID: "room:C1"}
     with counted_calls() as root, active.span("message room", attributes, root=True):
@@ -91,9 +92,9 @@ async def test_issue25_tracing_adds_few_calls_to_a_message_through_the_pipeline(
 ) -> None:
     # The bench's pipeline and messages (in each room a human's, then a bot's five): with
     # tracing on a message adds its spans (message, invoke_agent, and apply_guardrail for
-    # a bot's) and their attributes, and nothing else: 35 calls a message (37 while a traced
-    # turn awaited a second coroutine and a verdict built its span anew; 426 with the SDK's
-    # own spans).
+    # a bot's) and their attributes, and nothing else: 28 calls a message (35 while the two
+    # spans were `with` blocks made by a helper, 37 while a traced turn awaited a second
+    # coroutine and a verdict built its span anew; 426 with the SDK's own spans).
     bench = Bench(parse_config(CONFIG + NO_ROOM_MEMORY, env={}))
     messages = workload(3)
     active = tracing.tracer()
@@ -106,7 +107,7 @@ async def test_issue25_tracing_adds_few_calls_to_a_message_through_the_pipeline(
         counts[traced] = calls[0]
     tracing.install(active)
     added = (counts[True] - counts[False]) / len(messages)
-    assert added <= 40, added
+    assert added <= 30, added
     traces = await flushed(receiver)
     assert len(traces) == 2 * len(messages)
     assert sum(len(spans) for spans in traces.values()) == 2 * (2 * 18 + 5 * 3)
