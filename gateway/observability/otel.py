@@ -164,8 +164,11 @@ class _Record:
         _current.reset(self._token)
         del self._token  # freed now, not held in the queue until the export
         decision = self.decision
-        if decision.sampled:
-            decision.queue.add(self)
+        if decision.sampled:  # `SpanBatcher.add` written out: a call less a span
+            queue = decision.queue
+            queue.items.append(self)
+            if len(queue.items) >= queue.check_at:
+                queue.check()
 
     def __enter__(self) -> Span:
         return self
@@ -294,8 +297,11 @@ class OtelTracer:
             with self.span(name, attributes):
                 return
         decision = current.decision
-        if decision.sampled:
-            decision.queue.add((name, attributes, current, time_ns()))
+        if decision.sampled:  # `SpanBatcher.add` written out, as `_Record.end` does
+            queue = decision.queue
+            queue.items.append((name, attributes, current, time_ns()))
+            if len(queue.items) >= queue.check_at:
+                queue.check()
 
     def current(self) -> Span:
         """The current span, or `NO_SPAN` when none is recording."""

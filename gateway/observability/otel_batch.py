@@ -1,13 +1,14 @@
 """The queue of finished spans and the thread that exports them in batches (tracing on).
 
-The event loop only appends to a bounded deque; one thread of its own (`EXPORT_THREAD`)
-takes batches off it and hands them to the exporter, on the batch span processor's
-schedule and its standard variables: every `OTEL_BSP_SCHEDULE_DELAY` ms, or as soon as a
-batch is full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, 2048 unless set; the SDK's 512 wakes
-the thread four times as often), at most `OTEL_BSP_MAX_QUEUE_SIZE` spans waiting. A span
-that finds the queue full is dropped and counted, as the SDK's queue does, and the
-thread logs how many were dropped. Flushes and the final export run on that thread too,
-so all of the export's work is in one place (the tracing bench reads its CPU time).
+The event loop only appends to a bounded deque and tests its length; one thread of its
+own (`EXPORT_THREAD`) takes batches off it and hands them to the exporter, on the batch
+span processor's schedule and its standard variables: every `OTEL_BSP_SCHEDULE_DELAY`
+ms, or as soon as a batch is full (`OTEL_BSP_MAX_EXPORT_BATCH_SIZE`, 2048 unless set;
+the SDK's 512 wakes the thread four times as often), at most `OTEL_BSP_MAX_QUEUE_SIZE`
+spans waiting. A span that finds the queue full is dropped and counted, as the SDK's
+queue does, and the thread logs how many were dropped. Flushes and the final export run
+on that thread too, so all of the export's work is in one place (the tracing bench reads
+its CPU time).
 """
 
 from __future__ import annotations
@@ -70,7 +71,10 @@ class SpanBatcher(Generic[Item]):
         self.delay = _env_count(OTEL_BSP_SCHEDULE_DELAY, DEFAULT_DELAY_MS) / 1000
         self.dropped = 0
         self._reported = 0
-        self._queue: deque[Item] = deque()
+        self.items: deque[Item] = deque()
+        """The spans waiting, oldest first."""
+        self.check_at = self.max_batch
+        """The queue's length at which `check` is due: a batch, or past `max_queue`."""
         self._wake = threading.Event()
         self._flushes: deque[threading.Event] = deque()
         self._stopping = False
@@ -78,24 +82,32 @@ class SpanBatcher(Generic[Item]):
         self._thread.start()
 
     def add(self, item: Item) -> None:
-        """Queue one finished span (the hot path: an append and a length test).
+        """Queue one finished span: an append and a length test.
 
-        The thread is woken as the queue reaches a batch, not at every span beyond: while
-        it exports it takes every full batch anyway, and a queue that outruns it (the
-        bench's) would otherwise pay a call a span.
+        What the event loop's own spans do inline (`gateway.observability.otel`): append
+        to `items`, and call `check` when the length reaches `check_at`.
         """
-        queue = self._queue
-        queue.append(item)
-        waiting = len(queue)
-        if waiting == self.max_batch or waiting > self.max_queue:
-            self._full(queue)
+        items = self.items
+        items.append(item)
+        if len(items) >= self.check_at:
+            self.check()
 
-    def _full(self, queue: deque[Item]) -> None:
-        """A batch is waiting: wake the thread; past `max_queue`, drop the newest span."""
-        if len(queue) > self.max_queue:
+    def check(self) -> None:
+        """The queue reached `check_at`: past `max_queue` drop the newest span, and wake
+        the thread.
+
+        Woken, the thread takes every full batch, so `check_at` moves past the queue's
+        limit until it has (no call a span from a queue that outruns it, as the bench's
+        does); it sets `check_at` back to a batch after taking them. It is moved before
+        the thread is woken, so the thread's setting back always comes after.
+        """
+        items = self.items
+        if len(items) > self.max_queue:
             with suppress(IndexError):  # the thread may have emptied it since
-                queue.pop()
+                items.pop()
                 self.dropped += 1
+        else:
+            self.check_at = self.max_queue + 1
         if not self._wake.is_set():
             self._wake.set()
 
@@ -132,7 +144,7 @@ class SpanBatcher(Generic[Item]):
             done.set()
 
     def _export(self, *, everything: bool) -> None:
-        queue, size = self._queue, self.max_batch
+        queue, size = self.items, self.max_batch
         while len(queue) >= size or (everything and queue):
             batch = [queue.popleft() for _ in range(min(size, len(queue)))]
             try:
@@ -140,6 +152,9 @@ class SpanBatcher(Generic[Item]):
                     self._export_batch(batch)
             except Exception:  # the thread outlives a failed export, as the SDK's does
                 log.exception("exporting %d spans failed", len(batch))
+        # Fewer than a batch wait now: the next full batch wakes the thread (the length
+        # test is `>=`, so spans added since the last look still do).
+        self.check_at = size
         if self.dropped != self._reported:
             log.warning(
                 "dropped %d spans: more than %s=%d were waiting for export",

@@ -12,6 +12,7 @@ import logging
 import random
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -221,6 +222,59 @@ def test_issue25_a_full_queue_drops_and_says_how_many(
     [warning] = caplog.messages
     assert "dropped 2 spans" in warning
     assert "OTEL_BSP_MAX_QUEUE_SIZE=4" in warning
+
+
+def test_issue25_a_queue_that_outruns_the_thread_wakes_it_once_a_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "100")
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")  # only batches and flushes
+    exporting, release = threading.Event(), threading.Event()
+    exported: list[list[int]] = []
+    taken = threading.Condition()
+
+    def export(batch: list[int]) -> None:
+        with taken:
+            exported.append(batch)
+            taken.notify_all()
+        exporting.set()
+        release.wait(10)
+
+    def batches(count: int) -> bool:
+        with taken:
+            return taken.wait_for(lambda: len(exported) >= count, 10)
+
+    checks: list[int] = []
+
+    class Counted(SpanBatcher[int]):
+        def check(self) -> None:
+            checks.append(len(self.items))
+            super().check()
+
+    queue = Counted(export, lambda: None)
+    for item in range(4):
+        queue.add(item)  # a batch: the thread is woken and takes it
+    assert exporting.wait(10)
+    for item in range(4, 54):
+        queue.add(item)  # twelve more batches and two spans, the export stuck: no call
+    assert checks == [4]
+    release.set()
+    # The thread takes the full batches and looks for the next one from then on.
+    assert batches(13)
+    assert [len(batch) for batch in exported] == [4] * 13
+    for _ in range(10_000):  # the thread sets `check_at` back once its last export returns
+        if queue.check_at == 4:
+            break
+        time.sleep(0.001)
+    assert queue.check_at == 4
+    for item in range(54, 56):
+        queue.add(item)  # the two waiting make a batch with these: woken again
+    assert batches(14)
+    assert exported[-1] == [52, 53, 54, 55]
+    assert checks == [4, 4]
+    assert queue.dropped == 0
+    queue.shutdown()
 
 
 @pytest.mark.parametrize(
