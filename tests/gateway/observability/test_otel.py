@@ -93,9 +93,10 @@ async def test_issue25_tracing_adds_few_calls_to_a_message_through_the_pipeline(
 ) -> None:
     # The bench's pipeline and messages (in each room a human's, then a bot's five): with
     # tracing on a message adds its spans (message, invoke_agent, and apply_guardrail for
-    # a bot's) and their attributes, and nothing else: 28 calls a message (35 while the two
-    # spans were `with` blocks made by a helper, 37 while a traced turn awaited a second
-    # coroutine and a verdict built its span anew; 426 with the SDK's own spans).
+    # a bot's) and their attributes, and nothing else: 25 calls a message (28 while a
+    # finished span was queued by a call, 35 while the two spans were `with` blocks made by
+    # a helper, 37 while a traced turn awaited a second coroutine and a verdict built its
+    # span anew; 426 with the SDK's own spans).
     bench = Bench(parse_config(CONFIG + NO_ROOM_MEMORY, env={}))
     messages = workload(3)
     active = tracing.tracer()
@@ -108,7 +109,7 @@ async def test_issue25_tracing_adds_few_calls_to_a_message_through_the_pipeline(
         counts[traced] = calls[0]
     tracing.install(active)
     added = (counts[True] - counts[False]) / len(messages)
-    assert added <= 30, added
+    assert added <= 27, added
     traces = await flushed(receiver)
     assert len(traces) == 2 * len(messages)
     assert sum(len(spans) for spans in traces.values()) == 2 * (2 * 18 + 5 * 3)
