@@ -18,12 +18,18 @@ and `pair_view` what a status command shows. `step_bot_turns` is the consecutive
 count: a bot message adds one, a human one resets it to 0.
 
 Memory: the pairs are one `guards.lru.DrainingTable` in least-recently-used order. A pair
-with no event in its window and no running cooldown is idle, and forgetting it changes
-no decision. Each call looks at the least recently used pair and frees it when idle (and
-one more while idle ones have piled up), so n idle pairs are freed within about n/2
-calls once they are idle, without any scan; a new pair takes over the record just freed,
-or one freed before and kept spare (up to `_SPARES_MAX`): pairs drawn at random that go
-idle between their events (issue 24) then build few records.
+with no event in its window and no running cooldown is idle, and forgetting it changes no
+decision. A new pair takes over the record and the place of the least recently used pair
+when that one has gone idle (one look, and none before the instant it was last seen to
+go idle). The other idle pairs are freed by a sweep, due when the least recently used
+pair goes idle but at most once every sixteenth of the window (`_SWEEP_GAP`): it frees
+the idle pairs at the front, up to `_SWEEP_MAX` in one pass, into the spare records that
+new pairs take (up to `_SPARES_MAX`), and runs again on the next call after a full pass.
+So n idle pairs are freed within about n/256 calls once a sweep is due, without any
+scan, and a pair is forgotten within a sixteenth of the window of going idle while
+traffic goes on. (Issue 24: a look at the front on every call, as before, made the
+guard dearer than praisonaiagents' on pairs drawn at random, which go idle between most
+of their events.)
 A table that has shrunk to a quarter of its peak is replaced by a fresh one, the
 survivors moved over a few per call (no stall). `max_pairs` caps the table: a new pair
 displaces the least recently used one.
@@ -71,10 +77,15 @@ from guards.lru import DrainingTable
 Reason = Literal["ok", "budget_exceeded", "cooldown", "disabled"]
 PairKey = tuple[str | None, str, str]
 
-# Idle pairs freed per call: n idle pairs give their memory back in n/2 calls.
+# Idle pairs freed per call while a table drains (`guards.lru`).
 _RELEASE_PER_CALL = 2
-# Freed records kept for new pairs to take over: building one costs more than keeping it.
-_SPARES_MAX = 64
+# Idle pairs freed by one sweep at most: a backlog is freed this many a call.
+_SWEEP_MAX = 256
+# Sweeps of pairs going idle one by one come at most this share of the window apart.
+_SWEEP_GAP = 1 / 16
+# Freed records kept for new pairs to take over: building one costs more than keeping it,
+# and a sweep frees a batch that the new pairs until the next one take over.
+_SPARES_MAX = 512
 # Up to this budget a pair's event times are a list: evicting the oldest shifts at most
 # this many pointers, which costs less than a deque and a fraction of its memory (a deque
 # allocates a 64-slot block per pair). Larger budgets get a deque to stay O(1).
@@ -369,7 +380,7 @@ class BotLoopGuard:
     rooms with different policies and a policy change keeps the pair's events.
     """
 
-    __slots__ = ("_clock", "_lock", "_pairs", "_policy", "_spares")
+    __slots__ = ("_clock", "_lock", "_pairs", "_policy", "_spares", "_take_at")
 
     def __init__(
         self,
@@ -388,6 +399,9 @@ class BotLoopGuard:
         self._lock = threading.Lock()
         # Idle records the sweep freed, for new pairs to take over instead of building one.
         self._spares: list[PairRecord] = []
+        # When the least recently used pair goes idle, as last seen: until then a new pair
+        # need not look at it (every other pair was used after it).
+        self._take_at = -math.inf
 
     @property
     def enabled(self) -> bool:
@@ -403,7 +417,7 @@ class BotLoopGuard:
         """The number of pairs held (live ones, and idle ones not yet freed)."""
         return len(self._pairs)
 
-    def observe(  # noqa: PLR0915 - the sweep inline: a method call costs a tenth of a call
+    def observe(
         self,
         *,
         self_bot_id: str,
@@ -414,10 +428,9 @@ class BotLoopGuard:
     ) -> bool:
         """Record one bot-authored event of the pair; True to admit it, False to drop it.
 
-        The common cases are done here, without a method call (see `guards.lru`): a known
-        pair with no sweep due, the sweep's look at a live front, a new pair taking over
-        the record of the one pair that has just gone idle, and a new pair taking a spare
-        record, or one kept spare; a draining table is `_decide`'s.
+        The common cases are done here, without a method call: a known pair, a new pair
+        taking over an idle least recently used pair or a spare record; a sweep (due once
+        in a while) and a draining table are `_decide`'s.
         """
         if policy is None:
             policy = self._policy
@@ -437,68 +450,25 @@ class BotLoopGuard:
             elif not (now < _LATEST and now > _EARLIEST):
                 raise ValueError(_BAD_NOW)
             pairs = self._pairs
-            recent = pairs.recent
-            get = pairs.recent_get
-            if now < pairs.sweep_at:
-                record = get(key)
-                if record is not None:
-                    recent.move_to_end(key)
-                    return _step(record, policy, now).allowed
-                # A new pair: nothing drains while a sweep waits (`guards.lru`).
-            elif pairs.draining is not None:
+            if now >= pairs.sweep_at:
                 return self._decide(key, now, policy).allowed
-            else:
-                # The sweep, inline (see `guards.lru`): the front, and after a front that went
-                # idle before the last sweep (a backlog) the next one, as `sweep` does.
-                try:  # free on CPython 3.11 unless raised: cheaper than testing `recent`
-                    front_key, front = recent.popitem(False)  # positional: a keyword costs more
-                except KeyError:  # no pair held
-                    return self._decide(key, now, policy).allowed
+            recent = pairs.recent
+            record = pairs.recent_get(key)
+            if record is not None:
+                recent.move_to_end(key)
+                return _step(record, policy, now).allowed
+            # A new pair, and no table draining (a sweep would be due): it takes over the
+            # least recently used pair's record and place when that pair has gone idle
+            # (`_step` starts it afresh; the size stays), else a spare or a new record.
+            if now >= self._take_at and recent:
+                front_key, front = recent.popitem(False)  # positional: a keyword costs more
                 idle_at = front.idle_at
-                if idle_at > now:  # live: back to the front; no sweep until it goes idle
-                    recent[front_key] = front
-                    recent.move_to_end(front_key, False)
-                    pairs.swept_at = now
-                    pairs.sweep_at = idle_at
-                else:
-                    backlog = idle_at < pairs.swept_at
-                    pairs.swept_at = now
-                    pairs.sweep_at = _SWEEP_NOW
-                    record = get(key)  # after the pop: None when the front is this pair
-                    if record is None and not backlog:
-                        # The new pair takes over the front's record (idle: `_step` starts
-                        # it afresh) and its place: the size stays, no shrink to check.
-                        recent[key] = front
-                        return _step(front, policy, now).allowed
-                    if backlog and recent:  # the front went idle before the last sweep
-                        next_key, following = recent.popitem(False)
-                        idle_at = following.idle_at
-                        if idle_at > now:
-                            recent[next_key] = following
-                            recent.move_to_end(next_key, False)
-                            pairs.sweep_at = idle_at
-                        else:
-                            if following is record:  # freed: the pair starts afresh
-                                record = None
-                            self._keep_spare(following)
-                    if len(recent) * 4 <= pairs.peak:
-                        pairs.shrink()
-                        if pairs.draining is not None:  # the records moved there
-                            return self._place(key, now, policy, front).allowed
-                    if record is None:
-                        recent[key] = front  # taken over, as above
-                        return _step(front, policy, now).allowed
-                    spares = self._spares
-                    if len(spares) < _SPARES_MAX:  # kept for a new pair (`_keep_spare`)
-                        front.idle_at = _SWEEP_NOW
-                        spares.append(front)
-                    recent.move_to_end(key)
-                    return _step(record, policy, now).allowed
-                record = get(key)
-                if record is not None:
-                    recent.move_to_end(key)
-                    return _step(record, policy, now).allowed
-            # A new pair, and no table draining: an idle record freed before, else a new one.
+                if idle_at <= now:
+                    recent[key] = front
+                    return _step(front, policy, now).allowed
+                recent[front_key] = front
+                recent.move_to_end(front_key, False)
+                self._take_at = idle_at
             spares = self._spares
             record = spares.pop() if spares else _idle_record()
             if len(recent) < pairs.peak:  # under its peak, so under the cap: no displacing
@@ -532,6 +502,7 @@ class BotLoopGuard:
     def reset(self, scope: str | None = None, bot_id: str | None = None) -> None:
         """Forget pairs: all of them, one scope's, one bot's, or one bot's in one scope."""
         with self._lock:
+            self._take_at = -math.inf  # the front may be another pair now
             if scope is None and bot_id is None:
                 self._pairs.clear()
             else:
@@ -556,8 +527,47 @@ class BotLoopGuard:
     def _decide(self, key: PairKey, now: float, policy: BotLoopPolicy) -> PairDecision:
         """Sweep if due, step the pair's record with one event and keep it (lock held)."""
         pairs = self._pairs
-        freed = pairs.sweep(now) if now >= pairs.sweep_at else None
+        freed = None
+        if now >= pairs.sweep_at:
+            if pairs.draining is None:
+                self._sweep(now, policy.window_seconds)
+            if pairs.draining is not None:  # moves a few survivors a call (`guards.lru`)
+                freed = pairs.sweep(now)
         return self._place(key, now, policy, freed)
+
+    def _sweep(self, now: float, window: float) -> None:
+        """Free the pairs gone idle at the front, `_SWEEP_MAX` at most, into the spares.
+
+        The next sweep is due when the front pair goes idle, but not sooner than a
+        sixteenth of the window from now (`_SWEEP_GAP`): pairs that go idle one by one
+        are freed in batches, not one look per call; after a full batch (a backlog), on
+        the next call.
+        """
+        pairs = self._pairs
+        recent = pairs.recent
+        spares = self._spares
+        pop = recent.popitem
+        pairs.swept_at = now
+        for _ in range(_SWEEP_MAX):
+            if not recent:
+                pairs.sweep_at = now + window * _SWEEP_GAP
+                break
+            front_key, front = pop(False)  # positional: a keyword costs more
+            idle_at = front.idle_at
+            if idle_at > now:  # live: back to the front; nothing to free before then
+                recent[front_key] = front
+                recent.move_to_end(front_key, False)
+                self._take_at = idle_at
+                later = now + window * _SWEEP_GAP
+                pairs.sweep_at = idle_at if idle_at > later else later
+                break
+            if len(spares) < _SPARES_MAX:
+                front.idle_at = _SWEEP_NOW  # so `_step` starts it afresh, whatever `now`
+                spares.append(front)
+        else:
+            pairs.sweep_at = _SWEEP_NOW  # a full batch: more may be idle
+        if len(recent) * 4 <= pairs.peak:
+            pairs.shrink()
 
     def _place(
         self, key: PairKey, now: float, policy: BotLoopPolicy, freed: PairRecord | None
@@ -579,6 +589,15 @@ class BotLoopGuard:
             # afresh) and its place: the table does not grow, no record is built.
             recent[key] = freed
             return _step(freed, policy, now)
+        if now >= self._take_at and recent and pairs.draining is None:  # as `observe` does
+            front_key, front = recent.popitem(False)
+            idle_at = front.idle_at
+            if idle_at <= now:
+                recent[key] = front
+                return _step(front, policy, now)
+            recent[front_key] = front
+            recent.move_to_end(front_key, False)
+            self._take_at = idle_at
         spares = self._spares
         record = spares.pop() if spares else _idle_record()
         pairs.add(key, record)

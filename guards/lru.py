@@ -25,17 +25,11 @@ call:
 - A new key may be put straight into `recent` in the place of the entry `sweep` has just
   freed (the table does not grow, so neither the cap nor the peak can be passed);
   otherwise `add` holds it.
-- The sweep's most common case, one entry going idle per call while new keys come, may
-  be done inline for a new key: with a sweep due and no table draining, pop the front
-  of `recent`; if it went idle at or after `swept_at` (and by now), `sweep` would free
-  it alone: set `swept_at = now` and `sweep_at = -math.inf` and put the new key in its
-  place (the size stays, so there is no shrink to check). Otherwise put it back at the
-  front and call `sweep`.
-- The rest of `sweep` (no table draining) may be done inline too, as it does it: a live
-  front goes back to the front with `sweep_at` its idle instant; an idle front is freed,
-  and when it went idle before `swept_at` (a backlog) the next front is looked at the
-  same way; `swept_at = now`; then, when `len(recent) * 4 <= peak`, `shrink()`, which
-  may start draining.
+- A caller may free idle front entries itself, as `sweep` does, when no table drains:
+  pop the front of `recent`, put a live one back at the front, and set `sweep_at` (not
+  before the front's idle instant) and `swept_at = now`; then, when `len(recent) * 4 <=
+  peak`, `shrink()`, which may start draining. guards/bot_loop.py frees them in batches
+  and lets a new key take over an idle front's place.
 `recent_get` is `recent.get`, bound once per table (a cheaper call on the hot path).
 Callers never hold on to `recent` or `recent_get` across a `sweep` or a `shrink`, which
 may replace them.
