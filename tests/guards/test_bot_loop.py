@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import random
 import sys
@@ -818,11 +819,16 @@ def _python_calls(guard: BotLoopGuard, bot: str, now: float) -> list[str]:
         if event == "call":
             calls.append(frame.f_code.co_name)
 
+    # No collection inside: another test's `gc.callbacks` would show among the calls.
+    collecting = gc.isenabled()
+    gc.disable()
     sys.setprofile(profile)
     try:
         guard.observe(self_bot_id=bot, sender_bot_id="peer", now=now)
     finally:
         sys.setprofile(None)
+        if collecting:
+            gc.enable()
     return calls
 
 
