@@ -1007,3 +1007,23 @@ def test_issue24_random_gap_churn_through_observe_builds_few_records(
             ]
     peak = observed._pairs.peak
     assert built["observe"] <= peak + peak // 4, (built, peak)
+
+
+def test_issue24_an_idle_pair_is_forgotten_within_a_sixteenth_of_the_window() -> None:
+    # Idle pairs are freed by a sweep at most every sixteenth of the window (or taken
+    # over by a new pair): with only a live pair's traffic going on, an idle one is gone
+    # within that long of going idle, and not before it is idle.
+    for via in ("observe", "decide"):
+        guard = _guard(budget=10_000, window=16.0)
+        guard.observe(self_bot_id="quiet", sender_bot_id="peer", now=0.0)
+        at = 0.0
+        while at < 17.1:
+            at = round(at + 0.1, 1)
+            if via == "observe":
+                guard.observe(self_bot_id="busy", sender_bot_id="peer", now=at)
+            else:
+                _decide(guard, at, "busy", "peer")
+            if at < 16.0:
+                assert len(guard) == 2, at  # the quiet pair is live until 16
+        assert len(guard) == 1, via
+        assert guard.decide(self_bot_id="quiet", sender_bot_id="peer", now=at).count == 1
