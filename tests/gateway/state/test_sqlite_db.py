@@ -19,7 +19,7 @@ import pytest
 from gateway.app.errors import StateError
 from gateway.calls.entry import CallLogEntry
 from gateway.calls.sqlite_store import SqliteCallStore
-from gateway.state.sqlite_db import CHECKPOINT_EVERY, SqliteDb
+from gateway.state.sqlite_db import CHECKPOINT_EVERY, LOOP_LOCK_WAIT, SqliteDb, _WriteLock
 from tests.gateway.state.hammer import ROOT, WAIT_SECONDS
 
 # Long enough that a write waiting for the lock on the loop thread would be seen stuck.
@@ -421,3 +421,22 @@ async def test_issue24_two_processes_writing_at_once_never_meet_sqlites_busy_han
             assert child.returncode == 0, err.decode()
             assert 0 <= int(out) <= each  # how many went to the worker: any share
     assert sorted(n for n, _, _ in stored(path)) == list(range(2 * each))
+
+
+def test_issue24_a_loop_write_asks_again_for_a_held_flock_only_for_a_moment(
+    tmp_path: Path,
+) -> None:
+    # The loop asks again for LOOP_LOCK_WAIT at most: held on, the lock is not taken (the
+    # write goes to the worker); let go, it is taken at once.
+    path = str(tmp_path / "db.sqlite3-lock")
+    holder = _WriteLock(os.open(path, os.O_RDWR | os.O_CREAT))
+    asker = _WriteLock(os.open(path, os.O_RDWR | os.O_CREAT))
+    try:
+        assert holder.take(wait=False)
+        assert not asker.take_soon(LOOP_LOCK_WAIT)
+        holder.release()
+        assert asker.take_soon(LOOP_LOCK_WAIT)
+        assert not holder.take(wait=False)
+    finally:
+        holder.close()
+        asker.close()
