@@ -175,8 +175,11 @@ async def test_issue24_four_replicas_on_redis_cut_a_ping_pong_at_the_budget_with
 async def test_issue24_four_replicas_on_memory_each_count_the_pair_alone(
     tmp_path: Path, fake: SlackFake
 ) -> None:
+    # Which replica cuts a chain first, and whether the other chain (each bot answers the
+    # human) then meets a replica already in its cooldown (no second notice), depends on
+    # timing: what is certain is that more than one process's budget got through.
     async with replicas(tmp_path, fake, "{backend: memory}"):
         fake.message(ROOM, ALICE, "hi bots")
-        await wait_for(lambda: len(notices(fake)) > 1)
+        await wait_for(lambda: bool(notices(fake)))
         await settle(fake, "marker")
         assert len(bot_to_bot(fake)) > BUDGET
