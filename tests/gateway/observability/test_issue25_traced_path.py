@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator, Iterator, Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import replace
 
 import pytest
@@ -21,24 +21,11 @@ from gateway.app.middlewares.agent_dispatch import AgentDispatchMiddleware, Dead
 from gateway.app.middlewares.errors import ErrorsMiddleware
 from gateway.app.refusals import DecisionLog, RecentRefusals
 from gateway.app.types import AgentResult, InboundMessage, Reply
-from gateway.config import PipelineConfig, TelemetryConfig
+from gateway.config import PipelineConfig
 from gateway.observability import tracing
 from gateway.observability.metrics import Metrics
-from gateway.observability.telemetry import reset_tracing, setup_tracing
 from tests.fakes.inmemory import ConstantAgent, PipelineRig, rig_config
 from tests.fakes.otlp_receiver import OtlpReceiver
-
-
-@pytest.fixture
-async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OtlpReceiver]:
-    """The receiver, the tracer exporting to it; only flushes export (no schedule)."""
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")
-    async with OtlpReceiver() as received:
-        setup_tracing(TelemetryConfig(otlp_endpoint=received.endpoint), "loopwarden-test")
-        try:
-            yield received
-        finally:
-            await asyncio.to_thread(reset_tracing)
 
 
 class HeldAgent:

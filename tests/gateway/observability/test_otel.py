@@ -14,7 +14,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 
@@ -30,18 +30,6 @@ from tests.fakes.otlp_receiver import OtlpReceiver, ReceivedSpan
 
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
 CALLER_SPAN = "b7ad6b7169203331"
-
-
-@pytest.fixture
-async def receiver(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[OtlpReceiver]:
-    """The receiver, the tracer exporting to it; only flushes export (no schedule)."""
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "3600000")
-    async with OtlpReceiver() as received:
-        setup_tracing(TelemetryConfig(otlp_endpoint=received.endpoint), "loopwarden-test")
-        try:
-            yield received
-        finally:
-            await asyncio.to_thread(reset_tracing)
 
 
 async def flushed(receiver: OtlpReceiver) -> dict[str, list[ReceivedSpan]]:
