@@ -62,6 +62,13 @@ async def spent(store: RedisCallStore, key: str) -> GroupSpend | None:
     return dict(await store.spend_groups()).get(key)
 
 
+async def recorded(store: RedisCallStore, key: str) -> GroupSpend:
+    """The group's record in Redis, which must be there."""
+    record = await spent(store, key)
+    assert record is not None, key
+    return record
+
+
 async def written(store: RedisCallStore) -> None:
     """Poll Redis through the store until it answers and nothing waits to be written."""
     for _ in range(POLLS):
@@ -95,6 +102,20 @@ async def started(store: RedisCallStore) -> AsyncIterator[RedisCallStore]:
         yield store
     finally:
         await store.aclose()
+
+
+@asynccontextmanager
+async def relayed(
+    redis: RedisServer, key_prefix: str, on_error: OnError = "allow"
+) -> AsyncIterator[tuple[LossyRelay, RedisCallStore]]:
+    """A store that reaches Redis through a relay that can lose its answers."""
+    async with (
+        LossyRelay(redis.port) as relay,
+        started(
+            RedisCallStore(relay.url, key_prefix=key_prefix, on_error=on_error, probe_interval=0.05)
+        ) as store,
+    ):
+        yield relay, store
 
 
 def sentinel_store(
@@ -171,10 +192,7 @@ async def test_issue24_a_charge_whose_answer_was_lost_is_sent_again_and_counted_
     redis: RedisServer,
 ) -> None:
     budget = daily()
-    async with (
-        LossyRelay(redis.port) as relay,
-        started(RedisCallStore(relay.url, key_prefix="lost24:", probe_interval=0.05)) as store,
-    ):
+    async with relayed(redis, "lost24:") as (relay, store):
         admitted = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, event(budget))
         hold = admitted.spend.hold
         assert hold is not None
@@ -187,8 +205,7 @@ async def test_issue24_a_charge_whose_answer_was_lost_is_sent_again_and_counted_
 
         relay.deliver()
         await written(store)
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert record.spent == USED  # once, though Redis ran it two or three times
         assert record.held == Amount()
 
@@ -213,8 +230,7 @@ async def test_issue24_the_set_of_applied_charges_stays_as_small_as_the_charges_
             assert 0 < await client.pttl(charged) <= 86_400_000
         finally:
             await client.aclose()
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert record.spent == Amount(20, 20)
 
 
@@ -234,10 +250,7 @@ async def test_issue24_a_log_batch_whose_answer_was_lost_is_logged_once(
         output_tokens=5,
         cost=0.25,
     )
-    async with (
-        LossyRelay(redis.port) as relay,
-        started(RedisCallStore(relay.url, key_prefix="lostlog24:", probe_interval=0.05)) as store,
-    ):
+    async with relayed(redis, "lostlog24:") as (relay, store):
         relay.lose_answers_to(b"{calls}:log")
         await store.log_call(entry)
         assert relay.lost >= 1
@@ -257,10 +270,7 @@ async def test_issue24_a_reservation_whose_answer_was_lost_is_held_once(
 ) -> None:
     budget = daily()
     spend = event(budget)
-    async with (
-        LossyRelay(redis.port) as relay,
-        started(RedisCallStore(relay.url, key_prefix="reserve24:", probe_interval=0.05)) as store,
-    ):
+    async with relayed(redis, "reserve24:") as (relay, store):
         # The decide script runs and holds the estimate; its answer is lost, and redis-py
         # sends it again at once on a fresh connection, whose answer comes.
         relay.lose_answers_to(b"{calls}:seq", times=1)
@@ -270,13 +280,11 @@ async def test_issue24_a_reservation_whose_answer_was_lost_is_held_once(
         assert (admitted.call.allowed, admitted.call.count) == (True, 1)  # counted once
         hold = admitted.spend.hold
         assert hold is not None
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert record.held == spend.estimate  # one hold, though the script ran twice
 
         await store.charge(hold, USED)
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert (record.spent, record.held) == (USED, Amount())
         # The next identical call is the circuit's second, not its third.
         again = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, spend)
@@ -290,10 +298,7 @@ async def test_issue24_a_reservation_never_answered_gives_its_hold_back_once_red
     budget = daily()
     spend = event(budget)
     async with (
-        LossyRelay(redis.port) as relay,
-        started(
-            RedisCallStore(relay.url, key_prefix="never24:", on_error="deny", probe_interval=0.05)
-        ) as store,
+        relayed(redis, "never24:", "deny") as (relay, store),
         started(RedisCallStore(redis.url, key_prefix="never24:")) as direct,
     ):
         # Both tries run in Redis and neither answer comes: the call is refused as in an
@@ -303,20 +308,17 @@ async def test_issue24_a_reservation_never_answered_gives_its_hold_back_once_red
         assert relay.lost == 2
         assert refused.spend.unavailable
         assert store.pending_writes == 0  # a release moves no money but back: not counted
-        record = await spent(direct, budget.key)
-        assert record is not None
+        record = await recorded(direct, budget.key)
         assert record.held == spend.estimate
 
         relay.deliver()
 
         async def given_back() -> bool:
-            record = await spent(direct, budget.key)
-            assert record is not None
+            record = await recorded(direct, budget.key)
             return record.held == Amount()
 
         await recovered(store, given_back)
-        record = await spent(direct, budget.key)
-        assert record is not None
+        record = await recorded(direct, budget.key)
         assert record.spent == Amount()
 
 
@@ -325,12 +327,7 @@ async def test_issue24_the_release_of_a_reservation_that_never_ran_gives_back_no
 ) -> None:
     budget = daily()
     spend = event(budget)
-    async with (
-        LossyRelay(redis.port) as relay,
-        started(
-            RedisCallStore(relay.url, key_prefix="notrun24:", on_error="deny", probe_interval=0.05)
-        ) as store,
-    ):
+    async with relayed(redis, "notrun24:", "deny") as (relay, store):
         first = await store.admit(circuit_key("bot", "s"), fingerprint(1), {}, spend)
         assert first.spend.hold is not None
         relay.lose_answers_to(b"{calls}:seq", run=False)  # the decision never reaches Redis
@@ -348,12 +345,10 @@ async def test_issue24_the_release_of_a_reservation_that_never_ran_gives_back_no
             await recovered(store, released)
         finally:
             await client.aclose()
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert record.held == spend.estimate  # the first call's hold stands
         await store.charge(first.spend.hold, USED)
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert (record.spent, record.held) == (USED, Amount())
 
 
@@ -361,10 +356,7 @@ async def test_issue24_a_refusal_whose_answer_was_lost_keeps_its_alert(
     redis: RedisServer,
 ) -> None:
     budget = daily()
-    async with (
-        LossyRelay(redis.port) as relay,
-        started(RedisCallStore(relay.url, key_prefix="refuse24:", probe_interval=0.05)) as store,
-    ):
+    async with relayed(redis, "refuse24:") as (relay, store):
         relay.lose_answers_to(b"{calls}:seq", times=1)
         refused = await store.admit(
             circuit_key("bot", "s"), fingerprint(1), {}, event(budget, usd=2.0)
@@ -488,8 +480,7 @@ async def test_issue24_too_few_replicas_under_allow_admit_and_count(pair: Sentin
         await store.charge(admitted.spend.hold, USED)
         assert store.replica_waits_short == 2  # the hold and the charge
         pair.replica.thaw()
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert record.spent == USED
 
 
@@ -530,6 +521,5 @@ async def test_issue24_on_a_cluster_wait_asks_the_budgets_master(
             replica.thaw()
         assert store.replica_waits_short == 1
         redis_cluster.wait_ok()
-        record = await spent(store, budget.key)
-        assert record is not None
+        record = await recorded(store, budget.key)
         assert record.spent == USED
