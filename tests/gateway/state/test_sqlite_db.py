@@ -10,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, closing
 from pathlib import Path
 
@@ -147,6 +147,23 @@ async def release(child: asyncio.subprocess.Process) -> None:
     await child.stdin.drain()
 
 
+async def two_writes_held(
+    db: SqliteDb, clock: Clock, let_go: Callable[[], Awaitable[None]]
+) -> list[str]:
+    """Rows 1 and 2 written while another writer holds the lock: both wait, the loop goes
+    on; the clock moves to 200 and `let_go` lets go; the threads they were written on."""
+    first = asyncio.create_task(db.write(insert(1)))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(db.write(insert(2)))
+    for _ in range(20):
+        await asyncio.sleep(0)  # the loop goes on serving while both writes wait
+    assert not first.done()
+    assert not second.done()
+    clock.now = 200.0  # read under the lock: after the other writer lets go
+    await let_go()
+    return list(await asyncio.wait_for(asyncio.gather(first, second), WAIT_SECONDS))
+
+
 def size(path: Path) -> int:
     return path.stat().st_size
 
@@ -175,18 +192,9 @@ async def test_issue10_another_process_holding_the_lock_never_blocks_the_loop(
     path = tmp_path / "db.sqlite3"
     clock = Clock(100.0)
     async with started(path, clock) as db, lock_held_elsewhere(path) as child:
-        first = asyncio.create_task(db.write(insert(1)))
-        await asyncio.sleep(0)
-        second = asyncio.create_task(db.write(insert(2)))
-        for _ in range(20):
-            await asyncio.sleep(0)  # the loop goes on serving while both writes wait
-        assert not first.done()
-        assert not second.done()
-        clock.now = 200.0  # read under the lock: after the other process lets go
-        await release(child)
-        done = await asyncio.wait_for(asyncio.gather(first, second), WAIT_SECONDS)
+        done = await two_writes_held(db, clock, lambda: release(child))
         # The second waited on the loop for the worker to answer the first, then ran there.
-        assert list(done) == ["lw-test", threading.current_thread().name]
+        assert done == ["lw-test", threading.current_thread().name]
         assert await db.write(insert(3)) == threading.current_thread().name
     rows = stored(path)
     assert [n for n, _, _ in rows] == [1, 2, 3]  # in the order asked, each once
@@ -360,20 +368,15 @@ async def test_issue24_a_write_waits_on_the_lock_file_and_gets_it_when_let_go(
         other = os.open(f"{path}-lock", os.O_RDWR | os.O_CREAT)  # another process's writer
         try:
             fcntl.flock(other, fcntl.LOCK_EX)
-            first = asyncio.create_task(db.write(insert(1)))
-            await asyncio.sleep(0)
-            second = asyncio.create_task(db.write(insert(2)))
-            for _ in range(20):
-                await asyncio.sleep(0)  # the loop goes on serving while both writes wait
-            assert not first.done()
-            assert not second.done()
-            clock.now = 200.0
-            fcntl.flock(other, fcntl.LOCK_UN)
-            done = await asyncio.wait_for(asyncio.gather(first, second), WAIT_SECONDS)
+
+            async def let_go() -> None:
+                fcntl.flock(other, fcntl.LOCK_UN)
+
+            done = await two_writes_held(db, clock, let_go)
         finally:
             os.close(other)
         # The second waited on the loop for the worker to answer the first, then ran there.
-        assert list(done) == ["lw-test", threading.current_thread().name]
+        assert done == ["lw-test", threading.current_thread().name]
         assert await db.write(insert(3)) == threading.current_thread().name
     rows = stored(path)
     assert [n for n, _, _ in rows] == [1, 2, 3]
