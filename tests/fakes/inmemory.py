@@ -261,22 +261,24 @@ class PipelineRig:
             await connector.start(self._sink_for(bot_id))
 
     def _sink_for(self, bot_id: str) -> Sink:
-        bot = self.config.bot(bot_id)
-
         async def sink(message: InboundMessage) -> Reply | None:
-            turn = TurnContext(
-                message=message,
-                policy=self.config.policy,
-                state=self.state,
-                config=self.config,
-                bot=bot,
-                connector=self.connectors[bot_id],
-                agent=self.agents[bot_id],
-            )
+            turn = self.turn(message, bot_id)
             self.turns.append(turn)
             return await self.handler(turn)
 
         return sink
+
+    def turn(self, message: InboundMessage, bot_id: str = "parrot") -> TurnContext:
+        """The turn of `message` for one hosted bot, as its connector's sink makes it."""
+        return TurnContext(
+            message=message,
+            policy=self.config.policy,
+            state=self.state,
+            config=self.config,
+            bot=self.config.bot(bot_id),
+            connector=self.connectors[bot_id],
+            agent=self.agents[bot_id],
+        )
 
     def connector(self, bot_id: str = "parrot") -> InMemoryConnector:
         """The connector of one hosted bot."""

@@ -63,12 +63,4 @@ async def test_issue3_a_middleware_short_circuits_by_not_calling_next() -> None:
 
 def _turn(rig: PipelineRig) -> TurnContext:
     connector = rig.connector()
-    return TurnContext(
-        message=connector.message("x"),
-        policy=rig.config.policy,
-        state=rig.state,
-        config=rig.config,
-        bot=rig.config.bot("parrot"),
-        connector=connector,
-        agent=rig.agents["parrot"],
-    )
+    return rig.turn(connector.message("x"))

@@ -46,15 +46,7 @@ async def test_issue21_agent_stage_runs_the_turn_without_a_coroutine_of_its_own(
         turns.append(ctx)
         return None
 
-    ctx = TurnContext(
-        message=connector.message("hello"),
-        policy=rig.config.policy,
-        state=rig.state,
-        config=rig.config,
-        bot=rig.config.bot("parrot"),
-        connector=connector,
-        agent=rig.agents["parrot"],
-    )
+    ctx = rig.turn(connector.message("hello"))
     pending = stage(ctx, spy)
     assert inspect.iscoroutine(pending)
     assert pending.cr_code is AgentDispatchMiddleware._turn.__code__

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.app.context import TurnContext
 from gateway.app.middlewares import AdmissionMiddleware, ChannelPolicyMiddleware
 from gateway.app.pipeline import build_pipeline
 from gateway.app.refusals import DecisionLog
@@ -76,15 +75,7 @@ async def test_issue10_admission_decides_and_keeps_no_bot_turn_count() -> None:
         ]
     )
     connector = rig.connector()
-    turn = TurnContext(
-        message=connector.message("anyone?"),
-        policy=rig.config.policy,
-        state=rig.state,
-        config=rig.config,
-        bot=rig.config.bot("parrot"),
-        connector=connector,
-        agent=rig.agents["parrot"],
-    )
+    turn = rig.turn(connector.message("anyone?"))
     assert await handler(turn) is None
     assert [(d.stage, d.code) for d in turn.decisions] == [("admission", "paused")]
     assert await rig.state.bot_turn(room, is_bot=True) == 3

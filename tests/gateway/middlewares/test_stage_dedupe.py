@@ -106,15 +106,7 @@ async def test_issue21_dedupe_stage_runs_on_a_store_of_receipts_only() -> None:
     connector = rig.connector()
 
     def turn(text: str, event_id: str) -> TurnContext:
-        return TurnContext(
-            message=connector.message(text, event_id=event_id),
-            policy=rig.config.policy,
-            state=rig.state,
-            config=rig.config,
-            bot=rig.config.bot("parrot"),
-            connector=connector,
-            agent=rig.agents["parrot"],
-        )
+        return rig.turn(connector.message(text, event_id=event_id))
 
     receipts.held["dedupe:" + turn("x", "evt-old").message.delivery_key] = "answered"
     assert await handler(turn("again", "evt-old")) is None

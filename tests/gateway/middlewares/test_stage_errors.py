@@ -61,15 +61,7 @@ async def test_issue10_an_error_is_counted_under_the_name_of_the_stage_it_escape
     broken = BrokenStage()
     handler = build_pipeline([ErrorsMiddleware(rig.metrics), broken])
     connector = rig.connector()
-    turn = TurnContext(
-        message=connector.message("x"),
-        policy=rig.config.policy,
-        state=rig.state,
-        config=rig.config,
-        bot=rig.config.bot("parrot"),
-        connector=connector,
-        agent=rig.agents["parrot"],
-    )
+    turn = rig.turn(connector.message("x"))
     assert await handler(turn) is None
     assert rig.metrics.value("errors_total", stage="broken_stage") == 1
 
@@ -143,15 +135,7 @@ async def test_issue21_the_failing_stage_is_named_by_the_stage_not_by_its_code()
         [ErrorsMiddleware(rig.metrics), InnerShared(fails=True), OuterShared(fails=False)]
     )
     connector = rig.connector()
-    turn = TurnContext(
-        message=connector.message("x"),
-        policy=rig.config.policy,
-        state=rig.state,
-        config=rig.config,
-        bot=rig.config.bot("parrot"),
-        connector=connector,
-        agent=rig.agents["parrot"],
-    )
+    turn = rig.turn(connector.message("x"))
     assert await handler(turn) is None
     assert rig.metrics.value("errors_total", stage="inner_shared") == 1
     assert rig.metrics.value("errors_total", stage="outer_shared") == 0

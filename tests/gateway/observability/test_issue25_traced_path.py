@@ -50,15 +50,7 @@ async def test_issue25_a_traced_turn_is_one_coroutine(receiver: OtlpReceiver) ->
     await rig.start()
     connector = rig.connector()
     stage = AgentDispatchMiddleware(PipelineConfig(), DecisionLog(Metrics(), RecentRefusals()))
-    ctx = TurnContext(
-        message=connector.message("hello"),
-        policy=rig.config.policy,
-        state=rig.state,
-        config=rig.config,
-        bot=rig.config.bot("parrot"),
-        connector=connector,
-        agent=agent,
-    )
+    ctx = rig.turn(connector.message("hello"))
 
     async def innermost(ctx: TurnContext) -> Reply | None:
         raise AssertionError("the agent stage calls no further stage")
@@ -178,15 +170,7 @@ async def test_issue25_turns_in_one_room_share_their_spans_name_and_attributes(
     stage = AgentDispatchMiddleware(PipelineConfig(), DecisionLog(Metrics(), RecentRefusals()))
 
     async def turn(channel: str) -> None:
-        ctx = TurnContext(
-            message=connector.message("hello", channel_id=channel),
-            policy=rig.config.policy,
-            state=rig.state,
-            config=rig.config,
-            bot=rig.config.bot("parrot"),
-            connector=connector,
-            agent=rig.agents["parrot"],
-        )
+        ctx = rig.turn(connector.message("hello", channel_id=channel))
         assert await stage(ctx, rig.handler) is not None
 
     await turn("C1")
@@ -223,15 +207,7 @@ async def message_turn(msg: InboundMessage) -> TurnContext:
     """A turn of `msg` to the rig's parrot."""
     rig = PipelineRig(rig_config(), {"parrot": ConstantAgent("hi")})
     await rig.start()
-    return TurnContext(
-        message=msg,
-        policy=rig.config.policy,
-        state=rig.state,
-        config=rig.config,
-        bot=rig.config.bot("parrot"),
-        connector=rig.connector(),
-        agent=rig.agents["parrot"],
-    )
+    return rig.turn(msg)
 
 
 async def answers(ctx: TurnContext) -> Reply | None:
