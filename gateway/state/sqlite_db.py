@@ -378,8 +378,9 @@ class SqliteDb:
     async def write(self, work: Callable[[sqlite3.Connection, float], T]) -> T:
         """Run `work(db, now)` in one write transaction, `now` read under the write lock.
 
-        On the loop thread when the lock is free at once, else on the worker (which waits
-        for it). Writes asked while the worker holds others wait for it on the loop.
+        On the loop thread when the lock is free within `LOOP_LOCK_WAIT`, else on the
+        worker (which waits for it). Writes asked while the worker holds others wait for
+        it on the loop.
         """
         here = await self._free_here()
         if here is not None and _begin_at_once(here):
@@ -409,7 +410,8 @@ class SqliteDb:
 
 
 def _begin_at_once(db: _Connection) -> bool:
-    """The flock, then BEGIN IMMEDIATE, neither waiting: False if another holds either."""
+    """The flock (asked again for `LOOP_LOCK_WAIT` at most), then BEGIN IMMEDIATE without
+    waiting: False if another holds either."""
     lock = db.write_lock
     if lock is not None and not (lock.take(wait=False) or lock.take_soon(LOOP_LOCK_WAIT)):
         return False
