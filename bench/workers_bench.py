@@ -91,6 +91,7 @@ http {{
 """
 # The floor: aiohttp's server and client hops alone, relaying the upstream's status and body.
 BARE_PROXY = """
+import asyncio
 import sys
 import aiohttp
 import uvloop
@@ -110,11 +111,17 @@ async def session(app):
     yield
     await app["session"].close()
 
-app = web.Application()
-app.router.add_post("/{tail:.*}", forward)
-app.cleanup_ctx.append(session)
-print("bare proxy listening", file=sys.stderr, flush=True)
-web.run_app(app, host="127.0.0.1", port=port, print=None, loop=uvloop.new_event_loop())
+async def main():
+    app = web.Application()
+    app.router.add_post("/{tail:.*}", forward)
+    app.cleanup_ctx.append(session)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    print("bare proxy listening", file=sys.stderr, flush=True)  # bound: it answers now
+    await asyncio.Event().wait()
+
+uvloop.run(main())
 """
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 
@@ -194,31 +201,30 @@ proxy:
     argv = [sys.executable, "-m", "gateway", "proxy", "--config", str(config)]
     if workers > 1:
         argv += ["--workers", str(workers)]
+    return started(argv, log_path, "proxy listening", workers), f"http://127.0.0.1:{port}"
+
+
+def started(
+    argv: list[str], log_path: Path, marker: str, count: int = 1
+) -> subprocess.Popen[bytes]:
+    """`argv` run with its stderr in `log_path`, once `marker` (printed when it listens) is
+    there `count` times; the bench stops with the log if it dies or takes 30 s."""
     log = log_path.open("w")
     process = subprocess.Popen(argv, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     log.close()  # the process has its own copy
     deadline = time.monotonic() + 30
-    while log_path.read_text().count("proxy listening") < workers:
+    while log_path.read_text().count(marker) < count:
         if time.monotonic() > deadline or process.poll() is not None:
             raise SystemExit(log_path.read_text())
         time.sleep(0.1)
-    return process, f"http://127.0.0.1:{port}"
+    return process
 
 
 def start_bare_proxy(directory: Path, upstream: str) -> tuple[subprocess.Popen[bytes], str]:
     """`BARE_PROXY` in front of the upstream's chat completions; (process, its URL)."""
     port = free_port()
-    log_path = directory / "bare-proxy.log"
-    log = log_path.open("w")
     argv = [sys.executable, "-c", BARE_PROXY, str(port), f"{upstream}/v1/chat/completions"]
-    process = subprocess.Popen(argv, stderr=log)
-    log.close()
-    deadline = time.monotonic() + 30
-    while "bare proxy listening" not in log_path.read_text():
-        if time.monotonic() > deadline or process.poll() is not None:
-            raise SystemExit(log_path.read_text())
-        time.sleep(0.1)
-    time.sleep(0.2)  # listening is printed just before the socket is bound
+    process = started(argv, directory / "bare-proxy.log", "bare proxy listening")
     return process, f"http://127.0.0.1:{port}"
 
 
