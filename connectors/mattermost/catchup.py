@@ -82,7 +82,7 @@ def parse_position(saved: str | None) -> Position | None:
     value = saved_mapping(saved)
     if value is None:
         return None
-    at, ids = _millis(value.get("at")), value.get("ids")
+    at, ids = millis(value.get("at")), value.get("ids")
     if at is None or not isinstance(ids, list) or len(ids) > MAX_IDS_AT_ONE_MS:
         return None
     if not all(isinstance(post_id, str) for post_id in ids):
@@ -106,10 +106,10 @@ def member_channels(answer: object) -> list[ChannelInfo] | None:
         return None
     channels = []
     for item in answer:
-        if not isinstance(item, Mapping) or _millis(item.get("delete_at", 0)) != 0:
+        if not isinstance(item, Mapping) or millis(item.get("delete_at", 0)) != 0:
             continue
         channel_id, kind = item.get("id"), item.get("type")
-        last_post_at = _millis(item.get("last_post_at"))
+        last_post_at = millis(item.get("last_post_at"))
         if isinstance(channel_id, str) and channel_id and isinstance(kind, str):
             channels.append(ChannelInfo(channel_id, kind, last_post_at or 0))
     return channels
@@ -117,7 +117,7 @@ def member_channels(answer: object) -> list[ChannelInfo] | None:
 
 def post_position(post: Mapping[str, object]) -> tuple[int, str] | None:
     """A post's `create_at` and id, None when either is missing or of the wrong type."""
-    create_at, post_id = _millis(post.get("create_at")), post.get("id")
+    create_at, post_id = millis(post.get("create_at")), post.get("id")
     if create_at is None or not isinstance(post_id, str) or not post_id:
         return None
     return create_at, post_id
@@ -137,7 +137,7 @@ def new_posts(posts: list[Mapping[str, object]], position: Position) -> list[Map
     found: list[tuple[int, str, Mapping[str, object]]] = []
     for post in posts:
         at = post_position(post)
-        if at is not None and _millis(post.get("delete_at", 0)) == 0 and position.is_new(*at):
+        if at is not None and millis(post.get("delete_at", 0)) == 0 and position.is_new(*at):
             found.append((*at, post))
     found.sort(key=lambda item: item[:2])
     return [post for _, _, post in found]
@@ -152,7 +152,7 @@ def as_event(post: Mapping[str, object], channel: ChannelInfo) -> dict[str, obje
     return {"event": "posted", "data": data}
 
 
-def _millis(value: object) -> int | None:
+def millis(value: object) -> int | None:
     """A time in milliseconds from untrusted JSON: a whole number 0..2**53, else None."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_MILLIS:
         return None

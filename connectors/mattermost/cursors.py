@@ -31,7 +31,7 @@ import json
 import logging
 from collections import OrderedDict
 
-from connectors.mattermost.catchup import Position, parse_position, saved_mapping
+from connectors.mattermost.catchup import Position, millis, parse_position, saved_mapping
 from gateway.state.base import CursorStore
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,4 @@ class ChannelCursors:
 def _parse_floor(saved: str | None) -> int | None:
     """A saved floor in milliseconds, None when absent or unreadable."""
     value = saved_mapping(saved)
-    floor = None if value is None else value.get("floor_ms")
-    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
-        return None
-    return floor
+    return None if value is None else millis(value.get("floor_ms"))

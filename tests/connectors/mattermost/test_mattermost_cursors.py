@@ -55,7 +55,20 @@ async def test_issue23_the_first_start_sets_the_floor_and_a_restart_reads_it(
 
 
 @pytest.mark.parametrize(
-    "saved", ["{", "[]", '{"floor_ms": -5}', '{"floor_ms": true}', '{"floor_ms": 1.5}']
+    "saved",
+    [
+        "{",
+        "[]",
+        '{"floor_ms": -5}',
+        '{"floor_ms": true}',
+        '{"floor_ms": 1.5}',
+        '{"floor_ms": 1e308}',
+        '{"floor_ms": Infinity}',
+        '{"floor_ms": ' + "9" * 30 + "}",  # past any clock: nothing would ever be answered
+        '{"floor_ms": ' + "9" * 5_000 + "}",
+        '{"floor_ms": "\u0661\u0662"}',
+        "[" * 100_000,
+    ],
 )
 async def test_issue23_a_floor_that_is_not_one_counts_as_a_first_start(saved: str) -> None:
     store = MemoryStateStore()
